@@ -1,0 +1,102 @@
+// Package testmc starts real memcached servers and gives tests free
+// loopback ports. It is for tests only.
+package testmc
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// FreeAddr returns "127.0.0.1:PORT" for a free port.
+func FreeAddr(t testing.TB) string {
+	return "127.0.0.1:" + strconv.Itoa(FreePort(t))
+}
+
+// Server is a memcached process started for a test.
+type Server struct {
+	Addr string
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+	args []string
+}
+
+// Start runs memcached on a free loopback port and waits until it accepts
+// connections. The test fails if memcached is not installed (make test
+// installs it). The server is stopped when the test ends.
+func Start(t testing.TB, extraArgs ...string) *Server {
+	t.Helper()
+	if _, err := exec.LookPath("memcached"); err != nil {
+		t.Fatalf("memcached not found in PATH (make test installs it): %v", err)
+	}
+	s := &Server{Addr: FreeAddr(t), args: extraArgs}
+	s.start(t)
+	t.Cleanup(s.Stop)
+	return s
+}
+
+func (s *Server) start(t testing.TB) {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(s.Addr)
+	args := append([]string{"-l", "127.0.0.1", "-p", port, "-U", "0", "-m", "64", "-c", "4096", "-t", "2"}, s.args...)
+	if uid := currentUID(); uid == 0 {
+		args = append(args, "-u", "root")
+	}
+	s.log = &bytes.Buffer{}
+	s.cmd = exec.Command("memcached", args...)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("start memcached: %v", err)
+	}
+	if err := WaitListening(s.Addr, 5*time.Second); err != nil {
+		s.Stop()
+		t.Fatalf("memcached on %s: %v (output: %s)", s.Addr, err, s.log.String())
+	}
+}
+
+// Stop kills the server and waits for it to exit. It is safe to call twice.
+func (s *Server) Stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart starts the server again on the same port after Stop.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.start(t)
+}
+
+// WaitListening waits until addr accepts a TCP connection.
+func WaitListening(addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not listening after %v: %w", timeout, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

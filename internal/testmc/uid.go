@@ -1,0 +1,5 @@
+package testmc
+
+import "os"
+
+func currentUID() int { return os.Getuid() }

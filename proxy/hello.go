@@ -1,0 +1,36 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"errors"
+
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+var errNotRequest = errors.New("frame is not a request (bad magic)")
+
+// supportedFeatures are the HELLO features the proxy acknowledges.
+var supportedFeatures = map[mc.Feature]bool{
+	mc.FeatureTCPNoDelay: true,
+}
+
+// hello answers HELLO with the requested features the proxy supports, in
+// the order asked, without duplicates.
+func (s *session) hello(f *mc.Frame) {
+	v := f.Value()
+	if len(v)%2 != 0 {
+		s.localStatus(f, mc.StatusEinval, "HELLO value must be a list of 16-bit features")
+		return
+	}
+	var acked []byte
+	seen := map[mc.Feature]bool{}
+	for i := 0; i+1 < len(v); i += 2 {
+		ft := mc.Feature(binary.BigEndian.Uint16(v[i:]))
+		if supportedFeatures[ft] && !seen[ft] {
+			seen[ft] = true
+			acked = binary.BigEndian.AppendUint16(acked, uint16(ft))
+		}
+	}
+	h := f.Header
+	s.local(func(b []byte) []byte { return mc.AppendResponse(b, &h, mc.StatusSuccess, nil, nil, acked) })
+}

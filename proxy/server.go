@@ -1,0 +1,257 @@
+// Package proxy is kvthrottle's gnet event handler: it accepts memcached
+// binary-protocol clients, runs one session per connection, and forwards
+// their commands to the memcached servers through per-event-loop upstream
+// connections, responding to each client in request order.
+//
+// Everything a session or a loop owns is touched only on its event loop;
+// state shared across loops (counters, the bucket table) uses atomics.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/kvthrottle/kvthrottle/upstream"
+)
+
+// Options configure a Server. Zero values take the documented defaults.
+type Options struct {
+	// Listen is the client address, host:port.
+	Listen string
+	// Servers are the memcached servers, host:port; at least one.
+	Servers []string
+	// Timeout bounds upstream connects and responses (default 2 s).
+	Timeout time.Duration
+	// MaxConnections bounds client connections (default 10000); excess
+	// connections are closed at once.
+	MaxConnections int
+	// MaxFrameBytes bounds a request's body (default 21 MiB).
+	MaxFrameBytes int
+	// MaxBufferedInput bounds the unprocessed input of one client
+	// connection, in bytes, while it is held or waiting (default 4 MiB
+	// plus MaxFrameBytes). Past it the connection is closed.
+	MaxBufferedInput int
+	// MaxInflight bounds requests in flight per upstream connection
+	// (default 4096).
+	MaxInflight int
+	// DefaultBucket is the bucket of connections that never authenticate.
+	DefaultBucket string
+	// EventLoops is the number of gnet event loops (default GOMAXPROCS).
+	EventLoops int
+	// Logger receives the proxy's logs.
+	Logger zerolog.Logger
+}
+
+func (o *Options) setDefaults() {
+	if o.Timeout <= 0 {
+		o.Timeout = 2 * time.Second
+	}
+	if o.MaxConnections <= 0 {
+		o.MaxConnections = 10000
+	}
+	if o.MaxFrameBytes <= 0 {
+		o.MaxFrameBytes = 21 << 20
+	}
+	if o.MaxBufferedInput <= 0 {
+		o.MaxBufferedInput = 4<<20 + o.MaxFrameBytes
+	}
+	if o.MaxInflight <= 0 {
+		o.MaxInflight = 4096
+	}
+	if o.EventLoops <= 0 {
+		o.EventLoops = runtime.GOMAXPROCS(0)
+	}
+}
+
+// Server is a running proxy. Create it with New, run it with Serve, stop it
+// with Shutdown.
+type Server struct {
+	opts Options
+	log  zerolog.Logger
+	eng  gnet.Engine
+
+	mu    sync.Mutex
+	loops map[gnet.EventLoop]*loop
+
+	booted   chan struct{}
+	draining atomic.Bool
+	conns    atomic.Int64 // open client connections
+	inflight atomic.Int64 // client commands accepted and not yet answered
+	refused  atomic.Uint64
+}
+
+// New validates opts and returns a Server that is not yet listening.
+func New(opts Options) (*Server, error) {
+	opts.setDefaults()
+	if opts.Listen == "" {
+		return nil, errors.New("proxy: no listen address")
+	}
+	if len(opts.Servers) == 0 {
+		return nil, errors.New("proxy: no upstream servers")
+	}
+	return &Server{
+		opts:   opts,
+		log:    opts.Logger,
+		loops:  make(map[gnet.EventLoop]*loop),
+		booted: make(chan struct{}),
+	}, nil
+}
+
+// Serve listens and serves until Shutdown is called or the engine fails.
+// It returns nil after a clean Shutdown.
+func (s *Server) Serve() error {
+	err := gnet.Run(s, "tcp://"+s.opts.Listen,
+		gnet.WithMulticore(true),
+		gnet.WithNumEventLoop(s.opts.EventLoops),
+		gnet.WithLoadBalancing(gnet.LeastConnections),
+		gnet.WithTicker(true),
+		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+		gnet.WithReuseAddr(true),
+		gnet.WithLogger(gnetLogger{s.log}),
+	)
+	if err != nil {
+		return fmt.Errorf("proxy: serve %s: %w", s.opts.Listen, err)
+	}
+	return nil
+}
+
+// Ready returns a channel closed once the proxy accepts connections.
+func (s *Server) Ready() <-chan struct{} { return s.booted }
+
+// Connections returns the number of open client connections.
+func (s *Server) Connections() int64 { return s.conns.Load() }
+
+// Shutdown stops accepting connections, stops dispatching new commands,
+// waits until every command in flight has been answered (or ctx is done),
+// then closes every connection and stops the engine. Safe to call from any
+// goroutine, once.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for s.inflight.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			s.log.Warn().Int64("inflight", s.inflight.Load()).Msg("drain deadline reached; closing with commands in flight")
+			goto stop
+		case <-tick.C:
+		}
+	}
+stop:
+	<-s.booted
+	if err := s.eng.Stop(context.Background()); err != nil {
+		return fmt.Errorf("proxy: stop engine: %w", err)
+	}
+	return nil
+}
+
+// OnBoot implements gnet.EventHandler.
+func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
+	s.eng = eng
+	s.log.Info().Str("listen", s.opts.Listen).Strs("servers", s.opts.Servers).Int("event_loops", s.opts.EventLoops).Msg("proxy listening")
+	close(s.booted)
+	return gnet.None
+}
+
+// OnShutdown implements gnet.EventHandler.
+func (s *Server) OnShutdown(gnet.Engine) {
+	s.log.Info().Msg("proxy stopped")
+}
+
+// loopOf returns the state of event loop el, creating it on first use.
+func (s *Server) loopOf(el gnet.EventLoop) *loop {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lp := s.loops[el]
+	if lp == nil {
+		lp = newLoop(s, el)
+		s.loops[el] = lp
+	}
+	return lp
+}
+
+func (s *Server) eachLoop(fn func(*loop)) {
+	s.mu.Lock()
+	lps := make([]*loop, 0, len(s.loops))
+	for _, lp := range s.loops {
+		lps = append(lps, lp)
+	}
+	s.mu.Unlock()
+	for _, lp := range lps {
+		fn(lp)
+	}
+}
+
+// OnOpen implements gnet.EventHandler.
+func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	if uc, ok := c.Context().(*upstream.Conn); ok {
+		uc.HandleOpen(c)
+		return nil, gnet.None
+	}
+	if s.draining.Load() {
+		return nil, gnet.Close
+	}
+	if n := s.conns.Add(1); n > int64(s.opts.MaxConnections) {
+		s.conns.Add(-1)
+		if s.refused.Add(1)%1000 == 1 {
+			s.log.Warn().Int("max_connections", s.opts.MaxConnections).Str("remote", c.RemoteAddr().String()).
+				Uint64("refused_total", s.refused.Load()).Msg("connection limit reached; closing new connection")
+		}
+		return nil, gnet.Close
+	}
+	lp := s.loopOf(c.EventLoop())
+	c.SetContext(newSession(lp, c))
+	return nil, gnet.None
+}
+
+// OnClose implements gnet.EventHandler.
+func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
+	switch x := c.Context().(type) {
+	case *upstream.Conn:
+		x.HandleClose(c, err)
+	case *session:
+		x.close()
+		s.conns.Add(-1)
+	}
+	return gnet.None
+}
+
+// OnTraffic implements gnet.EventHandler.
+func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
+	switch x := c.Context().(type) {
+	case *upstream.Conn:
+		return x.HandleTraffic(c)
+	case *session:
+		return x.onTraffic()
+	}
+	return gnet.Close
+}
+
+const tickInterval = 50 * time.Millisecond
+
+// OnTick implements gnet.EventHandler: it asks every loop to check its
+// upstream timeouts and health.
+func (s *Server) OnTick() (time.Duration, gnet.Action) {
+	s.eachLoop(func(lp *loop) {
+		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.tick))
+	})
+	return tickInterval, gnet.None
+}
+
+// gnetLogger routes gnet's own logs to zerolog at debug level (errors at
+// error level).
+type gnetLogger struct{ l zerolog.Logger }
+
+func (g gnetLogger) Debugf(f string, a ...any) { g.l.Debug().Msgf("gnet: "+f, a...) }
+func (g gnetLogger) Infof(f string, a ...any)  { g.l.Debug().Msgf("gnet: "+f, a...) }
+func (g gnetLogger) Warnf(f string, a ...any)  { g.l.Warn().Msgf("gnet: "+f, a...) }
+func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error().Msgf("gnet: "+f, a...) }
+func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Error().Msgf("gnet: "+f, a...) }

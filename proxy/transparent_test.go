@@ -1,0 +1,255 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// TestMemcapable runs libmemcached's binary-protocol conformance suite
+// through the proxy: it must pass every test, as against memcached.
+func TestMemcapable(t *testing.T) {
+	if _, err := exec.LookPath("memccapable"); err != nil {
+		t.Fatalf("memccapable not found (make test installs libmemcached-tools): %v", err)
+	}
+	p := startProxy(t, nil)
+	host, port, _ := net.SplitHostPort(p.Addr)
+	out, err := exec.Command("memccapable", "-h", host, "-p", port, "-b").CombinedOutput()
+	t.Logf("memccapable -b:\n%s", out)
+	if err != nil {
+		t.Fatalf("memccapable failed: %v", err)
+	}
+	passed := len(regexp.MustCompile(`(?m)^binary \S+\s+\[pass\]$`).FindAll(out, -1))
+	if bytes.Contains(out, []byte("[FAIL]")) || !bytes.Contains(out, []byte("All tests passed")) {
+		t.Fatalf("memccapable reported failures")
+	}
+	if passed < 27 {
+		t.Fatalf("memccapable passed %d binary tests, want 27", passed)
+	}
+	t.Logf("memccapable: %d/%d binary tests passed", passed, passed)
+}
+
+// TestGetKQBatch pipelines 1000 GETKQ for keys of which half exist, then a
+// NOOP: exactly the hits come back, in order, then the NOOP.
+func TestGetKQBatch(t *testing.T) {
+	p := startProxy(t, nil)
+	c := dial(t, p.Addr)
+	for i := 0; i < 1000; i += 2 {
+		c.Send(mcclient.Request{Opcode: mc.OpSetQ, Extras: mcclient.SetExtras(0, 0), Key: []byte(fmt.Sprintf("kq-%d", i)), Value: []byte(fmt.Sprintf("v%d", i))})
+	}
+	if r, err := c.Do(mcclient.Request{Opcode: mc.OpNoop}); err != nil || r.Opcode != mc.OpNoop {
+		t.Fatalf("NOOP after SETQ batch: %+v %v", r, err)
+	}
+	var ops []uint32
+	for i := 0; i < 1000; i++ {
+		ops = append(ops, c.Send(mcclient.Request{Opcode: mc.OpGetKQ, Key: []byte(fmt.Sprintf("kq-%d", i))}))
+	}
+	noop := c.Send(mcclient.Request{Opcode: mc.OpNoop})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000; i += 2 {
+		r, err := c.Read()
+		if err != nil {
+			t.Fatalf("hit %d: %v", i, err)
+		}
+		want := fmt.Sprintf("kq-%d", i)
+		if r.Opcode != mc.OpGetKQ || r.Status() != mc.StatusSuccess || string(r.Key) != want || string(r.Value) != "v"+want[3:] || r.Opaque != ops[i] {
+			t.Fatalf("response %d: op %s status %s key %q value %q opaque %d (want %d)", i/2, r.Opcode, r.Status(), r.Key, r.Value, r.Opaque, ops[i])
+		}
+	}
+	r, err := c.Read()
+	if err != nil || r.Opcode != mc.OpNoop || r.Opaque != noop {
+		t.Fatalf("after the hits: %+v %v, want the NOOP", r, err)
+	}
+}
+
+// TestConcurrentClientsNoCrossTalk runs 100 clients doing 1000 mixed
+// commands each; every client reads back exactly its own values.
+func TestConcurrentClientsNoCrossTalk(t *testing.T) {
+	p := startProxy(t, func(o *Options) { o.EventLoops = 2 })
+	const clients, ops = 100, 1000
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for ci := 0; ci < clients; ci++ {
+		wg.Add(1)
+		go func(ci int) {
+			defer wg.Done()
+			errs <- runMixed(p.Addr, ci, ops)
+		}(ci)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func runMixed(addr string, ci, ops int) error {
+	c, err := mcclient.Dial(addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	counter := []byte(fmt.Sprintf("c%d-counter", ci))
+	var count uint64
+	for i := 0; i < ops; i++ {
+		key := []byte(fmt.Sprintf("c%d-k%d", ci, i%10))
+		val := []byte(fmt.Sprintf("client %d value %d %s", ci, i, bytes.Repeat([]byte{'x'}, i%200)))
+		switch i % 4 {
+		case 0:
+			if r, err := c.Set(key, val); err != nil || r.Status() != mc.StatusSuccess {
+				return fmt.Errorf("client %d set %d: %v %v", ci, i, err, r)
+			}
+			r, err := c.Get(key)
+			if err != nil || r.Status() != mc.StatusSuccess || !bytes.Equal(r.Value, val) {
+				return fmt.Errorf("client %d get %d: got %q want %q (%v)", ci, i, r.Value, val, err)
+			}
+		case 1:
+			r, err := c.Incr(counter, 1, 1)
+			if err != nil || r.Status() != mc.StatusSuccess {
+				return fmt.Errorf("client %d incr: %v %v", ci, err, r)
+			}
+			count++
+			if got := binary.BigEndian.Uint64(r.Value); got != count {
+				return fmt.Errorf("client %d incr: counter %d, want %d", ci, got, count)
+			}
+		case 2:
+			if r, err := c.Delete(key); err != nil || (r.Status() != mc.StatusSuccess && r.Status() != mc.StatusKeyEnoent) {
+				return fmt.Errorf("client %d delete: %v %v", ci, err, r)
+			}
+			if r, err := c.Get(key); err != nil || r.Status() != mc.StatusKeyEnoent {
+				return fmt.Errorf("client %d get after delete: %v %v", ci, err, r)
+			}
+		case 3:
+			// A pipelined pair: SET then GETK, answered in order.
+			c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(uint32(ci), 0), Key: key, Value: val})
+			c.Send(mcclient.Request{Opcode: mc.OpGetK, Key: key})
+			if err := c.Flush(); err != nil {
+				return err
+			}
+			r1, err1 := c.Read()
+			r2, err2 := c.Read()
+			if err1 != nil || err2 != nil || r1.Opcode != mc.OpSet || r2.Opcode != mc.OpGetK ||
+				!bytes.Equal(r2.Key, key) || !bytes.Equal(r2.Value, val) || binary.BigEndian.Uint32(r2.Extras) != uint32(ci) {
+				return fmt.Errorf("client %d pipelined set/getk: %v %v %+v %+v", ci, err1, err2, r1, r2)
+			}
+		}
+	}
+	return nil
+}
+
+// TestDisconnectInFlight closes clients with requests in flight: later
+// clients work and no goroutine is left behind.
+func TestDisconnectInFlight(t *testing.T) {
+	p := startProxy(t, nil)
+	warm := dial(t, p.Addr)
+	if _, err := warm.Set([]byte("warm"), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	base := runtime.NumGoroutine()
+	for i := 0; i < 50; i++ {
+		c, err := mcclient.Dial(p.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := 0; j < 200; j++ {
+			c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(0, 0), Key: []byte(fmt.Sprintf("d%d", j)), Value: bytes.Repeat([]byte("v"), 1000)})
+			c.Send(mcclient.Request{Opcode: mc.OpGetQ, Key: []byte(fmt.Sprintf("missing%d", j))})
+		}
+		_ = c.Flush()
+		c.Close()
+	}
+	eventually(t, 5*time.Second, "in-flight commands to drain", func() bool { return p.inflight.Load() == 0 })
+	eventually(t, 5*time.Second, "connections to close", func() bool { return p.Connections() == 1 })
+	c := dial(t, p.Addr)
+	for i := 0; i < 100; i++ {
+		key := []byte(fmt.Sprintf("after%d", i))
+		if r, err := c.Set(key, key); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("set after disconnects: %v %v", err, r)
+		}
+		if r, err := c.Get(key); err != nil || !bytes.Equal(r.Value, key) {
+			t.Fatalf("get after disconnects: %v %v", err, r)
+		}
+	}
+	eventually(t, 5*time.Second, "goroutines back to baseline", func() bool { return runtime.NumGoroutine() <= base+1 })
+}
+
+// TestInvalidFrames: a bad magic and a body over the limit get Einval, then
+// the connection closes; other clients are unaffected.
+func TestInvalidFrames(t *testing.T) {
+	p := startProxy(t, func(o *Options) { o.MaxFrameBytes = 1 << 20 })
+	good := dial(t, p.Addr)
+
+	huge := make([]byte, mc.HeaderLen)
+	h := mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpSet, BodyLen: 1<<32 - 1, Opaque: 77}
+	h.Put(huge)
+	for name, raw := range map[string][]byte{
+		"4GiB body":      huge,
+		"response magic": mc.AppendFrame(nil, mc.Header{Magic: mc.MagicResponse, Opcode: mc.OpGet, Opaque: 77}, nil, nil, []byte("k"), nil),
+		"bad lengths": func() []byte {
+			b := make([]byte, 40)
+			(&mc.Header{Magic: mc.MagicRequest, KeyLen: 30, BodyLen: 16, Opaque: 77}).Put(b)
+			return b
+		}(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := dial(t, p.Addr)
+			c.WriteRaw(raw)
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			r, err := c.Read()
+			if err != nil {
+				t.Fatalf("no Einval response: %v", err)
+			}
+			if r.Status() != mc.StatusEinval || r.Opaque != 77 || len(r.Value) == 0 {
+				t.Fatalf("got status %s opaque %d reason %q, want Einval with a reason", r.Status(), r.Opaque, r.Value)
+			}
+			if _, err := c.Read(); err == nil {
+				t.Fatal("connection still open after an invalid frame")
+			}
+		})
+	}
+	if r, err := good.Set([]byte("still"), []byte("works")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("well-formed client after garbage: %v %v", err, r)
+	}
+}
+
+// TestQuietAndLocalOrdering: local responses (NOOP, unknown opcodes) keep
+// their place among forwarded ones.
+func TestQuietAndLocalOrdering(t *testing.T) {
+	p := startProxy(t, nil)
+	c := dial(t, p.Addr)
+	a := c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(0, 0), Key: []byte("o1"), Value: []byte("1")})
+	b := c.Send(mcclient.Request{Opcode: 0xee})
+	d := c.Send(mcclient.Request{Opcode: mc.OpGetQ, Key: []byte("o1")})
+	e := c.Send(mcclient.Request{Opcode: mc.OpGetQ, Key: []byte("nope")})
+	f := c.Send(mcclient.Request{Opcode: mc.OpNoop})
+	_ = e
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		op     uint32
+		status mc.Status
+	}{{a, mc.StatusSuccess}, {b, mc.StatusUnknownCommand}, {d, mc.StatusSuccess}, {f, mc.StatusSuccess}}
+	for i, w := range want {
+		r, err := c.Read()
+		if err != nil || r.Opaque != w.op || r.Status() != w.status {
+			t.Fatalf("response %d: %+v %v, want opaque %d status %s", i, r, err, w.op, w.status)
+		}
+	}
+}

@@ -1,0 +1,450 @@
+// Package upstream holds kvthrottle's connections to memcached servers.
+//
+// Each gnet event loop owns one Conn per server. Client requests from every
+// session of that loop are pipelined on it with rewritten opaques, and the
+// responses are matched back to the Waiter that sent each request. All
+// methods of Conn must be called on the owning event loop, except where a
+// comment says otherwise; the package takes no lock on the request path.
+//
+// Quiet commands: memcached answers requests on a connection in order and
+// sends nothing for a GETQ miss or a SETQ success. When a response arrives
+// for a later request, every earlier quiet request still waiting is known
+// to have completed silently. Conn appends a NOOP of its own to every batch
+// that ends with a quiet request, so no quiet request stays unresolved.
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// Waiter receives the outcome of one request sent upstream. Its methods are
+// called on the owning event loop, exactly once per request except Deliver,
+// which a STAT request receives once per stat line (done false) and once
+// for the terminating frame (done true). A frame passed to Deliver aliases
+// the connection's input buffer: copy what must outlive the call.
+type Waiter interface {
+	Deliver(f *binary.Frame, done bool)
+	// Silent: a quiet request completed without a response.
+	Silent()
+	// Fail: the request will get no response from memcached (the
+	// connection is down, died or timed out); reason is short and
+	// human-readable.
+	Fail(status binary.Status, reason string)
+}
+
+// Config is the static configuration of a Conn.
+type Config struct {
+	// Addr is the memcached server as host:port.
+	Addr string
+	// Timeout bounds a connect and the wait for the oldest in-flight
+	// response. Zero means 2 s.
+	Timeout time.Duration
+	// MaxInflight bounds the requests in flight on the connection (sent
+	// or buffered). Zero means 4096.
+	MaxInflight int
+	// AfterRead, when not nil, is called on the loop after each batch of
+	// responses has been delivered (the proxy flushes client output there).
+	AfterRead func()
+	// OnState, when not nil, is called on the loop when the connection
+	// goes up or down.
+	OnState func(c *Conn, up bool, err error)
+}
+
+type state uint8
+
+const (
+	stateIdle       state = iota // never connected, or backoff elapsed
+	stateConnecting              // a dial is in progress; requests queue
+	stateUp                      // connected
+	stateDown                    // failed; new requests fail until the backoff elapses
+)
+
+type entry struct {
+	opaque uint32
+	quiet  bool
+	stream bool // STAT: several responses, the last with an empty key
+	w      Waiter
+	sent   int64 // unix nanoseconds when flushed, 0 while buffered
+}
+
+// Conn is one pipelined connection to a memcached server, owned by one
+// event loop. The zero value is not usable; use New.
+type Conn struct {
+	cfg   Config
+	loop  gnet.EventLoop
+	gc    gnet.Conn
+	state state
+
+	out       []byte // requests not yet written
+	lastQuiet bool   // the last request appended to out is quiet
+	ring      []entry
+	head, n   int // ring[head] is the oldest of n entries
+	unsent    int // entries at the tail whose sent time is 0
+	opaque    uint32
+
+	failures  int       // consecutive failed connects / deaths
+	retryAt   time.Time // while down: when the next connect may start
+	closed    bool
+	dialGen   uint64 // incremented per dial, so stale results are ignored
+	lastErr   error
+	waitingUp []func() // callbacks to run when room frees up
+}
+
+// New returns a Conn for cfg owned by loop. It does not connect until the
+// first request or Connect.
+func New(cfg Config, loop gnet.EventLoop) *Conn {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Second
+	}
+	if cfg.MaxInflight <= 0 {
+		cfg.MaxInflight = 4096
+	}
+	return &Conn{cfg: cfg, loop: loop, ring: make([]entry, 64)}
+}
+
+// Addr returns the server address.
+func (c *Conn) Addr() string { return c.cfg.Addr }
+
+// Up reports whether the connection is established.
+func (c *Conn) Up() bool { return c.state == stateUp }
+
+// Inflight returns the number of requests sent or buffered and not yet
+// answered.
+func (c *Conn) Inflight() int { return c.n }
+
+// Full reports whether the connection holds MaxInflight requests; callers
+// should wait (see NotifyRoom) before sending more.
+func (c *Conn) Full() bool { return c.n >= c.cfg.MaxInflight }
+
+// NotifyRoom registers fn to run on the loop once the connection has room
+// for more requests again (or fails). Each fn runs once.
+func (c *Conn) NotifyRoom(fn func()) { c.waitingUp = append(c.waitingUp, fn) }
+
+// ErrUnavailable is the cause reported when a request cannot be sent.
+var ErrUnavailable = errors.New("upstream unavailable")
+
+// Forward appends the request f to the connection's output with a fresh
+// opaque, the key replaced by prefix+key, classic magic and no framing
+// extras, and registers w for its outcome. The caller must have checked
+// that prefix+key is at most binary.MaxKeyLen bytes. If the connection is
+// down, w.Fail is called at once (before Forward returns) and ErrUnavailable
+// is returned. Bytes are written at the next Flush.
+func (c *Conn) Forward(f *binary.Frame, prefix []byte, w Waiter) error {
+	if c.state == stateDown || c.closed {
+		if c.closed || time.Now().Before(c.retryAt) {
+			w.Fail(binary.StatusEtmpfail, c.unavailableReason())
+			return ErrUnavailable
+		}
+		c.state = stateIdle
+	}
+	if c.state == stateIdle {
+		c.connect()
+	}
+	c.opaque++
+	h := binary.Header{
+		Magic:    binary.MagicRequest,
+		Opcode:   f.Opcode,
+		DataType: f.DataType,
+		VBucket:  f.VBucket,
+		Opaque:   c.opaque,
+		CAS:      f.CAS,
+	}
+	extras, key, value := f.Extras(), f.Key(), f.Value()
+	h.ExtLen = uint8(len(extras))
+	h.KeyLen = uint16(len(prefix) + len(key))
+	h.BodyLen = uint32(len(extras) + int(h.KeyLen) + len(value))
+	n := len(c.out)
+	need := binary.HeaderLen + int(h.BodyLen)
+	if cap(c.out)-n < need {
+		nb := make([]byte, n, 2*cap(c.out)+need)
+		copy(nb, c.out)
+		c.out = nb
+	}
+	c.out = c.out[:n+binary.HeaderLen]
+	h.Put(c.out[n:])
+	c.out = append(c.out, extras...)
+	c.out = append(c.out, prefix...)
+	c.out = append(c.out, key...)
+	c.out = append(c.out, value...)
+	c.push(entry{opaque: c.opaque, quiet: f.Opcode.Quiet(), stream: f.Opcode == binary.OpStat, w: w})
+	c.lastQuiet = f.Opcode.Quiet()
+	return nil
+}
+
+func (c *Conn) unavailableReason() string {
+	if c.lastErr != nil {
+		return "upstream " + c.cfg.Addr + " unavailable: " + c.lastErr.Error()
+	}
+	return "upstream " + c.cfg.Addr + " unavailable"
+}
+
+func (c *Conn) push(e entry) {
+	if c.n == len(c.ring) {
+		nr := make([]entry, 2*len(c.ring))
+		for i := 0; i < c.n; i++ {
+			nr[i] = c.ring[(c.head+i)%len(c.ring)]
+		}
+		c.ring, c.head = nr, 0
+	}
+	c.ring[(c.head+c.n)%len(c.ring)] = e
+	c.n++
+	c.unsent++
+}
+
+func (c *Conn) front() *entry { return &c.ring[c.head] }
+
+func (c *Conn) pop() entry {
+	e := c.ring[c.head]
+	c.ring[c.head] = entry{}
+	c.head = (c.head + 1) % len(c.ring)
+	c.n--
+	if c.unsent > c.n {
+		c.unsent = c.n
+	}
+	return e
+}
+
+// Flush writes the buffered requests to the server when connected. A batch
+// that ends with a quiet request gets a trailing NOOP of the proxy's own so
+// that the quiet requests are resolved. It is cheap to call when there is
+// nothing to write.
+func (c *Conn) Flush() {
+	if c.state != stateUp || len(c.out) == 0 {
+		return
+	}
+	if c.lastQuiet {
+		c.opaque++
+		c.out = binary.AppendFrame(c.out, binary.Header{Magic: binary.MagicRequest, Opcode: binary.OpNoop, Opaque: c.opaque}, nil, nil, nil, nil)
+		c.push(entry{opaque: c.opaque})
+		c.lastQuiet = false
+	}
+	now := time.Now().UnixNano()
+	for i := c.n - c.unsent; i < c.n; i++ {
+		c.ring[(c.head+i)%len(c.ring)].sent = now
+	}
+	c.unsent = 0
+	if _, err := c.gc.Write(c.out); err != nil {
+		// gnet closes the connection on a write error; OnClose fails the
+		// in-flight requests.
+		c.lastErr = err
+	}
+	c.out = c.out[:0]
+}
+
+// connect starts a dial in a goroutine. The result comes back on the loop:
+// success through the engine's OnOpen (HandleOpen), failure through
+// Execute.
+func (c *Conn) connect() {
+	c.state = stateConnecting
+	c.dialGen++
+	gen := c.dialGen
+	addr, timeout, loop := c.cfg.Addr, c.cfg.Timeout, c.loop
+	go func() {
+		fail := func(err error) {
+			_ = loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+				if gen == c.dialGen && c.state == stateConnecting {
+					c.down(fmt.Errorf("connect %s: %w", addr, err))
+				}
+				return nil
+			}))
+		}
+		nc, err := net.DialTimeout("tcp", addr, timeout)
+		if err != nil {
+			fail(err)
+			return
+		}
+		if tc, ok := nc.(*net.TCPConn); ok {
+			_ = tc.SetNoDelay(true)
+		}
+		ch, err := loop.Enroll(gnet.NewContext(context.Background(), c), nc)
+		if err != nil {
+			nc.Close()
+			fail(err)
+			return
+		}
+		if res := <-ch; res.Err != nil {
+			fail(res.Err)
+		}
+	}()
+}
+
+// HandleOpen must be called from the engine's OnOpen for a connection whose
+// context is c.
+func (c *Conn) HandleOpen(gc gnet.Conn) {
+	if c.closed || c.state != stateConnecting {
+		_ = gc.Close()
+		return
+	}
+	c.gc = gc
+	c.state = stateUp
+	c.failures = 0
+	c.lastErr = nil
+	if c.cfg.OnState != nil {
+		c.cfg.OnState(c, true, nil)
+	}
+	c.Flush()
+}
+
+// HandleClose must be called from the engine's OnClose for a connection
+// whose context is c. It fails every request in flight.
+func (c *Conn) HandleClose(gc gnet.Conn, err error) {
+	if gc != c.gc {
+		return
+	}
+	if err == nil {
+		err = io.EOF
+	}
+	c.down(fmt.Errorf("connection to %s lost: %w", c.cfg.Addr, err))
+}
+
+// down marks the connection failed: every request in flight fails with
+// Etmpfail, new requests fail until a jittered backoff elapses.
+func (c *Conn) down(err error) {
+	wasUp := c.state == stateUp
+	if c.gc != nil {
+		gc := c.gc
+		c.gc = nil
+		_ = gc.Close()
+	}
+	c.state = stateDown
+	c.lastErr = err
+	c.failures++
+	backoff := 50 * time.Millisecond << min(c.failures-1, 5) // 50 ms .. 1.6 s
+	backoff = backoff/2 + rand.N(backoff/2+1)
+	c.retryAt = time.Now().Add(backoff)
+	c.out = c.out[:0]
+	c.lastQuiet = false
+	reason := c.unavailableReason()
+	for c.n > 0 {
+		if e := c.pop(); e.w != nil {
+			e.w.Fail(binary.StatusEtmpfail, reason)
+		}
+	}
+	c.wakeWaiters()
+	if c.cfg.OnState != nil && (wasUp || c.failures == 1) {
+		c.cfg.OnState(c, false, err)
+	}
+	if c.cfg.AfterRead != nil {
+		c.cfg.AfterRead()
+	}
+}
+
+// Reconnect starts a connect now if the connection is down or idle and
+// not closed. Used by health checks; a no-op otherwise.
+func (c *Conn) Reconnect() {
+	if c.closed || c.state == stateUp || c.state == stateConnecting {
+		return
+	}
+	if c.state == stateDown && time.Now().Before(c.retryAt) {
+		return
+	}
+	c.connect()
+}
+
+// Close closes the connection for good: requests in flight fail, new ones
+// fail at once.
+func (c *Conn) Close() {
+	if c.closed {
+		return
+	}
+	c.down(errors.New("closed"))
+	c.closed = true
+}
+
+// CheckTimeout fails the connection when its oldest flushed request has
+// waited longer than the timeout, or a connect has taken longer. Call it
+// periodically on the loop.
+func (c *Conn) CheckTimeout(now time.Time) {
+	if c.state != stateUp || c.n == 0 {
+		return
+	}
+	if s := c.front().sent; s != 0 && now.UnixNano()-s > int64(c.cfg.Timeout) {
+		c.down(fmt.Errorf("request to %s timed out after %v", c.cfg.Addr, c.cfg.Timeout))
+	}
+}
+
+// HandleTraffic must be called from the engine's OnTraffic for a
+// connection whose context is c. It delivers every complete response to
+// its waiter.
+func (c *Conn) HandleTraffic(gc gnet.Conn) gnet.Action {
+	if gc != c.gc {
+		return gnet.Close
+	}
+	buf, _ := gc.Peek(-1)
+	off := 0
+	for {
+		f, n, err := binary.Decode(buf[off:], 0)
+		if err != nil {
+			c.down(fmt.Errorf("bad response from %s: %w", c.cfg.Addr, err))
+			return gnet.None
+		}
+		if n == 0 {
+			break
+		}
+		off += n
+		if err := c.match(&f); err != nil {
+			c.down(err)
+			return gnet.None
+		}
+	}
+	if off > 0 { // Discard(0) would drop everything buffered
+		_, _ = gc.Discard(off)
+	}
+	if c.cfg.AfterRead != nil {
+		c.cfg.AfterRead()
+	}
+	return gnet.None
+}
+
+func (c *Conn) match(f *binary.Frame) error {
+	if !f.Magic.IsResponse() {
+		return fmt.Errorf("request magic from server %s", c.cfg.Addr)
+	}
+	for c.n > 0 {
+		e := c.front()
+		if e.opaque == f.Opaque {
+			done := !e.stream || f.KeyLen == 0 || f.Status() != binary.StatusSuccess
+			w := e.w
+			if done {
+				c.pop()
+				c.roomCheck()
+			}
+			if w != nil {
+				w.Deliver(f, done)
+			}
+			return nil
+		}
+		if !e.quiet {
+			return fmt.Errorf("response opaque %d from %s does not match request %d", f.Opaque, c.cfg.Addr, e.opaque)
+		}
+		w := c.pop().w
+		if w != nil {
+			w.Silent()
+		}
+	}
+	return fmt.Errorf("unexpected response (opaque %d) from %s", f.Opaque, c.cfg.Addr)
+}
+
+func (c *Conn) roomCheck() {
+	if len(c.waitingUp) > 0 && c.n <= c.cfg.MaxInflight/2 {
+		c.wakeWaiters()
+	}
+}
+
+func (c *Conn) wakeWaiters() {
+	ws := c.waitingUp
+	c.waitingUp = nil
+	for _, fn := range ws {
+		fn()
+	}
+}
