@@ -1,0 +1,47 @@
+# kvthrottle: see README.md.
+GO        ?= go
+BIN       := bin/kvthrottle
+CONFIG    ?= config.example.toml
+FUZZTIME  ?= 30s
+VERSION   := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+
+.PHONY: all build run test deps vet bench fuzz clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/kvthrottle
+
+deps:
+	@scripts/deps.sh
+
+## run: build, make sure memcached runs on 127.0.0.1:11211, start the proxy.
+run: build
+	@scripts/deps.sh --server-only
+	@scripts/memcached-up.sh
+	$(BIN) serve --config $(CONFIG)
+
+## test: install what the tests need, then vet, gofmt and every test with -race.
+test: deps vet
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+vet:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+## bench: the benchmarks of DESIGN.md section 9, as a table.
+bench: deps build
+	$(GO) run ./internal/benchtable
+
+## fuzz: run every fuzz target for FUZZTIME each.
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list 'Fuzz.*' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+clean:
+	rm -rf bin

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Makes sure the tools kvthrottle's tests and `make run` need are present:
+# memcached (the server) and libmemcached-tools (memccapable, memccp,
+# memccat, memcaslap). Installs Debian's packages when missing and running
+# as root; otherwise says exactly what to install and fails.
+set -euo pipefail
+
+missing=()
+command -v memcached >/dev/null 2>&1 || missing+=(memcached)
+if [ "${1:-}" != "--server-only" ]; then
+  { command -v memccapable >/dev/null 2>&1 && command -v memcaslap >/dev/null 2>&1; } || missing+=(libmemcached-tools)
+fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "kvthrottle needs these Debian packages: ${missing[*]}" >&2
+  echo "install them with: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "no apt-get here: install ${missing[*]} with your package manager" >&2
+  exit 1
+fi
+echo "installing ${missing[*]} ..."
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}" >/dev/null
+echo "installed ${missing[*]}"
