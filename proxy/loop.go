@@ -18,10 +18,12 @@ type loop struct {
 	ups   []*upstream.Conn // one per server, in Options.Servers order
 	dirty []*session       // sessions with output to write
 	slots []*slot          // free slots
+
+	sessions map[*session]struct{} // open client sessions
 }
 
 func newLoop(s *Server, el gnet.EventLoop) *loop {
-	lp := &loop{srv: s, el: el}
+	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{})}
 	for _, addr := range s.opts.Servers {
 		lp.ups = append(lp.ups, upstream.New(upstream.Config{
 			Addr:        addr,
@@ -69,6 +71,17 @@ func (lp *loop) tick(context.Context) error {
 		u.CheckTimeout(now)
 	}
 	lp.flushClients()
+	return nil
+}
+
+// drainIdle closes every session with nothing in flight and no input
+// left; busy sessions close themselves when they become idle (flush).
+func (lp *loop) drainIdle(context.Context) error {
+	for s := range lp.sessions {
+		if s.pending() == 0 && s.c.InboundBuffered() == 0 {
+			_ = s.c.Close()
+		}
+	}
 	return nil
 }
 

@@ -129,24 +129,29 @@ func (s *Server) Ready() <-chan struct{} { return s.booted }
 // Connections returns the number of open client connections.
 func (s *Server) Connections() int64 { return s.conns.Load() }
 
-// Shutdown stops accepting connections, stops dispatching new commands,
-// waits until every command in flight has been answered (or ctx is done),
-// then closes every connection and stops the engine. Safe to call from any
-// goroutine, once.
+// Shutdown drains the proxy: it stops accepting connections, keeps
+// serving the commands clients have already sent, closes each connection
+// once it has nothing in flight and no input left, and when every
+// connection is closed (or ctx is done) stops the engine. Safe to call from
+// any goroutine, once.
 func (s *Server) Shutdown(ctx context.Context) error {
+	<-s.booted
 	s.draining.Store(true)
+	s.eachLoop(func(lp *loop) {
+		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.drainIdle))
+	})
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for s.inflight.Load() > 0 {
+wait:
+	for s.conns.Load() > 0 {
 		select {
 		case <-ctx.Done():
-			s.log.Warn().Int64("inflight", s.inflight.Load()).Msg("drain deadline reached; closing with commands in flight")
-			goto stop
+			s.log.Warn().Int64("connections", s.conns.Load()).Int64("inflight", s.inflight.Load()).
+				Msg("drain deadline reached; closing connections with commands in flight")
+			break wait
 		case <-tick.C:
 		}
 	}
-stop:
-	<-s.booted
 	if err := s.eng.Stop(context.Background()); err != nil {
 		return fmt.Errorf("proxy: stop engine: %w", err)
 	}

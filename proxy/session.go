@@ -26,7 +26,9 @@ type session struct {
 }
 
 func newSession(lp *loop, c gnet.Conn) *session {
-	return &session{lp: lp, c: c}
+	s := &session{lp: lp, c: c}
+	lp.sessions[s] = struct{}{}
+	return s
 }
 
 // slot is one command in a session's response queue. It is the
@@ -50,7 +52,7 @@ func (s *session) onTraffic() gnet.Action {
 		_, _ = s.c.Discard(-1)
 		return gnet.None
 	}
-	if s.waiting || s.lp.srv.draining.Load() {
+	if s.waiting {
 		return s.checkBuffered()
 	}
 	buf, _ := s.c.Peek(-1)
@@ -218,7 +220,7 @@ func (s *session) flush() {
 			s.out = s.out[:0]
 		}
 	}
-	if s.quitting && s.pending() == 0 {
+	if s.pending() == 0 && (s.quitting || s.lp.srv.draining.Load() && s.c.InboundBuffered() == 0) {
 		_ = s.c.Close()
 	}
 }
@@ -227,6 +229,7 @@ func (s *session) flush() {
 // flight upstream are released when they resolve.
 func (s *session) close() {
 	s.closed = true
+	delete(s.lp.sessions, s)
 	for i := s.qh; i < len(s.q); i++ {
 		sl := s.q[i]
 		s.q[i] = nil

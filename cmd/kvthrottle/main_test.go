@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// buildBinary builds kvthrottle once per test binary run.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "kvthrottle")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func writeConfig(t *testing.T, dir, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, "kvthrottle.toml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func baseConfig(listen, server string) string {
+	return fmt.Sprintf(`
+[proxy]
+listen = %q
+[upstream]
+servers = [%q]
+[metrics]
+listen = ""
+[log]
+level = "info"
+format = "json"
+[[bucket]]
+name = "default"
+`, listen, server)
+}
+
+// TestServeDrainsOnSIGTERM: SIGTERM stops accepting, answers the commands
+// in flight, and exits 0.
+func TestServeDrainsOnSIGTERM(t *testing.T) {
+	bin := buildBinary(t)
+	m := testmc.Start(t)
+	dir := t.TempDir()
+	listen := testmc.FreeAddr(t)
+	cfg := writeConfig(t, dir, baseConfig(listen, m.Addr))
+	var logs bytes.Buffer
+	cmd := exec.Command(bin, "serve", "--config", cfg)
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if err := testmc.WaitListening(listen, 10*time.Second); err != nil {
+		t.Fatalf("proxy not listening: %v\n%s", err, logs.String())
+	}
+	c, err := mcclient.Dial(listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// A pipelined batch in flight when the signal arrives.
+	val := bytes.Repeat([]byte("v"), 10000)
+	var ops []uint32
+	for i := 0; i < 500; i++ {
+		ops = append(ops, c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(0, 0), Key: []byte(fmt.Sprintf("k%d", i)), Value: val}))
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for i, op := range ops {
+		r, err := c.Read()
+		if err != nil {
+			t.Fatalf("response %d of %d lost during drain: %v", i, len(ops), err)
+		}
+		if r.Opaque != op || r.Status() != mc.StatusSuccess {
+			t.Fatalf("response %d: opaque %d status %s", i, r.Opaque, r.Status())
+		}
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- cmd.Wait() }()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, logs.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("proxy did not exit after SIGTERM\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "drained") {
+		t.Errorf("no drain log line:\n%s", logs.String())
+	}
+}
+
+// TestServeRejectsBadConfig: an unknown key or bad value stops the start
+// with a message naming the key.
+func TestServeRejectsBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct{ body, want string }{
+		"unknown key": {"[proxy]\nlisten = \"127.0.0.1:1\"\nlisen = \"x\"\n", "lisen"},
+		"bad value":   {"[throttle]\ncapacity = \"lots\"\n", "throttle.capacity"},
+		"bad timeout": {"[upstream]\ntimeout = \"soon\"\n", "upstream.timeout"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := writeConfig(t, dir, tc.body)
+			var stderr bytes.Buffer
+			code := run([]string{"serve", "--config", p}, nil, &bytes.Buffer{}, &stderr)
+			if code == 0 || !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("exit %d, stderr %q: want failure naming %q", code, stderr.String(), tc.want)
+			}
+		})
+	}
+}
+
+func TestHashPasswordAndVersion(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"hash-password"}, strings.NewReader("s3cret\n"), &out, &errb); code != 0 {
+		t.Fatalf("hash-password: exit %d: %s", code, errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	h := lines[len(lines)-1]
+	if h == "" || strings.Contains(h, "s3cret") {
+		t.Fatalf("hash line %q", h)
+	}
+	out.Reset()
+	if code := run([]string{"version"}, nil, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "kvthrottle ") {
+		t.Fatalf("version: %d %q", code, out.String())
+	}
+}
