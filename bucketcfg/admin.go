@@ -1,0 +1,271 @@
+package bucketcfg
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+// MaxAdminBodyBytes is the largest JSON body accepted by [ParseBucketThrottle]
+// and [ParseNodeThrottle] (DESIGN.md section 5 fixes it for 0x2a; 0x2c uses
+// the same bound).
+const MaxAdminBodyBytes = 1024
+
+// JSON field names of the admin bodies (DESIGN.md section 5).
+const (
+	fieldReserved         = "reserved"
+	fieldHardLimit        = "hard_limit"
+	fieldCapacity         = "capacity"
+	fieldDefaultReserved  = "default_throttle_reserved_units"
+	fieldDefaultHardLimit = "default_throttle_hard_limit"
+)
+
+// BucketThrottle is the pair of throttle properties of one bucket: the
+// guaranteed reservation and the hard limit, in units per second. It is the
+// body of admin opcode 0x2a, an entry of the state file, and the pair of node
+// defaults given to buckets without explicit limits.
+//
+// Its JSON form is {"reserved": N|"unlimited", "hard_limit": N|"unlimited"}.
+// A valid BucketThrottle has Reserved <= HardLimit (see Validate). The zero
+// value is {0, 0}: valid, but a bucket with it can run nothing.
+type BucketThrottle struct {
+	Reserved  Limit `json:"reserved"`
+	HardLimit Limit `json:"hard_limit"`
+}
+
+// Validate returns an error when Reserved exceeds HardLimit.
+func (b BucketThrottle) Validate() error {
+	if !b.Reserved.LessOrEqual(b.HardLimit) {
+		return fmt.Errorf("reserved %s exceeds hard_limit %s", b.Reserved, b.HardLimit)
+	}
+	return nil
+}
+
+// String returns a short human-readable form such as
+// "reserved=100 hard_limit=unlimited".
+func (b BucketThrottle) String() string {
+	return "reserved=" + b.Reserved.String() + " hard_limit=" + b.HardLimit.String()
+}
+
+// ParseBucketThrottle parses the value of admin opcode 0x2a
+// (SetBucketThrottleProperties):
+//
+//	{"reserved": N|"unlimited", "hard_limit": N|"unlimited"}
+//
+// Rules: the body is at most [MaxAdminBodyBytes] bytes and is exactly one
+// JSON object (nothing but white space after it); field names are matched
+// exactly (case-sensitively), an unknown or repeated field is an error; a
+// missing field means "unlimited" (so {} is unlimited/unlimited, and
+// {"hard_limit": 100} is rejected because its reservation is unlimited); the
+// values follow the [Limit] rules; Reserved must not exceed HardLimit.
+//
+// The returned error's text is a short reason meant for the body of the
+// memcached 0x04 Einval response, for example
+// `reserved: must be a non-negative integer or "unlimited", got -1`.
+// The returned value is valid (Validate returns nil) whenever err is nil.
+func ParseBucketThrottle(body []byte) (BucketThrottle, error) {
+	fields, err := scanObject(body, fieldReserved, fieldHardLimit)
+	if err != nil {
+		return BucketThrottle{}, err
+	}
+	bt := BucketThrottle{Reserved: Unlimited(), HardLimit: Unlimited()}
+	if raw, ok := fields[fieldReserved]; ok {
+		if bt.Reserved, err = limitField(fieldReserved, raw); err != nil {
+			return BucketThrottle{}, err
+		}
+	}
+	if raw, ok := fields[fieldHardLimit]; ok {
+		if bt.HardLimit, err = limitField(fieldHardLimit, raw); err != nil {
+			return BucketThrottle{}, err
+		}
+	}
+	if err := bt.Validate(); err != nil {
+		if _, given := fields[fieldReserved]; !given {
+			return BucketThrottle{}, fmt.Errorf(`reserved is missing, which means "unlimited", and that exceeds hard_limit %s`, bt.HardLimit)
+		}
+		return BucketThrottle{}, err
+	}
+	return bt, nil
+}
+
+// NodeThrottle is the body of admin opcode 0x2c (SetNodeThrottleProperties):
+// a partial update of the node's throttle properties.
+//
+// A nil field means "unchanged". Defaults groups default_throttle_reserved_units
+// and default_throttle_hard_limit, which are always given together; when it is
+// not nil it is valid (Reserved <= HardLimit).
+//
+// Its JSON form (see MarshalJSON and [ParseNodeThrottle]) is
+//
+//	{"capacity": N|"unlimited",
+//	 "default_throttle_reserved_units": N|"unlimited",
+//	 "default_throttle_hard_limit": N|"unlimited"}
+//
+// with every field optional.
+type NodeThrottle struct {
+	Capacity *Limit
+	Defaults *BucketThrottle
+}
+
+// IsEmpty reports whether nt changes nothing (the body was {}).
+func (nt NodeThrottle) IsEmpty() bool { return nt.Capacity == nil && nt.Defaults == nil }
+
+// MarshalJSON encodes nt in the wire form read by [ParseNodeThrottle],
+// omitting unchanged fields. It is what `kvthrottle ctl set-node` may send.
+func (nt NodeThrottle) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	sep := ""
+	put := func(name string, l Limit) {
+		v, _ := l.MarshalJSON() // never fails
+		b.WriteString(sep + strconv.Quote(name) + ":")
+		b.Write(v)
+		sep = ","
+	}
+	if nt.Capacity != nil {
+		put(fieldCapacity, *nt.Capacity)
+	}
+	if nt.Defaults != nil {
+		put(fieldDefaultReserved, nt.Defaults.Reserved)
+		put(fieldDefaultHardLimit, nt.Defaults.HardLimit)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// ParseNodeThrottle parses the value of admin opcode 0x2c
+// (SetNodeThrottleProperties). Every field is optional and a missing field
+// leaves that property unchanged (nil in the result); {} is a valid no-op.
+// default_throttle_reserved_units and default_throttle_hard_limit must be
+// both present or both absent, and the reserved default must not exceed the
+// hard-limit default. The other rules (size, exactly one object, exact field
+// names, no unknown or repeated field, [Limit] values) and the style of the
+// error text are those of [ParseBucketThrottle].
+func ParseNodeThrottle(body []byte) (NodeThrottle, error) {
+	fields, err := scanObject(body, fieldCapacity, fieldDefaultReserved, fieldDefaultHardLimit)
+	if err != nil {
+		return NodeThrottle{}, err
+	}
+	var nt NodeThrottle
+	if raw, ok := fields[fieldCapacity]; ok {
+		c, err := limitField(fieldCapacity, raw)
+		if err != nil {
+			return NodeThrottle{}, err
+		}
+		nt.Capacity = &c
+	}
+	rawRes, hasRes := fields[fieldDefaultReserved]
+	rawHard, hasHard := fields[fieldDefaultHardLimit]
+	if hasRes != hasHard {
+		return NodeThrottle{}, errors.New(fieldDefaultReserved + " and " + fieldDefaultHardLimit + " must be given together")
+	}
+	if hasRes {
+		var d BucketThrottle
+		if d.Reserved, err = limitField(fieldDefaultReserved, rawRes); err != nil {
+			return NodeThrottle{}, err
+		}
+		if d.HardLimit, err = limitField(fieldDefaultHardLimit, rawHard); err != nil {
+			return NodeThrottle{}, err
+		}
+		if d.Validate() != nil {
+			return NodeThrottle{}, fmt.Errorf("%s %s exceeds %s %s", fieldDefaultReserved, d.Reserved, fieldDefaultHardLimit, d.HardLimit)
+		}
+		nt.Defaults = &d
+	}
+	return nt, nil
+}
+
+// limitField decodes one Limit-valued field, prefixing errors with its name.
+func limitField(name string, raw json.RawMessage) (Limit, error) {
+	l, err := limitFromJSON(raw)
+	if err != nil {
+		return Limit{}, fmt.Errorf("%s: %w", name, err)
+	}
+	return l, nil
+}
+
+// scanObject checks that body is a single JSON object of at most
+// MaxAdminBodyBytes whose keys are all in known (compared exactly) and
+// distinct, and returns the raw value of each key present.
+//
+// encoding/json's DisallowUnknownFields is not enough here: it matches field
+// names case-insensitively, silently keeps the last of repeated fields and
+// turns null into "absent" for pointer fields. Walking the tokens gives exact
+// names, duplicate detection and precise, short error texts.
+func scanObject(body []byte, known ...string) (map[string]json.RawMessage, error) {
+	if len(body) > MaxAdminBodyBytes {
+		return nil, fmt.Errorf("body too large: %d bytes, at most %d allowed", len(body), MaxAdminBodyBytes)
+	}
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return nil, errors.New("empty body: a JSON object is required")
+	}
+	if trimmed[0] != '{' {
+		return nil, errors.New("body must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, jsonErr(err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, errors.New("body must be a JSON object")
+	}
+	fields := make(map[string]json.RawMessage, len(known))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, jsonErr(err)
+		}
+		key, ok := tok.(string)
+		if !ok { // cannot happen: the decoder only yields strings here
+			return nil, errors.New("invalid JSON: object key is not a string")
+		}
+		isKnown := false
+		for _, k := range known {
+			if key == k {
+				isKnown = true
+				break
+			}
+		}
+		if !isKnown {
+			return nil, fmt.Errorf("unknown field %s", quoteShort(key))
+		}
+		if _, dup := fields[key]; dup {
+			return nil, fmt.Errorf("duplicate field %q", key)
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, jsonErr(err)
+		}
+		fields[key] = raw
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, jsonErr(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("invalid JSON: unexpected data after the object")
+	}
+	return fields, nil
+}
+
+// jsonErr turns an encoding/json error into a short reason (at most about
+// 100 bytes, whatever the input).
+func jsonErr(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return errors.New("invalid JSON: unexpected end of input")
+	}
+	msg := err.Error()
+	if len(msg) > 80 {
+		msg, _ = cutShortN(msg, 80)
+		msg += "..."
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Errorf("invalid JSON at offset %d: %s", se.Offset, msg)
+	}
+	return fmt.Errorf("invalid JSON: %s", msg)
+}
