@@ -2,47 +2,80 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 type testProxy struct {
 	*Server
-	Addr string
-	MC   *testmc.Server
-	done chan error
+	Addr      string
+	MC        *testmc.Server
+	StatePath string
+	done      chan error
 }
 
-// startProxy runs a proxy in front of a fresh memcached, with opts
-// adjusted by mod. It is shut down when the test ends.
-func startProxy(t testing.TB, mod func(*Options)) *testProxy {
-	t.Helper()
-	m := testmc.Start(t)
-	return startProxyTo(t, m, mod)
+// testConfig is a configuration file in parts: lines inside [proxy],
+// [upstream] and [throttle], and a tail of [[bucket]] and [[user]] tables.
+type testConfig struct {
+	proxy, upstream, throttle string
+	tail                      string // default: one bucket "default" with flush enabled
+	loops                     int
+	state                     *bucketcfg.State
+	statePath                 string // default: in a temp dir
 }
 
-func startProxyTo(t testing.TB, m *testmc.Server, mod func(*Options)) *testProxy {
+func (tc testConfig) render(listen string, servers []string, statePath string) string {
+	quoted := make([]string, len(servers))
+	for i, s := range servers {
+		quoted[i] = fmt.Sprintf("%q", s)
+	}
+	tail := tc.tail
+	if tail == "" {
+		tail = "[[bucket]]\nname = \"default\"\nflush_enabled = true\n"
+	}
+	return fmt.Sprintf("[proxy]\nlisten = %q\n%s\n[upstream]\nservers = [%s]\ntimeout = \"2s\"\n%s\n[throttle]\nstate_file = %q\n%s\n[metrics]\nlisten = \"\"\n%s",
+		listen, tc.proxy, strings.Join(quoted, ", "), tc.upstream, statePath, tc.throttle, tail)
+}
+
+// startProxy runs a proxy in front of a fresh memcached. It is shut down
+// when the test ends.
+func startProxy(t testing.TB, tc testConfig) *testProxy {
 	t.Helper()
-	opts := Options{
-		Listen:  testmc.FreeAddr(t),
-		Servers: []string{m.Addr},
-		Timeout: 2 * time.Second,
-		Logger:  testLogger(t),
+	return startProxyTo(t, testmc.Start(t), tc)
+}
+
+func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
+	t.Helper()
+	statePath := tc.statePath
+	if statePath == "" {
+		statePath = filepath.Join(t.TempDir(), "state.json")
 	}
-	if mod != nil {
-		mod(&opts)
+	listen := testmc.FreeAddr(t)
+	cfg, err := bucketcfg.Parse([]byte(tc.render(listen, []string{m.Addr}, statePath)))
+	if err != nil {
+		t.Fatalf("test config: %v", err)
 	}
-	srv, err := New(opts)
+	st := tc.state
+	if st == nil {
+		if st, err = bucketcfg.LoadState(statePath); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: testLogger(t), Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &testProxy{Server: srv, Addr: opts.Listen, MC: m, done: make(chan error, 1)}
+	p := &testProxy{Server: srv, Addr: listen, MC: m, StatePath: statePath, done: make(chan error, 1)}
 	go func() { p.done <- srv.Serve() }()
 	select {
 	case <-srv.Ready():
@@ -51,22 +84,29 @@ func startProxyTo(t testing.TB, m *testmc.Server, mod func(*Options)) *testProxy
 	case <-time.After(5 * time.Second):
 		t.Fatal("proxy did not start within 5s")
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		select {
-		case err := <-p.done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Error("Serve did not return after Shutdown")
-		}
-	})
+	t.Cleanup(func() { p.stop(t) })
 	return p
+}
+
+// stop shuts the proxy down; safe to call twice.
+func (p *testProxy) stop(t testing.TB) {
+	if p.done == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("Serve did not return after Shutdown")
+	}
+	p.done = nil
 }
 
 func testLogger(t testing.TB) zerolog.Logger {

@@ -11,7 +11,9 @@ var errNotRequest = errors.New("frame is not a request (bad magic)")
 
 // supportedFeatures are the HELLO features the proxy acknowledges.
 var supportedFeatures = map[mc.Feature]bool{
-	mc.FeatureTCPNoDelay: true,
+	mc.FeatureTCPNoDelay:                true,
+	mc.FeatureSelectBucket:              true,
+	mc.FeatureNonBlockingThrottlingMode: true,
 }
 
 // hello answers HELLO with the requested features the proxy supports, in
@@ -24,10 +26,17 @@ func (s *session) hello(f *mc.Frame) {
 	}
 	var acked []byte
 	seen := map[mc.Feature]bool{}
+	s.nonBlocking, s.selectOK = false, false // HELLO replaces the feature set
 	for i := 0; i+1 < len(v); i += 2 {
 		ft := mc.Feature(binary.BigEndian.Uint16(v[i:]))
 		if supportedFeatures[ft] && !seen[ft] {
 			seen[ft] = true
+			switch ft {
+			case mc.FeatureNonBlockingThrottlingMode:
+				s.nonBlocking = true
+			case mc.FeatureSelectBucket:
+				s.selectOK = true
+			}
 			acked = binary.BigEndian.AppendUint16(acked, uint16(ft))
 		}
 	}

@@ -20,15 +20,22 @@ type loop struct {
 	slots []*slot          // free slots
 
 	sessions map[*session]struct{} // open client sessions
+
+	holds   wakeHeap // held sessions by wake-up time
+	timer   *time.Timer
+	armed   bool
+	armedAt time.Duration
+	wakeRun gnet.RunnableFunc
 }
 
 func newLoop(s *Server, el gnet.EventLoop) *loop {
 	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{})}
-	for _, addr := range s.opts.Servers {
+	lp.wakeRun = lp.wakeDue
+	for _, addr := range s.opts.servers {
 		lp.ups = append(lp.ups, upstream.New(upstream.Config{
 			Addr:        addr,
-			Timeout:     s.opts.Timeout,
-			MaxInflight: s.opts.MaxInflight,
+			Timeout:     s.opts.timeout,
+			MaxInflight: s.opts.maxInflight,
 			AfterRead:   lp.flushClients,
 			OnState:     lp.upstreamState,
 		}, el))

@@ -1,10 +1,14 @@
 // Package proxy is kvthrottle's gnet event handler: it accepts memcached
-// binary-protocol clients, runs one session per connection, and forwards
-// their commands to the memcached servers through per-event-loop upstream
-// connections, responding to each client in request order.
+// binary-protocol clients, runs one session per connection (authentication,
+// bucket selection, throttling, admin opcodes), and forwards their commands
+// to the memcached servers through per-event-loop upstream connections,
+// responding to each client in request order.
 //
 // Everything a session or a loop owns is touched only on its event loop;
-// state shared across loops (counters, the bucket table) uses atomics.
+// state shared across loops (counters, the bucket table, the throttle
+// gauges) uses atomics. Work that may block (password checks, writing the
+// state file) runs on goroutines the Server owns and reports back to the
+// loop.
 package proxy
 
 import (
@@ -19,62 +23,49 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"github.com/rs/zerolog"
 
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/throttle"
 	"github.com/kvthrottle/kvthrottle/upstream"
 )
 
-// Options configure a Server. Zero values take the documented defaults.
+// Options configure a Server.
 type Options struct {
-	// Listen is the client address, host:port.
-	Listen string
-	// Servers are the memcached servers, host:port; at least one.
-	Servers []string
-	// Timeout bounds upstream connects and responses (default 2 s).
-	Timeout time.Duration
-	// MaxConnections bounds client connections (default 10000); excess
-	// connections are closed at once.
-	MaxConnections int
-	// MaxFrameBytes bounds a request's body (default 21 MiB).
-	MaxFrameBytes int
-	// MaxBufferedInput bounds the unprocessed input of one client
-	// connection, in bytes, while it is held or waiting (default 4 MiB
-	// plus MaxFrameBytes). Past it the connection is closed.
-	MaxBufferedInput int
-	// MaxInflight bounds requests in flight per upstream connection
-	// (default 4096).
-	MaxInflight int
-	// DefaultBucket is the bucket of connections that never authenticate.
-	DefaultBucket string
+	// Config is the configuration file as loaded (required). Listen
+	// address, upstream servers, bounds, buckets and users come from it.
+	Config *bucketcfg.Config
+	// State is the runtime throttle state loaded from
+	// Config.Throttle.StateFile; it overrides the file's throttle values.
+	// Nil means an empty state.
+	State *bucketcfg.State
 	// EventLoops is the number of gnet event loops (default GOMAXPROCS).
 	EventLoops int
+	// Clock is the throttle engine's clock (default: the real clock).
+	Clock throttle.Clock
 	// Logger receives the proxy's logs.
 	Logger zerolog.Logger
+	// Version is reported by STAT.
+	Version string
 }
 
-func (o *Options) setDefaults() {
-	if o.Timeout <= 0 {
-		o.Timeout = 2 * time.Second
-	}
-	if o.MaxConnections <= 0 {
-		o.MaxConnections = 10000
-	}
-	if o.MaxFrameBytes <= 0 {
-		o.MaxFrameBytes = 21 << 20
-	}
-	if o.MaxBufferedInput <= 0 {
-		o.MaxBufferedInput = 4<<20 + o.MaxFrameBytes
-	}
-	if o.MaxInflight <= 0 {
-		o.MaxInflight = 4096
-	}
-	if o.EventLoops <= 0 {
-		o.EventLoops = runtime.GOMAXPROCS(0)
-	}
+// settings are the values the hot path reads, fixed at start.
+type settings struct {
+	listen           string
+	servers          []string
+	timeout          time.Duration
+	maxConnections   int
+	maxFrameBytes    int
+	maxBufferedInput int
+	maxInflight      int
+	readUnitSize     int64
+	writeUnitSize    int64
+	eventLoops       int
+	statePath        string
 }
 
 // Server is a running proxy. Create it with New, run it with Serve, stop it
 // with Shutdown.
 type Server struct {
-	opts Options
+	opts settings
 	log  zerolog.Logger
 	eng  gnet.Engine
 
@@ -86,31 +77,91 @@ type Server struct {
 	conns    atomic.Int64 // open client connections
 	inflight atomic.Int64 // client commands accepted and not yet answered
 	refused  atomic.Uint64
+	started  time.Time
+	version  string
+
+	throttle *throttle.Engine
+	ten      atomic.Pointer[tenants] // buckets and users in force
+
+	adminMu sync.Mutex // serialises admin changes and reloads
+	file    *bucketcfg.Config
+	state   *bucketcfg.State // guarded by adminMu
+
+	jobs    sync.WaitGroup // off-loop work: password checks, state writes
+	authSem chan struct{}  // bounds concurrent password checks
 }
 
-// New validates opts and returns a Server that is not yet listening.
+// New validates opts, builds the throttle engine and the bucket table, and
+// returns a Server that is not yet listening.
 func New(opts Options) (*Server, error) {
-	opts.setDefaults()
-	if opts.Listen == "" {
-		return nil, errors.New("proxy: no listen address")
+	cfg := opts.Config
+	if cfg == nil {
+		return nil, errors.New("proxy: no configuration")
 	}
-	if len(opts.Servers) == 0 {
+	if len(cfg.Upstream.Servers) == 0 {
 		return nil, errors.New("proxy: no upstream servers")
 	}
-	return &Server{
-		opts:   opts,
-		log:    opts.Logger,
-		loops:  make(map[gnet.EventLoop]*loop),
-		booted: make(chan struct{}),
-	}, nil
+	st := opts.State
+	if st == nil {
+		st = bucketcfg.NewState()
+	}
+	eff, err := bucketcfg.Effective(cfg, st)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: apply runtime state: %w", err)
+	}
+	eng, err := throttle.New(throttle.Config{
+		Capacity: throttleLimit(eff.Throttle.Capacity),
+		Burst:    eff.Throttle.Burst,
+		Clock:    opts.Clock,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: throttle engine: %w", err)
+	}
+	ten, _, err := buildTenants(eng, eff, nil)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: buckets: %w", err)
+	}
+	loops := opts.EventLoops
+	if loops <= 0 {
+		loops = runtime.GOMAXPROCS(0)
+	}
+	s := &Server{
+		opts: settings{
+			listen:           cfg.Proxy.Listen,
+			servers:          cfg.Upstream.Servers,
+			timeout:          cfg.Upstream.Timeout,
+			maxConnections:   cfg.Proxy.MaxConnections,
+			maxFrameBytes:    cfg.Proxy.MaxFrameBytes,
+			maxBufferedInput: cfg.Proxy.MaxHeldInputBytes + cfg.Proxy.MaxFrameBytes,
+			maxInflight:      cfg.Upstream.MaxInflight,
+			readUnitSize:     int64(cfg.Throttle.ReadUnitSize),
+			writeUnitSize:    int64(cfg.Throttle.WriteUnitSize),
+			eventLoops:       loops,
+			statePath:        cfg.Throttle.StateFile,
+		},
+		log:      opts.Logger,
+		loops:    make(map[gnet.EventLoop]*loop),
+		booted:   make(chan struct{}),
+		started:  time.Now(),
+		version:  opts.Version,
+		throttle: eng,
+		file:     cfg,
+		state:    st,
+		authSem:  make(chan struct{}, 4),
+	}
+	s.ten.Store(ten)
+	return s, nil
 }
+
+// Engine returns the throttle engine.
+func (s *Server) Engine() *throttle.Engine { return s.throttle }
 
 // Serve listens and serves until Shutdown is called or the engine fails.
 // It returns nil after a clean Shutdown.
 func (s *Server) Serve() error {
-	err := gnet.Run(s, "tcp://"+s.opts.Listen,
+	err := gnet.Run(s, "tcp://"+s.opts.listen,
 		gnet.WithMulticore(true),
-		gnet.WithNumEventLoop(s.opts.EventLoops),
+		gnet.WithNumEventLoop(s.opts.eventLoops),
 		gnet.WithLoadBalancing(gnet.LeastConnections),
 		gnet.WithTicker(true),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
@@ -118,7 +169,7 @@ func (s *Server) Serve() error {
 		gnet.WithLogger(gnetLogger{s.log}),
 	)
 	if err != nil {
-		return fmt.Errorf("proxy: serve %s: %w", s.opts.Listen, err)
+		return fmt.Errorf("proxy: serve %s: %w", s.opts.listen, err)
 	}
 	return nil
 }
@@ -152,6 +203,7 @@ wait:
 		case <-tick.C:
 		}
 	}
+	s.jobs.Wait()
 	if err := s.eng.Stop(context.Background()); err != nil {
 		return fmt.Errorf("proxy: stop engine: %w", err)
 	}
@@ -161,7 +213,7 @@ wait:
 // OnBoot implements gnet.EventHandler.
 func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	s.eng = eng
-	s.log.Info().Str("listen", s.opts.Listen).Strs("servers", s.opts.Servers).Int("event_loops", s.opts.EventLoops).Msg("proxy listening")
+	s.log.Info().Str("listen", s.opts.listen).Strs("servers", s.opts.servers).Int("event_loops", s.opts.eventLoops).Msg("proxy listening")
 	close(s.booted)
 	return gnet.None
 }
@@ -204,10 +256,10 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.draining.Load() {
 		return nil, gnet.Close
 	}
-	if n := s.conns.Add(1); n > int64(s.opts.MaxConnections) {
+	if n := s.conns.Add(1); n > int64(s.opts.maxConnections) {
 		s.conns.Add(-1)
 		if s.refused.Add(1)%1000 == 1 {
-			s.log.Warn().Int("max_connections", s.opts.MaxConnections).Str("remote", c.RemoteAddr().String()).
+			s.log.Warn().Int("max_connections", s.opts.maxConnections).Str("remote", c.RemoteAddr().String()).
 				Uint64("refused_total", s.refused.Load()).Msg("connection limit reached; closing new connection")
 		}
 		return nil, gnet.Close

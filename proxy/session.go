@@ -1,14 +1,19 @@
 package proxy
 
 import (
+	"time"
+
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // session is one client connection. It decodes the client's frames,
-// answers local commands, forwards the rest upstream, and writes the
-// responses back in request order. Only its loop touches it.
+// answers local commands, admits metered commands through the throttle
+// engine, forwards them upstream, and writes the responses back in request
+// order. Only its loop touches it.
 type session struct {
 	lp *loop
 	c  gnet.Conn
@@ -20,14 +25,28 @@ type session struct {
 	dirty    bool   // queued on lp.dirty
 	closed   bool   // the client connection is gone
 	quitting bool   // close once every queued response is written
-	waiting  bool   // paused until an upstream connection has room
+	waiting  bool   // paused: an upstream connection is full, or a password check or admin change runs
 
-	prefix []byte // key namespace of the session's bucket
+	user        *bucketcfg.User // nil until SASL succeeds
+	bkt         *bucket         // selected bucket; nil: none
+	nonBlocking bool            // HELLO feature 0x1b
+	selectOK    bool            // HELLO feature SelectBucket
+
+	// Throttling.
+	waiter  throttle.Waiter // place in the bucket's FIFO line while held
+	held    bool            // waiting for the throttle engine
+	heldAt  time.Duration   // engine time the current command was first held
+	holdSeq uint64          // identifies the current entry in lp.holds
+	remote  string
 }
 
 func newSession(lp *loop, c gnet.Conn) *session {
-	s := &session{lp: lp, c: c}
+	s := &session{lp: lp, c: c, remote: c.RemoteAddr().String()}
 	lp.sessions[s] = struct{}{}
+	ten := lp.srv.ten.Load()
+	if name := ten.cfg.Proxy.DefaultBucket; name != "" {
+		s.setBucket(ten.bucket(name))
+	}
 	return s
 }
 
@@ -39,8 +58,10 @@ type slot struct {
 	done   bool
 	resp   []byte // response bytes, while an earlier command is pending
 	strip  int    // bytes of key prefix to strip from responses
-	sentKV int    // key+value bytes the client sent (write units)
-	gotKV  int    // key+value bytes returned (read units)
+	bkt    *bucket
+	domain throttle.Domain // where the command's units are charged; Held: not metered
+	sentKV int             // key+value bytes the client sent (write units)
+	gotKV  int             // key+value bytes returned (read units)
 }
 
 func (s *session) pending() int { return len(s.q) - s.qh }
@@ -52,12 +73,12 @@ func (s *session) onTraffic() gnet.Action {
 		_, _ = s.c.Discard(-1)
 		return gnet.None
 	}
-	if s.waiting {
+	if s.waiting || s.held {
 		return s.checkBuffered()
 	}
 	buf, _ := s.c.Peek(-1)
 	off := 0
-	maxBody := s.lp.srv.opts.MaxFrameBytes
+	maxBody := s.lp.srv.opts.maxFrameBytes
 	for off < len(buf) {
 		f, n, err := binary.Decode(buf[off:], maxBody)
 		if err != nil {
@@ -71,7 +92,7 @@ func (s *session) onTraffic() gnet.Action {
 			break
 		}
 		off += n
-		if s.quitting || s.waiting {
+		if s.quitting || s.waiting || s.held {
 			break
 		}
 	}
@@ -86,11 +107,23 @@ func (s *session) onTraffic() gnet.Action {
 	return s.checkBuffered()
 }
 
+// resume re-runs dispatch on the loop outside a gnet callback (after a
+// pause or a hold ends).
+func (s *session) resume() {
+	if s.closed {
+		return
+	}
+	if s.onTraffic() == gnet.Close {
+		_ = s.c.Close()
+	}
+}
+
 // checkBuffered enforces the bound on unprocessed input.
 func (s *session) checkBuffered() gnet.Action {
-	if n := s.c.InboundBuffered(); n > s.lp.srv.opts.MaxBufferedInput {
-		s.lp.srv.log.Warn().Str("remote", s.c.RemoteAddr().String()).Int("buffered", n).
-			Int("limit", s.lp.srv.opts.MaxBufferedInput).Msg("client input buffer limit exceeded; closing connection")
+	if n := s.c.InboundBuffered(); n > s.lp.srv.opts.maxBufferedInput {
+		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).
+			Int("limit", s.lp.srv.opts.maxBufferedInput).Bool("held", s.held).
+			Msg("client input buffer limit exceeded; closing connection")
 		return gnet.Close
 	}
 	return gnet.None
@@ -99,9 +132,9 @@ func (s *session) checkBuffered() gnet.Action {
 // badFrame answers an invalid header with Einval when a response is
 // possible, then closes the connection once earlier responses are out.
 func (s *session) badFrame(f *binary.Frame, err error) {
-	s.lp.srv.log.Info().Str("remote", s.c.RemoteAddr().String()).Err(err).Msg("invalid frame from client; closing connection")
+	s.lp.srv.log.Info().Str("remote", s.remote).Err(err).Msg("invalid frame from client; closing connection")
 	if f.Magic.Valid() {
-		s.local(func(b []byte) []byte { return binary.AppendError(b, &f.Header, binary.StatusEinval, err.Error()) })
+		s.localStatus(f, binary.StatusEinval, err.Error())
 	}
 	s.quit()
 }
@@ -113,7 +146,7 @@ func (s *session) quit() {
 }
 
 // dispatch handles one whole client frame. It returns false when the frame
-// was not consumed and must be retried later (the session is paused).
+// was not consumed and must be retried later (the session paused).
 func (s *session) dispatch(f *binary.Frame) bool {
 	if !f.Magic.IsRequest() {
 		s.badFrame(f, errNotRequest)
@@ -129,47 +162,143 @@ func (s *session) dispatch(f *binary.Frame) bool {
 		s.quit()
 	case binary.OpHello:
 		s.hello(f)
+	case binary.OpSASLListMechs:
+		h := f.Header
+		s.local(func(b []byte) []byte {
+			return binary.AppendResponse(b, &h, binary.StatusSuccess, nil, nil, []byte("PLAIN"))
+		})
+	case binary.OpSASLAuth:
+		s.saslAuth(f)
+	case binary.OpSASLStep:
+		s.localStatus(f, binary.StatusAuthError, "only single-step PLAIN is supported")
+	case binary.OpSelectBucket:
+		s.selectBucket(f)
+	case binary.OpSetBucketThrottleProperties, binary.OpSetNodeThrottleProperties:
+		s.admin(f)
+	case binary.OpStat:
+		return s.stat(f)
+	case binary.OpVersion:
+		return s.forward(f, nil)
+	case binary.OpVerbosity:
+		if !s.isAdmin() {
+			s.localStatus(f, binary.StatusEaccess, "VERBOSITY needs the admin privilege")
+			return true
+		}
+		return s.forward(f, nil)
+	case binary.OpFlush, binary.OpFlushQ:
+		s.flushBucket(f)
 	default:
 		if !op.Memcached() {
 			s.localStatus(f, binary.StatusUnknownCommand, "unknown command "+op.String())
 			return true
 		}
-		return s.forward(f)
+		if s.bkt == nil {
+			s.noBucket(f)
+			return true
+		}
+		return s.forward(f, s.bkt)
 	}
 	return true
 }
 
-// forward sends f to the upstream server of its key.
-func (s *session) forward(f *binary.Frame) bool {
+func (s *session) isAdmin() bool { return s.user != nil && s.user.IsAdmin() }
+
+// noBucket answers a data command of a session without a bucket.
+func (s *session) noBucket(f *binary.Frame) {
+	if s.user == nil {
+		s.localStatus(f, binary.StatusEaccess, "authentication required")
+		return
+	}
+	s.localStatus(f, binary.StatusEaccess, "no bucket selected")
+}
+
+// setBucket moves the session to b (nil: none).
+func (s *session) setBucket(b *bucket) {
+	if s.bkt == b {
+		return
+	}
+	s.waiter.Cancel()
+	if s.bkt != nil {
+		s.bkt.conns.Add(-1)
+	}
+	s.bkt = b
+	if b != nil {
+		b.conns.Add(1)
+	}
+}
+
+// mode is how the throttle engine treats this session.
+func (s *session) mode() throttle.Mode {
+	switch {
+	case s.user != nil && s.user.IsUnthrottled():
+		return throttle.Unthrottled
+	case s.nonBlocking:
+		return throttle.NonBlocking
+	}
+	return throttle.Blocking
+}
+
+// forward sends f upstream in bucket b's namespace (b nil: no namespace,
+// not metered), after admission when f is metered.
+func (s *session) forward(f *binary.Frame, b *bucket) bool {
 	key := f.Key()
-	if len(s.prefix)+len(key) > binary.MaxKeyLen {
+	var prefix []byte
+	if b != nil {
+		prefix = *b.prefix.Load()
+		if b.gone.Load() {
+			s.localStatus(f, binary.StatusEaccess, "bucket removed")
+			s.quit()
+			return true
+		}
+	}
+	if len(prefix)+len(key) > binary.MaxKeyLen {
 		s.localStatus(f, binary.StatusEinval, "key too long")
 		return true
 	}
 	u := s.lp.pick(key)
 	if u.Full() {
 		s.waiting = true
-		u.NotifyRoom(s.resume)
+		u.NotifyRoom(s.unpause)
 		return false
+	}
+	domain := throttle.Held
+	if b != nil && f.Opcode.Class().Metered() {
+		d, wait := b.tb.Admit(&s.waiter, s.mode())
+		if d == throttle.Held {
+			if s.nonBlocking && s.mode() == throttle.NonBlocking {
+				s.wouldThrottle(f, wait)
+				return true
+			}
+			s.hold(wait)
+			return false
+		}
+		if s.heldAt != 0 {
+			s.lp.srv.throttleWait(b, s.lp.srv.throttle.Now()-s.heldAt)
+			s.heldAt = 0
+		}
+		domain = d
 	}
 	sl := s.lp.getSlot()
 	sl.s = s
 	sl.req = f.Header
-	sl.strip = len(s.prefix)
+	sl.strip = len(prefix)
+	sl.bkt = b
+	sl.domain = domain
 	sl.sentKV = len(key) + len(f.Value())
 	s.enqueue(sl)
 	s.lp.srv.inflight.Add(1)
-	_ = u.Forward(f, s.prefix, sl) // a failure has already answered sl
+	_ = u.Forward(f, prefix, sl) // a failure has already answered sl
 	return true
 }
 
-// resume restarts dispatching after a pause; called on the loop.
-func (s *session) resume() {
+// unpause restarts dispatching after an upstream connection has room
+// again; called on the loop.
+func (s *session) unpause() {
 	if s.closed || !s.waiting {
 		return
 	}
 	s.waiting = false
-	_ = s.c.Wake(nil)
+	s.resume()
 }
 
 func (s *session) enqueue(sl *slot) {
@@ -188,10 +317,35 @@ func (s *session) local(appendResp func([]byte) []byte) {
 	}
 	sl := s.lp.getSlot()
 	sl.s = s
+	sl.domain = throttle.Held
 	sl.done = true
 	sl.resp = appendResp(sl.resp)
 	s.enqueue(sl)
 	s.lp.srv.inflight.Add(1)
+}
+
+// later queues a slot whose local response comes later, from off-loop
+// work; complete it on the loop with completeLater.
+func (s *session) later(f *binary.Frame) *slot {
+	sl := s.lp.getSlot()
+	sl.s = s
+	sl.req = f.Header
+	sl.domain = throttle.Held
+	s.enqueue(sl)
+	s.lp.srv.inflight.Add(1)
+	return sl
+}
+
+// completeLater answers a slot from later with the response appendResp
+// builds; on the loop.
+func (s *session) completeLater(sl *slot, appendResp func([]byte) []byte) {
+	if s.closed {
+		s.finish(sl)
+		return
+	}
+	sl.resp = appendResp(sl.resp)
+	sl.done = true
+	s.advance()
 }
 
 func (s *session) localStatus(f *binary.Frame, st binary.Status, reason string) {
@@ -220,7 +374,7 @@ func (s *session) flush() {
 			s.out = s.out[:0]
 		}
 	}
-	if s.pending() == 0 && (s.quitting || s.lp.srv.draining.Load() && s.c.InboundBuffered() == 0) {
+	if s.pending() == 0 && (s.quitting || s.lp.srv.draining.Load() && !s.held && s.c.InboundBuffered() == 0) {
 		_ = s.c.Close()
 	}
 }
@@ -230,12 +384,13 @@ func (s *session) flush() {
 func (s *session) close() {
 	s.closed = true
 	delete(s.lp.sessions, s)
+	s.held = false
+	s.setBucket(nil)
 	for i := s.qh; i < len(s.q); i++ {
 		sl := s.q[i]
 		s.q[i] = nil
 		if sl.done {
-			s.lp.srv.inflight.Add(-1)
-			s.lp.putSlot(sl)
+			s.finish(sl)
 		}
 	}
 	s.q, s.qh = nil, 0
@@ -263,10 +418,34 @@ func (s *session) advance() {
 	s.markDirty()
 }
 
-// finish accounts for a completed command and recycles its slot.
+// finish charges a completed command's units and recycles its slot.
 func (s *session) finish(sl *slot) {
+	if sl.domain != throttle.Held {
+		s.lp.srv.charge(sl)
+	}
 	s.lp.srv.inflight.Add(-1)
 	s.lp.putSlot(sl)
+}
+
+// charge converts a completed command's bytes to units (DESIGN.md section
+// 4) and charges them to the domain chosen at admission.
+func (srv *Server) charge(sl *slot) {
+	var units int64
+	switch sl.req.Opcode.Class() {
+	case binary.ClassRead:
+		units = throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
+		sl.bkt.readUnits.Add(uint64(units))
+	case binary.ClassWrite:
+		units = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
+		sl.bkt.writeUnits.Add(uint64(units))
+	case binary.ClassReadWrite:
+		r := throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
+		w := throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
+		sl.bkt.readUnits.Add(uint64(r))
+		sl.bkt.writeUnits.Add(uint64(w))
+		units = r + w
+	}
+	sl.bkt.tb.Charge(sl.domain, units)
 }
 
 func (sl *slot) isHead() bool { s := sl.s; return s.qh < len(s.q) && s.q[s.qh] == sl }
@@ -274,7 +453,10 @@ func (sl *slot) isHead() bool { s := sl.s; return s.qh < len(s.q) && s.q[s.qh] =
 // Deliver implements upstream.Waiter.
 func (sl *slot) Deliver(f *binary.Frame, done bool) {
 	s := sl.s
-	sl.gotKV += int(f.KeyLen) - sl.strip + len(f.Value())
+	if k := int(f.KeyLen) - sl.strip; k > 0 {
+		sl.gotKV += k
+	}
+	sl.gotKV += len(f.Value())
 	if s.closed {
 		if done {
 			s.finish(sl)

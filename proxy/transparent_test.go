@@ -22,7 +22,7 @@ func TestMemcapable(t *testing.T) {
 	if _, err := exec.LookPath("memccapable"); err != nil {
 		t.Fatalf("memccapable not found (make test installs libmemcached-tools): %v", err)
 	}
-	p := startProxy(t, nil)
+	p := startProxy(t, testConfig{})
 	host, port, _ := net.SplitHostPort(p.Addr)
 	out, err := exec.Command("memccapable", "-h", host, "-p", port, "-b").CombinedOutput()
 	t.Logf("memccapable -b:\n%s", out)
@@ -42,7 +42,7 @@ func TestMemcapable(t *testing.T) {
 // TestGetKQBatch pipelines 1000 GETKQ for keys of which half exist, then a
 // NOOP: exactly the hits come back, in order, then the NOOP.
 func TestGetKQBatch(t *testing.T) {
-	p := startProxy(t, nil)
+	p := startProxy(t, testConfig{})
 	c := dial(t, p.Addr)
 	for i := 0; i < 1000; i += 2 {
 		c.Send(mcclient.Request{Opcode: mc.OpSetQ, Extras: mcclient.SetExtras(0, 0), Key: []byte(fmt.Sprintf("kq-%d", i)), Value: []byte(fmt.Sprintf("v%d", i))})
@@ -77,7 +77,7 @@ func TestGetKQBatch(t *testing.T) {
 // TestConcurrentClientsNoCrossTalk runs 100 clients doing 1000 mixed
 // commands each; every client reads back exactly its own values.
 func TestConcurrentClientsNoCrossTalk(t *testing.T) {
-	p := startProxy(t, func(o *Options) { o.EventLoops = 2 })
+	p := startProxy(t, testConfig{loops: 2})
 	const clients, ops = 100, 1000
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
@@ -154,7 +154,7 @@ func runMixed(addr string, ci, ops int) error {
 // TestDisconnectInFlight closes clients with requests in flight: later
 // clients work and no goroutine is left behind.
 func TestDisconnectInFlight(t *testing.T) {
-	p := startProxy(t, nil)
+	p := startProxy(t, testConfig{})
 	warm := dial(t, p.Addr)
 	if _, err := warm.Set([]byte("warm"), []byte("x")); err != nil {
 		t.Fatal(err)
@@ -190,7 +190,7 @@ func TestDisconnectInFlight(t *testing.T) {
 // TestInvalidFrames: a bad magic and a body over the limit get Einval, then
 // the connection closes; other clients are unaffected.
 func TestInvalidFrames(t *testing.T) {
-	p := startProxy(t, func(o *Options) { o.MaxFrameBytes = 1 << 20 })
+	p := startProxy(t, testConfig{proxy: "max_frame_bytes = 1048576"})
 	good := dial(t, p.Addr)
 
 	huge := make([]byte, mc.HeaderLen)
@@ -231,7 +231,7 @@ func TestInvalidFrames(t *testing.T) {
 // TestQuietAndLocalOrdering: local responses (NOOP, unknown opcodes) keep
 // their place among forwarded ones.
 func TestQuietAndLocalOrdering(t *testing.T) {
-	p := startProxy(t, nil)
+	p := startProxy(t, testConfig{})
 	c := dial(t, p.Addr)
 	a := c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(0, 0), Key: []byte("o1"), Value: []byte("1")})
 	b := c.Send(mcclient.Request{Opcode: 0xee})
@@ -251,5 +251,24 @@ func TestQuietAndLocalOrdering(t *testing.T) {
 		if err != nil || r.Opaque != w.op || r.Status() != w.status {
 			t.Fatalf("response %d: %+v %v, want opaque %d status %s", i, r, err, w.op, w.status)
 		}
+	}
+}
+
+// TestFlexibleFramingRequest: a request with magic 0x08 and framing extras
+// is accepted; the response uses the classic magic (no feature that needs
+// 0x18 was negotiated).
+func TestFlexibleFramingRequest(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	c := dial(t, p.Addr)
+	fe := mc.AppendFrameInfo(nil, 0x01, []byte{0x01}) // a durability-like entry
+	if r, err := c.Do(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(0, 0), Key: []byte("flex"), Value: []byte("v1"), FramingExtras: fe}); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("flexible SET: %v %+v", err, r)
+	}
+	r, err := c.Do(mcclient.Request{Opcode: mc.OpGetK, Key: []byte("flex"), FramingExtras: fe})
+	if err != nil || r.Status() != mc.StatusSuccess || string(r.Value) != "v1" || string(r.Key) != "flex" {
+		t.Fatalf("flexible GETK: %v %+v", err, r)
+	}
+	if r.Magic != mc.MagicResponse {
+		t.Fatalf("response magic 0x%02x, want 0x81", uint8(r.Magic))
 	}
 }

@@ -57,47 +57,89 @@ func newLogger(lc bucketcfg.LogConfig, w io.Writer) (zerolog.Logger, error) {
 }
 
 // serve runs the proxy until SIGTERM or SIGINT, then drains and returns.
+// SIGHUP reloads the configuration file.
 func serve(cfg *bucketcfg.Config, log zerolog.Logger) error {
-	srv, err := proxy.New(proxy.Options{
-		Listen:           cfg.Proxy.Listen,
-		Servers:          cfg.Upstream.Servers,
-		Timeout:          cfg.Upstream.Timeout,
-		MaxConnections:   cfg.Proxy.MaxConnections,
-		MaxFrameBytes:    cfg.Proxy.MaxFrameBytes,
-		MaxBufferedInput: cfg.Proxy.MaxHeldInputBytes + cfg.Proxy.MaxFrameBytes,
-		MaxInflight:      cfg.Upstream.MaxInflight,
-		DefaultBucket:    cfg.Proxy.DefaultBucket,
-		Logger:           log,
-	})
+	st, err := bucketcfg.LoadState(cfg.Throttle.StateFile)
 	if err != nil {
 		return err
 	}
-	log.Info().Str("version", version).Str("config", cfg.Path()).Str("listen", cfg.Proxy.Listen).
-		Strs("servers", cfg.Upstream.Servers).Dur("upstream_timeout", cfg.Upstream.Timeout).
-		Int("max_connections", cfg.Proxy.MaxConnections).Int("max_frame_bytes", cfg.Proxy.MaxFrameBytes).
-		Str("default_bucket", cfg.Proxy.DefaultBucket).Int("buckets", len(cfg.Buckets)).Int("users", len(cfg.Users)).
-		Msg("kvthrottle starting")
+	srv, err := proxy.New(proxy.Options{Config: cfg, State: st, Logger: log, Version: version})
+	if err != nil {
+		return err
+	}
+	eff, err := bucketcfg.Effective(cfg, st)
+	if err != nil {
+		return err
+	}
+	logEffective(log, eff)
 
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve() }()
 
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	select {
-	case err := <-done:
-		return err
-	case sig := <-sigs:
-		log.Info().Str("signal", sig.String()).Msg("draining: no new connections, answering commands in flight")
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.Upstream.Timeout+5*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
+	for {
+		select {
+		case err := <-done:
 			return err
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				reload(srv, cfg.Path(), log)
+				continue
+			}
+			log.Info().Str("signal", sig.String()).Msg("draining: no new connections, answering what clients already sent")
+			ctx, cancel := context.WithTimeout(context.Background(), cfg.Upstream.Timeout+5*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(ctx); err != nil {
+				return err
+			}
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			log.Info().Msg("drained; exiting")
+			return nil
 		}
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			return err
-		}
-		log.Info().Msg("drained; exiting")
-		return nil
 	}
+}
+
+// reload re-reads the configuration file; a bad file is logged and the
+// running configuration kept.
+func reload(srv *proxy.Server, path string, log zerolog.Logger) {
+	cfg, err := bucketcfg.Load(path)
+	if err != nil {
+		log.Error().Err(err).Msg("reload failed: configuration file rejected; keeping the running configuration")
+		return
+	}
+	if err := srv.Reload(cfg); err != nil {
+		log.Error().Err(err).Msg("reload failed")
+	}
+}
+
+// logEffective logs the configuration in force at start, without secrets
+// (password hashes are never logged).
+func logEffective(log zerolog.Logger, eff *bucketcfg.Config) {
+	buckets := zerolog.Arr()
+	for _, b := range eff.Buckets {
+		buckets.Dict(zerolog.Dict().Str("name", b.Name).Str("reserved", b.Throttle.Reserved.String()).
+			Str("hard_limit", b.Throttle.HardLimit.String()).Bool("flush_enabled", b.FlushEnabled))
+	}
+	users := zerolog.Arr()
+	for _, u := range eff.Users {
+		privs := make([]string, len(u.Privileges))
+		for i, p := range u.Privileges {
+			privs[i] = string(p)
+		}
+		users.Dict(zerolog.Dict().Str("name", u.Name).Strs("buckets", u.Buckets).Strs("privileges", privs))
+	}
+	log.Info().Str("version", version).Str("config", eff.Path()).
+		Str("listen", eff.Proxy.Listen).Str("default_bucket", eff.Proxy.DefaultBucket).
+		Int("max_connections", eff.Proxy.MaxConnections).Int("max_frame_bytes", eff.Proxy.MaxFrameBytes).
+		Int("max_held_input_bytes", eff.Proxy.MaxHeldInputBytes).
+		Strs("servers", eff.Upstream.Servers).Dur("upstream_timeout", eff.Upstream.Timeout).Int("max_inflight", eff.Upstream.MaxInflight).
+		Str("capacity", eff.Throttle.Capacity.String()).Str("defaults", eff.Throttle.Defaults.String()).
+		Int("read_unit_size", eff.Throttle.ReadUnitSize).Int("write_unit_size", eff.Throttle.WriteUnitSize).
+		Dur("burst", eff.Throttle.Burst).Str("state_file", eff.Throttle.StateFile).
+		Str("metrics_listen", eff.Metrics.Listen).Array("buckets", buckets).Array("users", users).
+		Msg("kvthrottle starting")
 }

@@ -175,6 +175,9 @@ func (o Opcode) Loud() Opcode {
 	return ops[o].loud
 }
 
+// Metered reports whether commands of class c are charged in units.
+func (c Class) Metered() bool { return c == ClassRead || c == ClassWrite || c == ClassReadWrite }
+
 // Class returns how kvthrottle meters and routes o.
 func (o Opcode) Class() Class { return ops[o].class }
 

@@ -1,0 +1,349 @@
+package mcclient
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// Err returns nil when r is a success, and otherwise a *StatusError
+// carrying r's opcode, status and body (the server's reason).
+func (r *Response) Err() error {
+	if r.Status() == mc.StatusSuccess {
+		return nil
+	}
+	return &StatusError{Op: r.Opcode, Status: r.Status(), Reason: string(r.Value)}
+}
+
+// ErrNoPlainMech is returned (wrapped) by AuthPlain when the server does not
+// list the PLAIN SASL mechanism.
+var ErrNoPlainMech = errors.New("the server does not offer SASL PLAIN")
+
+// SASLMechs sends SASL list mechanisms (0x20) and returns the mechanism
+// names of the space-separated answer. A failure status is a *StatusError.
+func (c *Client) SASLMechs() ([]string, error) {
+	resp, err := c.Do(Request{Opcode: mc.OpSASLListMechs})
+	if err != nil {
+		return nil, err
+	}
+	if err := resp.Err(); err != nil {
+		return nil, err
+	}
+	return strings.Fields(string(resp.Value)), nil
+}
+
+// AuthPlain authenticates the connection with SASL PLAIN: it lists the
+// mechanisms (0x20), checks that PLAIN is among them (else an error wrapping
+// ErrNoPlainMech), then sends SASL auth (0x21) with key "PLAIN" and value
+// "\x00user\x00password". Bad credentials give a *StatusError with status
+// 0x20 AuthError. The password appears in no error.
+func (c *Client) AuthPlain(user, password string) error {
+	mechs, err := c.SASLMechs()
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, m := range mechs {
+		if m == "PLAIN" {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return fmt.Errorf("%w (it offers %q)", ErrNoPlainMech, strings.Join(mechs, " "))
+	}
+	v := make([]byte, 0, 2+len(user)+len(password))
+	v = append(v, 0)
+	v = append(v, user...)
+	v = append(v, 0)
+	v = append(v, password...)
+	resp, err := c.Do(Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: v})
+	if err != nil {
+		return err
+	}
+	return resp.Err()
+}
+
+// Stats sends STAT (0x10) with key group ("" is the general group) and
+// returns the key/value pairs in the order received, reading responses up to
+// the terminating one with an empty key. A failure status is a *StatusError.
+func (c *Client) Stats(group string) ([][2]string, error) {
+	op := c.Send(Request{Opcode: mc.OpStat, Key: []byte(group)})
+	if err := c.Flush(); err != nil {
+		return nil, err
+	}
+	var kv [][2]string
+	for {
+		resp, err := c.Read()
+		if err != nil {
+			return nil, err
+		}
+		if resp.Opaque != op {
+			return nil, fmt.Errorf("STAT: response opaque %d, want %d", resp.Opaque, op)
+		}
+		if err := resp.Err(); err != nil {
+			return nil, err
+		}
+		if len(resp.Key) == 0 {
+			return kv, nil
+		}
+		kv = append(kv, [2]string{string(resp.Key), string(resp.Value)})
+	}
+}
+
+// SetBucketThrottle sends SetBucketThrottleProperties (0x2a) with key bucket
+// and the JSON body, and returns the response body on success. A failure
+// status is a *StatusError whose Reason is the server's explanation.
+func (c *Client) SetBucketThrottle(bucket string, body []byte) ([]byte, error) {
+	return c.admin(Request{Opcode: mc.OpSetBucketThrottleProperties, Key: []byte(bucket), Value: body})
+}
+
+// SetNodeThrottle sends SetNodeThrottleProperties (0x2c) with no key and the
+// JSON body, and returns the response body on success. A failure status is a
+// *StatusError whose Reason is the server's explanation.
+func (c *Client) SetNodeThrottle(body []byte) ([]byte, error) {
+	return c.admin(Request{Opcode: mc.OpSetNodeThrottleProperties, Value: body})
+}
+
+func (c *Client) admin(r Request) ([]byte, error) {
+	resp, err := c.Do(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := resp.Err(); err != nil {
+		return nil, err
+	}
+	return resp.Value, nil
+}
+
+// Limit is a rate in units per second that may be "unlimited", as found in
+// the values of the STAT group "throttle".
+type Limit struct {
+	Units     uint64 // meaningful when !Unlimited
+	Unlimited bool
+}
+
+// ParseLimit parses an ASCII decimal number of units or "unlimited".
+func ParseLimit(s string) (Limit, error) {
+	if s == "unlimited" {
+		return Limit{Unlimited: true}, nil
+	}
+	n, err := parseCount(s)
+	if err != nil {
+		return Limit{}, fmt.Errorf("want a decimal number or \"unlimited\", got %q", s)
+	}
+	return Limit{Units: n}, nil
+}
+
+// String returns the decimal number or "unlimited".
+func (l Limit) String() string {
+	if l.Unlimited {
+		return "unlimited"
+	}
+	return strconv.FormatUint(l.Units, 10)
+}
+
+// Float returns the limit as a float64, +Inf when unlimited.
+func (l Limit) Float() float64 {
+	if l.Unlimited {
+		return math.Inf(1)
+	}
+	return float64(l.Units)
+}
+
+// NodeStats is the node part of the STAT group "throttle".
+type NodeStats struct {
+	Capacity Limit // node:capacity
+	FreePool Limit // node:free_pool
+}
+
+// BucketStats is one bucket of the STAT group "throttle" (the keys
+// bucket:NAME:FIELD).
+type BucketStats struct {
+	Name            string
+	Reserved        Limit  // reserved
+	HardLimit       Limit  // hard_limit
+	UnitsPerSec     uint64 // units_per_sec: units charged over the last second
+	UnitsTotal      uint64 // units_total
+	ReadUnitsTotal  uint64 // read_units_total
+	WriteUnitsTotal uint64 // write_units_total
+	CommandsTotal   uint64 // commands_total
+	ThrottledTotal  uint64 // throttled_total: commands held
+	RejectedTotal   uint64 // rejected_total: non-blocking rejections
+	HeldSessions    uint64 // held_sessions: connections held right now
+	Connections     uint64 // connections
+}
+
+// ThrottleStats is the parsed STAT group "throttle".
+type ThrottleStats struct {
+	Node NodeStats
+	// Buckets in the order of their first key in the response.
+	Buckets []BucketStats
+}
+
+// Bucket returns the stats of the named bucket.
+func (t *ThrottleStats) Bucket(name string) (BucketStats, bool) {
+	for _, b := range t.Buckets {
+		if b.Name == name {
+			return b, true
+		}
+	}
+	return BucketStats{}, false
+}
+
+// bucketFields lists the fields every bucket must report, with where each
+// one is stored.
+var bucketFields = []struct {
+	name  string
+	limit func(*BucketStats) *Limit
+	count func(*BucketStats) *uint64
+}{
+	{name: "reserved", limit: func(b *BucketStats) *Limit { return &b.Reserved }},
+	{name: "hard_limit", limit: func(b *BucketStats) *Limit { return &b.HardLimit }},
+	{name: "units_per_sec", count: func(b *BucketStats) *uint64 { return &b.UnitsPerSec }},
+	{name: "units_total", count: func(b *BucketStats) *uint64 { return &b.UnitsTotal }},
+	{name: "read_units_total", count: func(b *BucketStats) *uint64 { return &b.ReadUnitsTotal }},
+	{name: "write_units_total", count: func(b *BucketStats) *uint64 { return &b.WriteUnitsTotal }},
+	{name: "commands_total", count: func(b *BucketStats) *uint64 { return &b.CommandsTotal }},
+	{name: "throttled_total", count: func(b *BucketStats) *uint64 { return &b.ThrottledTotal }},
+	{name: "rejected_total", count: func(b *BucketStats) *uint64 { return &b.RejectedTotal }},
+	{name: "held_sessions", count: func(b *BucketStats) *uint64 { return &b.HeldSessions }},
+	{name: "connections", count: func(b *BucketStats) *uint64 { return &b.Connections }},
+}
+
+// ParseThrottleStats parses the key/value pairs of the STAT group
+// "throttle" (as returned by Stats("throttle")):
+//
+//	node:capacity              N | "unlimited"
+//	node:free_pool             N | "unlimited"
+//	bucket:B:reserved          N | "unlimited"
+//	bucket:B:hard_limit        N | "unlimited"
+//	bucket:B:units_per_sec     N   (units over the last second)
+//	bucket:B:units_total       N
+//	bucket:B:read_units_total  N
+//	bucket:B:write_units_total N
+//	bucket:B:commands_total    N
+//	bucket:B:throttled_total   N
+//	bucket:B:rejected_total    N
+//	bucket:B:held_sessions     N
+//	bucket:B:connections       N
+//
+// N is ASCII decimal. It is strict, so that the proxy's tests can use it to
+// check the contract: both node keys and every field of every bucket must be
+// present exactly once, values must parse, and bucket names must be
+// non-empty and made of [A-Za-z0-9._%-]. Keys with other prefixes and
+// unknown fields of a bucket are ignored (the contract may grow).
+func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
+	var ts ThrottleStats
+	var haveCap, haveFree bool
+	index := map[string]int{}     // bucket name -> position in ts.Buckets
+	seen := map[string]struct{}{} // full keys, to refuse duplicates
+	fieldIdx := map[string]int{}  // field name -> position in bucketFields
+	for i, f := range bucketFields {
+		fieldIdx[f.name] = i
+	}
+	counts := [][]int{} // per bucket, per field: occurrences
+	for _, p := range kv {
+		key, val := p[0], p[1]
+		if _, dup := seen[key]; dup {
+			return ThrottleStats{}, fmt.Errorf("throttle stats: duplicate key %q", key)
+		}
+		seen[key] = struct{}{}
+		switch {
+		case key == "node:capacity" || key == "node:free_pool":
+			l, err := ParseLimit(val)
+			if err != nil {
+				return ThrottleStats{}, fmt.Errorf("throttle stats: %s: %v", key, err)
+			}
+			if key == "node:capacity" {
+				ts.Node.Capacity, haveCap = l, true
+			} else {
+				ts.Node.FreePool, haveFree = l, true
+			}
+		case strings.HasPrefix(key, "bucket:"):
+			rest := key[len("bucket:"):]
+			colon := strings.LastIndexByte(rest, ':')
+			if colon < 0 {
+				return ThrottleStats{}, fmt.Errorf("throttle stats: key %q: want bucket:NAME:FIELD", key)
+			}
+			name, field := rest[:colon], rest[colon+1:]
+			if !ValidBucketName(name) {
+				return ThrottleStats{}, fmt.Errorf("throttle stats: key %q: bad bucket name %q", key, name)
+			}
+			fi, known := fieldIdx[field]
+			if !known {
+				continue
+			}
+			bi, ok := index[name]
+			if !ok {
+				bi = len(ts.Buckets)
+				index[name] = bi
+				ts.Buckets = append(ts.Buckets, BucketStats{Name: name})
+				counts = append(counts, make([]int, len(bucketFields)))
+			}
+			b := &ts.Buckets[bi]
+			f := bucketFields[fi]
+			if f.limit != nil {
+				l, err := ParseLimit(val)
+				if err != nil {
+					return ThrottleStats{}, fmt.Errorf("throttle stats: %s: %v", key, err)
+				}
+				*f.limit(b) = l
+			} else {
+				n, err := parseCount(val)
+				if err != nil {
+					return ThrottleStats{}, fmt.Errorf("throttle stats: %s: want a decimal number, got %q", key, val)
+				}
+				*f.count(b) = n
+			}
+			counts[bi][fi]++
+		}
+	}
+	if !haveCap {
+		return ThrottleStats{}, errors.New("throttle stats: missing node:capacity")
+	}
+	if !haveFree {
+		return ThrottleStats{}, errors.New("throttle stats: missing node:free_pool")
+	}
+	for bi, b := range ts.Buckets {
+		var missing []string
+		for fi, f := range bucketFields {
+			if counts[bi][fi] == 0 {
+				missing = append(missing, f.name)
+			}
+		}
+		if len(missing) > 0 {
+			return ThrottleStats{}, fmt.Errorf("throttle stats: bucket %q lacks %s", b.Name, strings.Join(missing, ", "))
+		}
+	}
+	return ts, nil
+}
+
+// ValidBucketName reports whether name is a non-empty bucket name made of
+// the characters the throttle stats allow: [A-Za-z0-9._%-].
+func ValidBucketName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9',
+			c == '.', c == '_', c == '%', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// parseCount parses plain ASCII decimal digits (no sign, no spaces).
+func parseCount(s string) (uint64, error) {
+	if s == "" || s[0] < '0' || s[0] > '9' {
+		return 0, strconv.ErrSyntax
+	}
+	return strconv.ParseUint(s, 10, 64)
+}

@@ -1,0 +1,227 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// adminError is an admin change refused with a status and a reason.
+type adminError struct {
+	status binary.Status
+	reason string
+}
+
+func (e *adminError) Error() string { return e.reason }
+
+// admin handles SetBucketThrottleProperties (0x2a) and
+// SetNodeThrottleProperties (0x2c). The body is checked on the loop; the
+// change is persisted and applied off the loop, and the session answers
+// (and dispatches its next command) once the state file is written.
+func (s *session) admin(f *binary.Frame) {
+	if !s.isAdmin() {
+		s.localStatus(f, binary.StatusEaccess, f.Opcode.String()+" needs the admin privilege")
+		return
+	}
+	srv := s.lp.srv
+	who := s.user.Name
+	var apply func() error
+	switch f.Opcode {
+	case binary.OpSetBucketThrottleProperties:
+		name := string(f.Key())
+		bt, err := bucketcfg.ParseBucketThrottle(f.Value())
+		if err != nil {
+			s.localStatus(f, binary.StatusEinval, err.Error())
+			return
+		}
+		if srv.ten.Load().bucket(name) == nil {
+			s.localStatus(f, binary.StatusKeyEnoent, "no such bucket")
+			return
+		}
+		apply = func() error { return srv.SetBucketThrottle(name, bt, who) }
+	default:
+		if f.KeyLen != 0 {
+			s.localStatus(f, binary.StatusEinval, "SetNodeThrottleProperties takes no key")
+			return
+		}
+		nt, err := bucketcfg.ParseNodeThrottle(f.Value())
+		if err != nil {
+			s.localStatus(f, binary.StatusEinval, err.Error())
+			return
+		}
+		apply = func() error { return srv.SetNodeThrottle(nt, who) }
+	}
+	sl := s.later(f)
+	s.waiting = true
+	srv.jobs.Add(1)
+	go func() {
+		defer srv.jobs.Done()
+		err := apply()
+		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			s.waiting = false
+			s.completeLater(sl, func(b []byte) []byte {
+				var ae *adminError
+				switch {
+				case err == nil:
+					return binary.AppendResponse(b, &sl.req, binary.StatusSuccess, nil, nil, nil)
+				case errors.As(err, &ae):
+					return binary.AppendError(b, &sl.req, ae.status, ae.reason)
+				default:
+					return binary.AppendError(b, &sl.req, binary.StatusEinternal, err.Error())
+				}
+			})
+			s.resume()
+			return nil
+		}))
+	}()
+}
+
+// SetBucketThrottle changes a bucket's limits: it writes the state file
+// atomically, then applies the change on every event loop at once. who
+// names the caller in the log. Errors: an *adminError-like refusal for an
+// unknown bucket or invalid limits, or the state file write's error (the
+// change is then not applied). Safe from any goroutine; may block on I/O.
+func (srv *Server) SetBucketThrottle(name string, bt bucketcfg.BucketThrottle, who string) error {
+	srv.adminMu.Lock()
+	defer srv.adminMu.Unlock()
+	before := srv.ten.Load().cfg.Bucket(name)
+	if before == nil || srv.ten.Load().bucket(name) == nil {
+		return &adminError{binary.StatusKeyEnoent, "no such bucket"}
+	}
+	next := srv.state.Clone()
+	if err := next.SetBucket(name, bt); err != nil {
+		return &adminError{binary.StatusEinval, err.Error()}
+	}
+	if err := srv.commit(next); err != nil {
+		return err
+	}
+	srv.log.Info().Str("user", who).Str("bucket", name).Str("before", before.Throttle.String()).
+		Str("after", bt.String()).Msg("bucket throttle properties changed")
+	return nil
+}
+
+// SetNodeThrottle changes the node capacity and/or the defaults for buckets
+// created later, persisted like SetBucketThrottle.
+func (srv *Server) SetNodeThrottle(nt bucketcfg.NodeThrottle, who string) error {
+	srv.adminMu.Lock()
+	defer srv.adminMu.Unlock()
+	cur := srv.ten.Load().cfg
+	next := srv.state.Clone()
+	if err := next.SetNode(nt, cur); err != nil {
+		return &adminError{binary.StatusEinval, err.Error()}
+	}
+	if err := srv.commit(next); err != nil {
+		return err
+	}
+	after := srv.ten.Load().cfg
+	srv.log.Info().Str("user", who).
+		Str("capacity_before", cur.Throttle.Capacity.String()).Str("capacity_after", after.Throttle.Capacity.String()).
+		Str("defaults_before", cur.Throttle.Defaults.String()).Str("defaults_after", after.Throttle.Defaults.String()).
+		Msg("node throttle properties changed")
+	srv.warnOvercommit(after)
+	return nil
+}
+
+// commit persists next and applies it. The caller holds adminMu.
+func (srv *Server) commit(next *bucketcfg.State) error {
+	eff, err := bucketcfg.Effective(srv.file, next)
+	if err != nil {
+		return &adminError{binary.StatusEinval, err.Error()}
+	}
+	if err := next.Save(srv.opts.statePath); err != nil {
+		srv.log.Error().Err(err).Str("state_file", srv.opts.statePath).Msg("could not persist throttle state; change not applied")
+		return &adminError{binary.StatusEinternal, "could not persist the change"}
+	}
+	srv.state = next
+	return srv.apply(eff)
+}
+
+// apply makes eff the configuration in force on every loop. The caller
+// holds adminMu.
+func (srv *Server) apply(eff *bucketcfg.Config) error {
+	if err := srv.throttle.SetCapacity(throttleLimit(eff.Throttle.Capacity)); err != nil {
+		return fmt.Errorf("capacity: %w", err)
+	}
+	ten, removed, err := buildTenants(srv.throttle, eff, srv.ten.Load())
+	srv.ten.Store(ten)
+	if len(removed) > 0 {
+		srv.eachLoop(func(lp *loop) {
+			_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.closeRemoved))
+		})
+	}
+	srv.wakeHeld()
+	return err
+}
+
+// warnOvercommit logs when the reservations exceed the node capacity.
+func (srv *Server) warnOvercommit(eff *bucketcfg.Config) {
+	capacity, ok := eff.Throttle.Capacity.Finite()
+	if !ok {
+		return
+	}
+	var sum int64
+	for _, b := range eff.Buckets {
+		if n, ok := b.Throttle.Reserved.Finite(); ok {
+			sum += n
+		}
+	}
+	if sum > capacity {
+		srv.log.Warn().Int64("reserved_sum", sum).Int64("capacity", capacity).
+			Msg("reservations exceed the node capacity: the free pool is empty and the node may run above capacity")
+	}
+}
+
+// Reload makes cfg (a freshly loaded configuration file) the one in force:
+// the runtime state still overrides its throttle values, new buckets get
+// the current defaults, removed buckets close their sessions once their
+// pending responses are written. Safe from any goroutine.
+func (srv *Server) Reload(cfg *bucketcfg.Config) error {
+	srv.adminMu.Lock()
+	defer srv.adminMu.Unlock()
+	eff, err := bucketcfg.Effective(cfg, srv.state)
+	if err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
+	srv.file = cfg
+	if err := srv.apply(eff); err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
+	srv.log.Info().Str("config", cfg.Path()).Int("buckets", len(eff.Buckets)).Int("users", len(eff.Users)).Msg("configuration reloaded")
+	srv.warnOvercommit(eff)
+	return nil
+}
+
+// closeRemoved ends the sessions of removed buckets; on the loop.
+func (lp *loop) closeRemoved(context.Context) error {
+	for s := range lp.sessions {
+		if s.bkt != nil && s.bkt.gone.Load() {
+			s.held = false
+			s.quit()
+		}
+	}
+	lp.flushClients()
+	return nil
+}
+
+// flushBucket handles FLUSH/FLUSHQ: only for buckets with flush_enabled,
+// and only that bucket's keys: the bucket moves to a fresh namespace.
+func (s *session) flushBucket(f *binary.Frame) {
+	if s.bkt == nil {
+		s.noBucket(f)
+		return
+	}
+	if !s.bkt.flushEnabled.Load() {
+		s.localStatus(f, binary.StatusEaccess, "FLUSH is disabled for bucket "+s.bkt.name)
+		return
+	}
+	s.bkt.flush()
+	s.lp.srv.log.Info().Str("bucket", s.bkt.name).Str("remote", s.remote).Msg("bucket flushed")
+	if f.Opcode == binary.OpFlush {
+		s.localStatus(f, binary.StatusSuccess, "")
+	}
+}

@@ -1,0 +1,151 @@
+package proxy
+
+import (
+	"container/heap"
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
+
+// hold parks the session until the throttle engine lets its bucket run
+// again: nothing more of the connection is dispatched, its input stays
+// buffered (bounded by checkBuffered), and the loop wakes it at the time
+// the engine computed. A wait of InfDuration is only ended by a change of
+// limits (wakeHeld).
+func (s *session) hold(wait time.Duration) {
+	now := s.lp.srv.throttle.Now()
+	if s.heldAt == 0 {
+		s.heldAt = max(now, 1)
+	}
+	s.held = true
+	s.holdSeq++
+	if wait == throttle.InfDuration {
+		return
+	}
+	s.lp.schedule(s, now+wait)
+}
+
+// wouldThrottle answers a non-blocking client (HELLO feature 0x1b) whose
+// bucket has no room: EWouldThrottle with the real microseconds until
+// admission, or -1 when only a change of limits can admit it.
+func (s *session) wouldThrottle(f *binary.Frame, wait time.Duration) {
+	us := int64(-1)
+	if wait != throttle.InfDuration {
+		us = int64((wait + time.Microsecond - 1) / time.Microsecond)
+	}
+	h := f.Header
+	s.local(func(b []byte) []byte {
+		n := len(b)
+		b = binary.AppendResponse(b, &h, binary.StatusEWouldThrottle, nil, nil, nil)
+		b = append(b, `{"next_tick_us":`...)
+		b = strconv.AppendInt(b, us, 10)
+		b = append(b, '}')
+		setBodyLen(b[n:], len(b)-n-binary.HeaderLen)
+		return b
+	})
+}
+
+func setBodyLen(frame []byte, n int) {
+	frame[8], frame[9], frame[10], frame[11] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
+}
+
+// wakeEntry is a held session's wake-up time (engine time).
+type wakeEntry struct {
+	at  time.Duration
+	s   *session
+	seq uint64
+}
+
+type wakeHeap []wakeEntry
+
+func (h wakeHeap) Len() int           { return len(h) }
+func (h wakeHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h wakeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *wakeHeap) Push(x any)        { *h = append(*h, x.(wakeEntry)) }
+func (h *wakeHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = wakeEntry{}
+	*h = old[:len(old)-1]
+	return e
+}
+
+// schedule wakes s at engine time at. One timer per loop, armed for the
+// earliest entry; its callback only hands the work to the loop.
+func (lp *loop) schedule(s *session, at time.Duration) {
+	heap.Push(&lp.holds, wakeEntry{at: at, s: s, seq: s.holdSeq})
+	lp.arm()
+}
+
+func (lp *loop) arm() {
+	if len(lp.holds) == 0 {
+		return
+	}
+	at := lp.holds[0].at
+	if lp.armed && lp.armedAt <= at {
+		return
+	}
+	d := at - lp.srv.throttle.Now()
+	if d < 0 {
+		d = 0
+	}
+	lp.armed, lp.armedAt = true, at
+	if lp.timer == nil {
+		lp.timer = time.AfterFunc(d, lp.timerFired)
+	} else {
+		lp.timer.Reset(d)
+	}
+}
+
+func (lp *loop) timerFired() {
+	_ = lp.el.Execute(context.Background(), lp.wakeRun)
+}
+
+// wakeDue resumes every held session whose time has come; on the loop.
+func (lp *loop) wakeDue(context.Context) error {
+	lp.armed = false
+	now := lp.srv.throttle.Now()
+	for len(lp.holds) > 0 && lp.holds[0].at <= now {
+		e := heap.Pop(&lp.holds).(wakeEntry)
+		if s := e.s; s.held && s.holdSeq == e.seq && !s.closed {
+			s.held = false
+			s.resume()
+		}
+	}
+	lp.arm()
+	lp.flushClients()
+	return nil
+}
+
+// wakeAll resumes every held session of the loop, so each asks the engine
+// again (after a change of limits); on the loop.
+func (lp *loop) wakeAll(context.Context) error {
+	for s := range lp.sessions {
+		if s.held {
+			s.held = false
+			s.resume()
+		}
+	}
+	lp.flushClients()
+	return nil
+}
+
+// wakeHeld makes every loop re-admit its held sessions. Safe from any
+// goroutine.
+func (srv *Server) wakeHeld() {
+	srv.eachLoop(func(lp *loop) {
+		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.wakeAll))
+	})
+}
+
+// throttleWait records how long a held command waited before admission.
+func (srv *Server) throttleWait(b *bucket, d time.Duration) {
+	if o := b.waitObserver.Load(); o != nil {
+		(*o)(d.Seconds())
+	}
+}

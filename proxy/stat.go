@@ -1,0 +1,119 @@
+package proxy
+
+import (
+	"os"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
+
+// stat answers STAT. The general group and the "throttle" group are
+// answered by the proxy and show a tenant only its own bucket; other
+// groups are memcached's and, since they describe every tenant, are
+// forwarded for admins only.
+func (s *session) stat(f *binary.Frame) bool {
+	group := string(f.Key())
+	switch group {
+	case "":
+		s.statReply(f, s.generalStats())
+	case "throttle":
+		s.statReply(f, s.throttleStats())
+	default:
+		if !s.isAdmin() {
+			s.localStatus(f, binary.StatusEaccess, "STAT "+group+" needs the admin privilege")
+			return true
+		}
+		return s.forward(f, nil)
+	}
+	return true
+}
+
+// statReply queues one STAT response per pair, then the terminator.
+func (s *session) statReply(f *binary.Frame, kv [][2]string) {
+	h := f.Header
+	s.local(func(b []byte) []byte {
+		for _, p := range kv {
+			b = binary.AppendResponse(b, &h, binary.StatusSuccess, nil, []byte(p[0]), []byte(p[1]))
+		}
+		return binary.AppendResponse(b, &h, binary.StatusSuccess, nil, nil, nil)
+	})
+}
+
+func (s *session) generalStats() [][2]string {
+	srv := s.lp.srv
+	now := time.Now()
+	kv := [][2]string{
+		{"pid", strconv.Itoa(os.Getpid())},
+		{"uptime", strconv.FormatInt(int64(now.Sub(srv.started)/time.Second), 10)},
+		{"time", strconv.FormatInt(now.Unix(), 10)},
+		{"version", srv.version},
+	}
+	if s.user != nil {
+		kv = append(kv, [2]string{"user", s.user.Name})
+	}
+	if b := s.bkt; b != nil {
+		st := b.tb.Stats()
+		kv = append(kv,
+			[2]string{"bucket", b.name},
+			[2]string{"curr_connections", strconv.FormatInt(b.conns.Load(), 10)},
+			[2]string{"cmd_total", strconv.FormatUint(st.Commands, 10)},
+			[2]string{"units_total", strconv.FormatUint(st.Units, 10)},
+		)
+	}
+	if s.isAdmin() {
+		kv = append(kv, [2]string{"total_connections", strconv.FormatInt(srv.conns.Load(), 10)})
+	}
+	return kv
+}
+
+func limitString(l throttle.Limit) string {
+	if l == throttle.Unlimited {
+		return "unlimited"
+	}
+	return strconv.FormatInt(int64(l), 10)
+}
+
+// throttleStats is the "throttle" group: the node, then each bucket the
+// session may see (admins: all; others: their own).
+func (s *session) throttleStats() [][2]string {
+	srv := s.lp.srv
+	kv := [][2]string{
+		{"node:capacity", limitString(srv.throttle.Capacity())},
+		{"node:free_pool", limitString(srv.throttle.FreePool())},
+	}
+	ten := srv.ten.Load()
+	var names []string
+	if s.isAdmin() {
+		for name := range ten.buckets {
+			if ten.bucket(name) != nil {
+				names = append(names, name)
+			}
+		}
+		sort.Strings(names)
+	} else if s.bkt != nil {
+		names = []string{s.bkt.name}
+	}
+	for _, name := range names {
+		b := ten.buckets[name]
+		st := b.tb.Stats()
+		p := "bucket:" + name + ":"
+		u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+		kv = append(kv,
+			[2]string{p + "reserved", limitString(st.Reserved)},
+			[2]string{p + "hard_limit", limitString(st.HardLimit)},
+			[2]string{p + "units_per_sec", strconv.FormatInt(int64(st.UnitsPerSecond+0.5), 10)},
+			[2]string{p + "units_total", u(st.Units)},
+			[2]string{p + "read_units_total", u(b.readUnits.Load())},
+			[2]string{p + "write_units_total", u(b.writeUnits.Load())},
+			[2]string{p + "commands_total", u(st.Commands)},
+			[2]string{p + "throttled_total", u(st.Held)},
+			[2]string{p + "rejected_total", u(st.Rejected)},
+			[2]string{p + "held_sessions", strconv.Itoa(st.Waiting)},
+			[2]string{p + "connections", strconv.FormatInt(b.conns.Load(), 10)},
+		)
+	}
+	return kv
+}

@@ -1,0 +1,360 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// Test users; cheap bcrypt hashes keep tests fast (cost 4, the minimum).
+var (
+	hashOnce   sync.Once
+	testHashes map[string]string
+)
+
+func hashes(t testing.TB) map[string]string {
+	hashOnce.Do(func() {
+		testHashes = map[string]string{}
+		for _, u := range []string{"admin", "alice", "bob", "limited", "free"} {
+			h, err := bcrypt.GenerateFromPassword([]byte(u+"-pw"), bcrypt.MinCost)
+			if err != nil {
+				panic(err)
+			}
+			testHashes[u] = string(h)
+		}
+	})
+	return testHashes
+}
+
+// tenantTail is a bucket and user layout: default, alice (flush
+// enabled), bob, and users admin (all buckets, admin + unthrottled), alice
+// and bob (their own bucket each).
+func tenantTail(t testing.TB) string {
+	h := hashes(t)
+	return fmt.Sprintf(`
+[[bucket]]
+name = "default"
+[[bucket]]
+name = "alice"
+flush_enabled = true
+[[bucket]]
+name = "bob"
+[[user]]
+name = "admin"
+password_hash = %q
+buckets = ["*"]
+privileges = ["admin", "unthrottled"]
+[[user]]
+name = "alice"
+password_hash = %q
+buckets = ["alice"]
+[[user]]
+name = "bob"
+password_hash = %q
+buckets = ["bob"]
+`, h["admin"], h["alice"], h["bob"])
+}
+
+func login(t testing.TB, addr, user string) *mcclient.Client {
+	t.Helper()
+	c := dial(t, addr)
+	r, err := c.Do(mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: []byte("\x00" + user + "\x00" + user + "-pw")})
+	if err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("login %s: %v %+v", user, err, r)
+	}
+	return c
+}
+
+func status(t testing.TB, r *mcclient.Response, err error) mc.Status {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Status()
+}
+
+func TestSASL(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t)})
+	c := dial(t, p.Addr)
+	r, err := c.Do(mcclient.Request{Opcode: mc.OpSASLListMechs})
+	if err != nil || r.Status() != mc.StatusSuccess || !strings.Contains(string(r.Value), "PLAIN") {
+		t.Fatalf("list mechs: %v %+v", err, r)
+	}
+	for name, v := range map[string]string{
+		"wrong password": "\x00alice\x00nope",
+		"unknown user":   "\x00mallory\x00alice-pw",
+		"malformed":      "alice",
+	} {
+		r, err := c.Do(mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: []byte(v)})
+		if status(t, r, err) != mc.StatusAuthError {
+			t.Errorf("%s: status %s, want AuthError", name, r.Status())
+		}
+		if bytes.Contains(r.Value, []byte("alice-pw")) {
+			t.Errorf("%s: response leaks the password", name)
+		}
+	}
+	if r, err := c.Do(mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("SCRAM-SHA512"), Value: []byte("x")}); status(t, r, err) != mc.StatusAuthError {
+		t.Errorf("unknown mechanism: %s", r.Status())
+	}
+	// Still usable after failures, and after success the bucket named
+	// like the user is selected.
+	login(t, p.Addr, "alice")
+}
+
+// TestTenantIsolation: no tenant can read, overwrite, delete or flush
+// another's keys, nor select its bucket.
+func TestTenantIsolation(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t)})
+	alice, bob := login(t, p.Addr, "alice"), login(t, p.Addr, "bob")
+	anon := dial(t, p.Addr)
+	key := []byte("shared-name")
+	for c, v := range map[*mcclient.Client]string{alice: "alice's", bob: "bob's", anon: "default's"} {
+		if r, err := c.Set(key, []byte(v)); status(t, r, err) != mc.StatusSuccess {
+			t.Fatalf("set: %s", r.Status())
+		}
+	}
+	for c, v := range map[*mcclient.Client]string{alice: "alice's", bob: "bob's", anon: "default's"} {
+		r, err := c.Do(mcclient.Request{Opcode: mc.OpGetK, Key: key})
+		if status(t, r, err) != mc.StatusSuccess || string(r.Value) != v || !bytes.Equal(r.Key, key) {
+			t.Fatalf("GETK: got %q key %q, want %q key %q", r.Value, r.Key, v, key)
+		}
+	}
+	// Bob deletes his key; alice's stays.
+	if r, err := bob.Delete(key); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("bob delete: %s", r.Status())
+	}
+	if r, err := alice.Get(key); status(t, r, err) != mc.StatusSuccess || string(r.Value) != "alice's" {
+		t.Fatalf("alice's key after bob's delete: %s %q", r.Status(), r.Value)
+	}
+	// Bob may not select alice's bucket; unknown buckets are KeyEnoent.
+	if r, err := bob.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("alice")}); status(t, r, err) != mc.StatusEaccess {
+		t.Fatalf("bob selects alice: %s, want Eaccess", r.Status())
+	}
+	if r, err := anon.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("alice")}); status(t, r, err) != mc.StatusEaccess {
+		t.Fatalf("anonymous selects alice: %s, want Eaccess", r.Status())
+	}
+	if r, err := bob.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("nope")}); status(t, r, err) != mc.StatusKeyEnoent {
+		t.Fatalf("select unknown: %s, want KeyEnoent", r.Status())
+	}
+	// FLUSH: refused where not enabled, and alice's flush empties only
+	// alice's bucket.
+	if r, err := bob.Do(mcclient.Request{Opcode: mc.OpFlush}); status(t, r, err) != mc.StatusEaccess {
+		t.Fatalf("bob flush: %s, want Eaccess", r.Status())
+	}
+	if r, err := anon.Set([]byte("dflt"), []byte("x")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	if r, err := alice.Do(mcclient.Request{Opcode: mc.OpFlush}); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("alice flush: %s", r.Status())
+	}
+	if r, err := alice.Get(key); status(t, r, err) != mc.StatusKeyEnoent {
+		t.Fatalf("alice's key after her flush: %s", r.Status())
+	}
+	if r, err := anon.Get([]byte("dflt")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("default's key after alice's flush: %s", r.Status())
+	}
+	// Keys too long once namespaced are refused, never truncated.
+	long := bytes.Repeat([]byte("k"), 248)
+	if r, err := alice.Set(long, []byte("v")); status(t, r, err) != mc.StatusEinval {
+		t.Fatalf("248-byte key in bucket alice: %s, want Einval", r.Status())
+	}
+	// STAT shows a tenant only its own bucket; other groups are admin-only.
+	kv, err := alice.Stats("throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range kv {
+		if strings.HasPrefix(p[0], "bucket:") && !strings.HasPrefix(p[0], "bucket:alice:") {
+			t.Fatalf("alice sees %s", p[0])
+		}
+	}
+	if r, err := alice.Do(mcclient.Request{Opcode: mc.OpStat, Key: []byte("items")}); status(t, r, err) != mc.StatusEaccess {
+		t.Fatalf("alice STAT items: %s, want Eaccess", r.Status())
+	}
+}
+
+func TestAuthRequired(t *testing.T) {
+	p := startProxy(t, testConfig{proxy: `default_bucket = ""`, tail: tenantTail(t)})
+	c := dial(t, p.Addr)
+	if r, err := c.Get([]byte("k")); status(t, r, err) != mc.StatusEaccess {
+		t.Fatalf("GET before auth: %s, want Eaccess", r.Status())
+	}
+	for _, op := range []mc.Opcode{mc.OpNoop, mc.OpVersion} {
+		if r, err := c.Do(mcclient.Request{Opcode: op}); status(t, r, err) != mc.StatusSuccess {
+			t.Fatalf("%s before auth: %s", op, r.Status())
+		}
+	}
+	// The admin has no bucket named like itself: it must select one.
+	a := login(t, p.Addr, "admin")
+	if r, err := a.Get([]byte("k")); status(t, r, err) != mc.StatusEaccess {
+		t.Fatalf("admin GET without bucket: %s", r.Status())
+	}
+	if r, err := a.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("bob")}); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("admin selects bob: %s", r.Status())
+	}
+	if r, err := a.Get([]byte("k")); status(t, r, err) != mc.StatusKeyEnoent {
+		t.Fatalf("admin GET in bob: %s", r.Status())
+	}
+}
+
+func adminDo(t testing.TB, c *mcclient.Client, op mc.Opcode, key, body string) *mcclient.Response {
+	t.Helper()
+	r, err := c.Do(mcclient.Request{Opcode: op, Key: []byte(key), Value: []byte(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestAdminOpcodes covers every rule of DESIGN.md section 5.
+func TestAdminOpcodes(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t)})
+	admin, alice := login(t, p.Addr, "admin"), login(t, p.Addr, "alice")
+	setB, setN := mc.OpSetBucketThrottleProperties, mc.OpSetNodeThrottleProperties
+	cases := []struct {
+		name   string
+		c      *mcclient.Client
+		op     mc.Opcode
+		key    string
+		body   string
+		status mc.Status
+	}{
+		{"unprivileged bucket", alice, setB, "alice", `{"reserved":1,"hard_limit":2}`, mc.StatusEaccess},
+		{"unprivileged node", alice, setN, "", `{"capacity":100}`, mc.StatusEaccess},
+		{"bad json", admin, setB, "alice", `{"reserved":`, mc.StatusEinval},
+		{"wrong type", admin, setB, "alice", `{"reserved":true}`, mc.StatusEinval},
+		{"other string", admin, setB, "alice", `{"reserved":"lots"}`, mc.StatusEinval},
+		{"negative", admin, setB, "alice", `{"reserved":-1,"hard_limit":5}`, mc.StatusEinval},
+		{"non-integer", admin, setB, "alice", `{"reserved":1.5,"hard_limit":5}`, mc.StatusEinval},
+		{"reserved over hard", admin, setB, "alice", `{"reserved":10,"hard_limit":5}`, mc.StatusEinval},
+		{"unknown bucket", admin, setB, "nope", `{"reserved":1,"hard_limit":5}`, mc.StatusKeyEnoent},
+		{"unlimited", admin, setB, "bob", `{"reserved":"unlimited","hard_limit":"unlimited"}`, mc.StatusSuccess},
+		{"numbers", admin, setB, "alice", `{"reserved":100,"hard_limit":500}`, mc.StatusSuccess},
+		{"node bad", admin, setN, "", `{"capacity":"big"}`, mc.StatusEinval},
+		{"node key", admin, setN, "x", `{"capacity":100}`, mc.StatusEinval},
+		{"node ok", admin, setN, "", `{"capacity":20000,"default_throttle_reserved_units":10,"default_throttle_hard_limit":1000}`, mc.StatusSuccess},
+	}
+	for _, tc := range cases {
+		r := adminDo(t, tc.c, tc.op, tc.key, tc.body)
+		if r.Status() != tc.status {
+			t.Errorf("%s: status %s (%q), want %s", tc.name, r.Status(), r.Value, tc.status)
+		}
+		if tc.status == mc.StatusEinval && len(r.Value) == 0 {
+			t.Errorf("%s: Einval without a reason", tc.name)
+		}
+	}
+	// Applied: STAT throttle shows it.
+	st := throttleStats(t, admin)
+	if st["node:capacity"] != "20000" || st["bucket:alice:reserved"] != "100" || st["bucket:alice:hard_limit"] != "500" || st["bucket:bob:reserved"] != "unlimited" {
+		t.Fatalf("stats after changes: %v", st)
+	}
+	// Persisted before the response.
+	data, err := os.ReadFile(p.StatePath)
+	if err != nil {
+		t.Fatalf("state file: %v", err)
+	}
+	var js map[string]any
+	if err := json.Unmarshal(data, &js); err != nil {
+		t.Fatalf("state file is not JSON: %v", err)
+	}
+	if !bytes.Contains(data, []byte(`"alice"`)) || !bytes.Contains(data, []byte("20000")) {
+		t.Fatalf("state file lacks the changes: %s", data)
+	}
+}
+
+func throttleStats(t testing.TB, c *mcclient.Client) map[string]string {
+	t.Helper()
+	kv, err := c.Stats("throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, p := range kv {
+		m[p[0]] = p[1]
+	}
+	return m
+}
+
+// TestAdminChangeSurvivesRestart: a new proxy on the same state file has
+// the runtime limits, overriding the TOML values.
+func TestAdminChangeSurvivesRestart(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t)})
+	admin := login(t, p.Addr, "admin")
+	if r := adminDo(t, admin, mc.OpSetBucketThrottleProperties, "bob", `{"reserved":7,"hard_limit":70}`); r.Status() != mc.StatusSuccess {
+		t.Fatalf("set: %s %q", r.Status(), r.Value)
+	}
+	if r := adminDo(t, admin, mc.OpSetNodeThrottleProperties, "", `{"capacity":1234}`); r.Status() != mc.StatusSuccess {
+		t.Fatalf("set node: %s %q", r.Status(), r.Value)
+	}
+	admin.Close()
+	p.stop(t)
+	q := startProxyTo(t, p.MC, testConfig{tail: tenantTail(t), statePath: p.StatePath})
+	st := throttleStats(t, login(t, q.Addr, "admin"))
+	if st["bucket:bob:reserved"] != "7" || st["bucket:bob:hard_limit"] != "70" || st["node:capacity"] != "1234" {
+		t.Fatalf("after restart: %v", st)
+	}
+}
+
+// TestAdminChangeAltersThrottling: lowering a hard limit makes a
+// non-blocking client get EWouldThrottle with the real wait.
+func TestAdminChangeAltersThrottling(t *testing.T) {
+	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, tail: tenantTail(t)})
+	admin, bob := login(t, p.Addr, "admin"), login(t, p.Addr, "bob")
+	hello(t, bob, mc.FeatureNonBlockingThrottlingMode)
+	burstUntilThrottled := func() *mcclient.Response {
+		for i := 0; i < 20000; i++ {
+			r, err := bob.Set([]byte("k"), []byte("v"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status() == mc.StatusEWouldThrottle {
+				return r
+			}
+		}
+		return nil
+	}
+	if r := burstUntilThrottled(); r != nil {
+		t.Fatalf("throttled before any limit: %q", r.Value)
+	}
+	if r := adminDo(t, admin, mc.OpSetBucketThrottleProperties, "bob", `{"reserved":0,"hard_limit":100}`); r.Status() != mc.StatusSuccess {
+		t.Fatalf("set: %s %q", r.Status(), r.Value)
+	}
+	r := burstUntilThrottled()
+	if r == nil {
+		t.Fatal("never throttled at hard limit 100 u/s")
+	}
+	var body struct {
+		NextTickUS int64 `json:"next_tick_us"`
+	}
+	if err := json.Unmarshal(r.Value, &body); err != nil || body.NextTickUS <= 0 || body.NextTickUS > 1_000_000 {
+		t.Fatalf("EWouldThrottle body %q: %v", r.Value, err)
+	}
+	// Raising the limit lets bob run again.
+	if r := adminDo(t, admin, mc.OpSetBucketThrottleProperties, "bob", `{}`); r.Status() != mc.StatusSuccess {
+		t.Fatalf("set unlimited: %s", r.Status())
+	}
+	if r := burstUntilThrottled(); r != nil {
+		t.Fatalf("still throttled after removing the limit: %q", r.Value)
+	}
+}
+
+func hello(t testing.TB, c *mcclient.Client, features ...mc.Feature) {
+	t.Helper()
+	var v []byte
+	for _, f := range features {
+		v = append(v, byte(f>>8), byte(f))
+	}
+	r, err := c.Do(mcclient.Request{Opcode: mc.OpHello, Key: []byte("test"), Value: v})
+	if err != nil || r.Status() != mc.StatusSuccess || !bytes.Equal(r.Value, v) {
+		t.Fatalf("HELLO %v: %v %+v", features, err, r)
+	}
+}

@@ -1,0 +1,121 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
+
+// bucket is one tenant as the event loops see it. Its identity fields are
+// immutable; counters are atomics shared by every loop.
+type bucket struct {
+	name string
+	tb   *throttle.Bucket
+
+	flushEnabled atomic.Bool // FLUSH allowed (reloadable)
+
+	prefix atomic.Pointer[[]byte] // key namespace upstream; changes on FLUSH
+	gen    atomic.Uint64          // flush generation
+	gone   atomic.Bool            // removed by a reload
+
+	waitObserver atomic.Pointer[func(seconds float64)] // metrics hook, may be nil
+
+	conns      atomic.Int64
+	readUnits  atomic.Uint64
+	writeUnits atomic.Uint64
+}
+
+// keyPrefix returns the bucket's upstream key namespace for generation
+// gen: "name:" at first, "name#gen:" after a FLUSH. Bucket names never
+// contain ':' or '#', so no two buckets (or generations) share a prefix.
+func keyPrefix(name string, gen uint64) []byte {
+	if gen == 0 {
+		return []byte(name + ":")
+	}
+	return []byte(name + "#" + strconv.FormatUint(gen, 10) + ":")
+}
+
+func newBucket(name string, flushEnabled bool, tb *throttle.Bucket) *bucket {
+	b := &bucket{name: name, tb: tb}
+	b.flushEnabled.Store(flushEnabled)
+	p := keyPrefix(name, 0)
+	b.prefix.Store(&p)
+	return b
+}
+
+// flush moves the bucket to a new, empty namespace; the old keys are
+// unreachable and age out of memcached.
+func (b *bucket) flush() {
+	p := keyPrefix(b.name, b.gen.Add(1))
+	b.prefix.Store(&p)
+}
+
+// tenants is the bucket table and user database every loop reads. It is
+// immutable: changes publish a new one.
+type tenants struct {
+	cfg     *bucketcfg.Config // effective configuration
+	buckets map[string]*bucket
+}
+
+func (t *tenants) bucket(name string) *bucket {
+	if b := t.buckets[name]; b != nil && !b.gone.Load() {
+		return b
+	}
+	return nil
+}
+
+// throttleLimit converts a configuration limit to the engine's.
+func throttleLimit(l bucketcfg.Limit) throttle.Limit {
+	if n, ok := l.Finite(); ok {
+		return throttle.Limit(n)
+	}
+	return throttle.Unlimited
+}
+
+// buildTenants creates or updates the engine's buckets to match eff and
+// returns the new table. prev (may be nil) supplies the buckets that keep
+// their state. Buckets of prev missing from eff are removed from the
+// engine and marked gone. The caller holds adminMu.
+func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants) (*tenants, []*bucket, error) {
+	t := &tenants{cfg: eff, buckets: make(map[string]*bucket, len(eff.Buckets))}
+	var errs []error
+	for _, bc := range eff.Buckets {
+		res, hard := throttleLimit(bc.Throttle.Reserved), throttleLimit(bc.Throttle.HardLimit)
+		if prev != nil {
+			if old := prev.buckets[bc.Name]; old != nil {
+				if err := old.tb.SetLimits(res, hard); err != nil {
+					errs = append(errs, fmt.Errorf("bucket %s: %w", bc.Name, err))
+				}
+				old.flushEnabled.Store(bc.FlushEnabled)
+				t.buckets[bc.Name] = old
+				continue
+			}
+		}
+		tb := eng.Bucket(bc.Name)
+		if tb == nil {
+			var err error
+			if tb, err = eng.AddBucket(bc.Name, res, hard); err != nil {
+				errs = append(errs, fmt.Errorf("bucket %s: %w", bc.Name, err))
+				continue
+			}
+		} else if err := tb.SetLimits(res, hard); err != nil {
+			errs = append(errs, fmt.Errorf("bucket %s: %w", bc.Name, err))
+		}
+		t.buckets[bc.Name] = newBucket(bc.Name, bc.FlushEnabled, tb)
+	}
+	var removed []*bucket
+	if prev != nil {
+		for name, old := range prev.buckets {
+			if _, ok := t.buckets[name]; !ok {
+				old.gone.Store(true)
+				_ = eng.RemoveBucket(name)
+				removed = append(removed, old)
+			}
+		}
+	}
+	return t, removed, errors.Join(errs...)
+}

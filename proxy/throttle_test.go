@@ -1,0 +1,171 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+func limitedTail(t testing.TB) string {
+	h := hashes(t)
+	return fmt.Sprintf(`
+[[bucket]]
+name = "default"
+[[bucket]]
+name = "limited"
+hard_limit = 2000
+[[bucket]]
+name = "free"
+[[user]]
+name = "limited"
+password_hash = %q
+buckets = ["limited"]
+[[user]]
+name = "free"
+password_hash = %q
+buckets = ["free"]
+`, h["limited"], h["free"])
+}
+
+// drive runs the connections, each doing SETs of 1 unit for d, and
+// returns the commands completed, the failures and the longest latency.
+func drive(conns []*mcclient.Client, d time.Duration) (done, failed int64, maxLatency time.Duration) {
+	var wg sync.WaitGroup
+	var n, bad atomic.Int64
+	var maxLat atomic.Int64
+	stop := time.Now().Add(d)
+	for i, c := range conns {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			key := []byte(fmt.Sprintf("k%d", i))
+			for time.Now().Before(stop) {
+				t0 := time.Now()
+				r, err := c.Set(key, []byte("v"))
+				if err != nil || r.Status() != mc.StatusSuccess {
+					bad.Add(1)
+					return
+				}
+				lat := int64(time.Since(t0))
+				for old := maxLat.Load(); lat > old && !maxLat.CompareAndSwap(old, lat); old = maxLat.Load() {
+				}
+				n.Add(1)
+			}
+		}(i)
+	}
+	wg.Wait()
+	return n.Load(), bad.Load(), time.Duration(maxLat.Load())
+}
+
+// TestHardLimitHoldsRealClock: a bucket with hard limit 2000 u/s driven by
+// 8 saturating connections is held (commands wait, none fail) and runs at
+// its limit, while a bucket without a limit is not held.
+func TestHardLimitHoldsRealClock(t *testing.T) {
+	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, tail: limitedTail(t), loops: 2})
+	const d = 1500 * time.Millisecond
+	var lc, fc []*mcclient.Client
+	for i := 0; i < 8; i++ {
+		lc = append(lc, login(t, p.Addr, "limited"))
+		fc = append(fc, login(t, p.Addr, "free"))
+	}
+	var limited, free int64
+	var limitedBad, freeBad int64
+	var limitedLat time.Duration
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); limited, limitedBad, limitedLat = drive(lc, d) }()
+	go func() { defer wg.Done(); free, freeBad, _ = drive(fc, d) }()
+	wg.Wait()
+	if limitedBad != 0 || freeBad != 0 {
+		t.Fatalf("failed commands: limited %d, free %d (held commands must not fail)", limitedBad, freeBad)
+	}
+	rate := float64(limited) / d.Seconds()
+	t.Logf("limited bucket: %d commands in %v = %.0f/s (limit 2000), max latency %v; free bucket: %.0f/s", limited, d, rate, limitedLat, float64(free)/d.Seconds())
+	// The burst lets at most 2000*burst extra through; allow it and the
+	// connections' last in-flight commands.
+	if rate > 2000*1.1+100 {
+		t.Errorf("limited bucket ran at %.0f/s, above its hard limit 2000", rate)
+	}
+	if rate < 2000*0.8 {
+		t.Errorf("limited bucket ran at %.0f/s, far below its hard limit 2000", rate)
+	}
+	if limitedLat < 2*time.Millisecond {
+		t.Errorf("limited commands never waited (max latency %v)", limitedLat)
+	}
+	admin := p.Engine()
+	if h := admin.Bucket("limited").Stats().Held; h == 0 {
+		t.Error("limited bucket: no command was held")
+	}
+	if h := admin.Bucket("free").Stats().Held; h != 0 {
+		t.Errorf("free bucket: %d commands held, want 0", h)
+	}
+	if float64(free) < 1.5*float64(limited) {
+		t.Errorf("free bucket (%d) was not clearly faster than the limited one (%d)", free, limited)
+	}
+}
+
+// TestHeldInputBound: a held connection that keeps sending past
+// max_held_input_bytes is closed; the data it had acknowledged stays.
+func TestHeldInputBound(t *testing.T) {
+	p := startProxy(t, testConfig{proxy: "max_held_input_bytes = 65536\nmax_frame_bytes = 65536", throttle: `capacity = "unlimited"`,
+		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 1\n"})
+	c := dial(t, p.Addr)
+	// The first SET is admitted (and acknowledged); then the bucket is out
+	// of budget for about a second and the session is held.
+	if r, err := c.Set([]byte("acked"), []byte("yes")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("first set: %v %+v", err, r)
+	}
+	val := bytes.Repeat([]byte("x"), 1000)
+	for i := 0; i < 300; i++ {
+		c.Send(mcclient.Request{Opcode: mc.OpSetQ, Extras: mcclient.SetExtras(0, 0), Key: []byte("k" + strconv.Itoa(i)), Value: val})
+	}
+	_ = c.Flush()
+	eventually(t, 5*time.Second, "the held connection to be closed", func() bool { return p.Connections() == 0 })
+	// Nothing acknowledged was lost.
+	p.Engine().Bucket("default").SetLimits(0, -1)
+	d := dial(t, p.Addr)
+	if r, err := d.Get([]byte("acked")); err != nil || string(r.Value) != "yes" {
+		t.Fatalf("acknowledged value: %v %+v", err, r)
+	}
+}
+
+// TestUnthrottledNeverHeld: an admin with the unthrottled privilege runs
+// past the bucket's hard limit, and its units are charged.
+func TestUnthrottledNeverHeld(t *testing.T) {
+	tail := tenantTail(t) + "\n" // buckets default, alice, bob
+	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, tail: tail})
+	admin := login(t, p.Addr, "admin")
+	if r := adminDo(t, admin, mc.OpSetBucketThrottleProperties, "bob", `{"reserved":0,"hard_limit":50}`); r.Status() != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	if r, err := admin.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("bob")}); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	start := time.Now()
+	for i := 0; i < 500; i++ {
+		if r, err := admin.Set([]byte("k"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatal(err, r)
+		}
+	}
+	// 500 units at 50 u/s would take 10 s if held.
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("unthrottled connection took %v for 500 commands: it was held", el)
+	}
+	st := p.Engine().Bucket("bob").Stats()
+	if st.Units < 500 || st.Held != 0 {
+		t.Fatalf("bob: units %d (want >= 500 charged), held %d (want 0)", st.Units, st.Held)
+	}
+	// Bob, throttled, now waits for the debt the admin ran up.
+	hb := login(t, p.Addr, "bob")
+	hello(t, hb, mc.FeatureNonBlockingThrottlingMode)
+	if r, err := hb.Set([]byte("k"), []byte("v")); err != nil || r.Status() != mc.StatusEWouldThrottle {
+		t.Fatalf("bob after the admin's burst: %v %+v, want EWouldThrottle", err, r)
+	}
+}

@@ -1,0 +1,833 @@
+// Package throttle is kvthrottle's throttle engine: it decides whether a
+// bucket (tenant) may run its next command now, charges the units a command
+// used once it has run, and computes how long a held command must wait.
+// It does no I/O and reads time only from an injectable [Clock].
+//
+// # Model
+//
+// A node ([Engine]) has a capacity; each [Bucket] has a reservation and a
+// hard limit, all [Limit] values in units per second. The free pool is what
+// the reservations leave of the capacity: max(0, capacity - sum of the
+// finite reservations of the node's buckets), shared first come, first
+// served. Each finite rate is enforced by a gauge: a token bucket with
+// continuous refill, kept as a "theoretical arrival time" (GCRA) in
+// nanoseconds of the engine clock and updated with atomic operations. A
+// gauge has room while what it has billed ends at most one burst after now:
+// a gauge of rate r may run r*burst units ahead of its rate, plus one
+// command, and idle time does not build up more room than that. Costs are
+// kept to 1/65536 ns per unit and rounded up to the nanosecond per charge.
+//
+// [Bucket.Admit] applies the rules of DESIGN.md section 4 in order:
+//
+//  1. an unthrottled caller, or a bucket whose reservation is Unlimited:
+//     admit;
+//  2. the bucket's reservation gauge has room: admit, charge the reservation;
+//  3. the free pool has no room: hold;
+//  4. the bucket's hard-limit gauge has no room: hold;
+//  5. admit, charge the free pool.
+//
+// Every charge also counts against the bucket's hard limit. Unthrottled
+// callers are never held, but their units are charged like any other (to
+// the reservation if it has room, else to the free pool, even into debt), so
+// they slow down their bucket's other connections and the node. A bucket
+// whose reservation is Unlimited charges no gauge at all.
+//
+// With capacity Unlimited the free pool never holds anybody, but hard limits
+// (and reservations, which then merely count) still apply. A capacity below
+// the sum of the reservations leaves a free pool of zero; reservations are
+// still honoured, so the node then runs above its capacity.
+//
+// # Charging
+//
+// Units are known only after a command ran. Admit charges the one unit every
+// metered command costs at least, at once, so commands pipelined before any
+// response still use up room; [Bucket.Charge], called with the units when
+// the response is in, bills the rest to the same domain. Gauges may go into
+// debt (a big command); the debt delays the next admission, which is how a
+// limit holds exactly over time. Over any window of length w in which the
+// limits do not change, units admitted against a gauge of rate r (counted
+// when admitted) are at most r*w + r*burst + the largest single command;
+// for a bucket's hard limit h with reservation v, at most
+// h*w + (h+v)*burst + twice the largest command, since rule 2 does not look
+// at the hard limit.
+//
+// # Waiting
+//
+// A held caller gets the exact duration until the gauges that hold it have
+// room: the later of the free pool and the hard limit, or the time the
+// reservation has room if that is sooner. Blocking callers keep a place in
+// a per-bucket FIFO line with a [Waiter], and a place behind others waits
+// for room for those ahead of it too (see [Bucket.Admit]). [InfDuration]
+// means only a change of limits can admit the bucket (no reservation, and a
+// free pool or hard limit of zero). After changing limits, callers should
+// re-try their held commands at once: waits may have become shorter.
+//
+// The burst must exceed the callers' wake-up latency, or throughput is lost
+// while a gauge has room and nobody is awake to use it: [DefaultBurst] is
+// 20 ms for a proxy that wakes held sessions within 5 ms.
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use (a Waiter, by one goroutine at a
+// time). Admit and Charge take no lock and do not allocate. Configuration
+// changes (SetCapacity, AddBucket, SetLimits, RemoveBucket) take an
+// engine-wide mutex, apply at once, and keep every gauge's debt (rescaled to
+// the new rate). Nothing in this package panics on bad input: invalid limits
+// are errors, out-of-range units are clamped.
+package throttle
+
+import (
+	"errors"
+	"math"
+	"math/bits"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Limit is a rate in units per second. A Limit >= 0 is a finite rate (0
+// admits nothing); [Unlimited] means no limit. Other negative values are
+// invalid and rejected with [ErrInvalidLimit].
+type Limit int64
+
+// Unlimited is the Limit without a limit: as a capacity it disables the free
+// pool's throttling, as a hard limit it never holds, as a reservation it
+// admits every command of the bucket without charging any gauge.
+const Unlimited Limit = -1
+
+// Valid reports whether l is Unlimited or a rate >= 0.
+func (l Limit) Valid() bool { return l >= 0 || l == Unlimited }
+
+// String returns "unlimited" or the decimal rate.
+func (l Limit) String() string {
+	if l == Unlimited {
+		return "unlimited"
+	}
+	return strconv.FormatInt(int64(l), 10)
+}
+
+// DefaultUnitSize is the default read and write unit size in bytes.
+const DefaultUnitSize = 4096
+
+// Units returns ceil(bytes/unitSize), at least 1: every metered command costs
+// at least one unit, also on a miss or a failure. A negative bytes counts as
+// 0; a unitSize <= 0 selects DefaultUnitSize.
+func Units(bytes, unitSize int64) int64 {
+	if unitSize <= 0 {
+		unitSize = DefaultUnitSize
+	}
+	if bytes <= 0 {
+		return 1
+	}
+	u := bytes / unitSize
+	if bytes%unitSize != 0 {
+		u++
+	}
+	return u
+}
+
+// ReadUnits returns the units of a read: bytes is the key plus the value
+// returned (GET, GETQ, GETK, GETKQ, TOUCH, GAT, GATQ). See [Units].
+func ReadUnits(bytes, readUnitSize int64) int64 { return Units(bytes, readUnitSize) }
+
+// WriteUnits returns the units of a write: bytes is the key plus the value
+// sent (SET, ADD, REPLACE, APPEND, PREPEND, INCR, DECR, DELETE and their
+// quiet variants). GAT is charged both. See [Units].
+func WriteUnits(bytes, writeUnitSize int64) int64 { return Units(bytes, writeUnitSize) }
+
+// Domain says what an admission was granted against; pass it back to
+// [Bucket.Charge]. The zero value, Held, means not admitted.
+type Domain uint8
+
+const (
+	// Held: not admitted; the caller must wait.
+	Held Domain = iota
+	// Reserved: admitted against the bucket's reservation (rule 2).
+	Reserved
+	// FreePool: admitted against the node's free pool (rule 5, or an
+	// unthrottled caller past its reservation).
+	FreePool
+	// Unmetered: admitted because the bucket's reservation is Unlimited
+	// (rule 1); no gauge is charged, only the bucket's counters.
+	Unmetered
+)
+
+// String returns the domain's name.
+func (d Domain) String() string {
+	switch d {
+	case Held:
+		return "held"
+	case Reserved:
+		return "reserved"
+	case FreePool:
+		return "free_pool"
+	case Unmetered:
+		return "unmetered"
+	}
+	return "domain(" + strconv.Itoa(int(d)) + ")"
+}
+
+// Mode is how a caller wants to be treated when its bucket has no room.
+type Mode uint8
+
+const (
+	// Blocking callers are held and keep their place in the bucket's FIFO
+	// line through a [Waiter].
+	Blocking Mode = iota
+	// NonBlocking callers (HELLO feature 0x1b) are told how long to wait but
+	// take no place in the line and do not queue behind it; each refusal
+	// counts as rejected.
+	NonBlocking
+	// Unthrottled callers (the Unthrottled privilege) are never held; their
+	// units are charged all the same.
+	Unthrottled
+)
+
+// InfDuration is the wait returned when no passage of time alone can admit
+// the bucket (no reservation and a free pool or hard limit of zero).
+const InfDuration = time.Duration(math.MaxInt64)
+
+// DefaultBurst is the burst used when Config.Burst is zero: every gauge may
+// run this much of its rate ahead (20 ms of rate, i.e. 200 units at 10000
+// units/s), which absorbs wake-up latency without losing throughput.
+const DefaultBurst = 20 * time.Millisecond
+
+// Errors returned by the configuration methods.
+var (
+	ErrInvalidLimit     = errors.New("throttle: invalid limit (want >= 0 or Unlimited)")
+	ErrReservedOverHard = errors.New("throttle: reserved exceeds hard limit")
+	ErrBucketExists     = errors.New("throttle: bucket already exists")
+	ErrUnknownBucket    = errors.New("throttle: unknown bucket")
+)
+
+// Clock is a monotonic clock: Now returns the time elapsed since an
+// arbitrary fixed origin. It must be safe for concurrent use and never go
+// backwards.
+type Clock interface {
+	Now() time.Duration
+}
+
+type realClock struct{ start time.Time }
+
+func (c realClock) Now() time.Duration { return time.Since(c.start) }
+
+// NewRealClock returns a Clock reading the process's monotonic clock, with
+// its origin at the call.
+func NewRealClock() Clock { return realClock{start: time.Now()} }
+
+// FakeClock is a Clock that moves only when told to, for tests. The zero
+// value reads 0. It is safe for concurrent use.
+type FakeClock struct{ ns atomic.Int64 }
+
+// NewFakeClock returns a FakeClock reading t.
+func NewFakeClock(t time.Duration) *FakeClock {
+	c := &FakeClock{}
+	c.ns.Store(int64(t))
+	return c
+}
+
+// Now returns the clock's current reading.
+func (c *FakeClock) Now() time.Duration { return time.Duration(c.ns.Load()) }
+
+// Advance moves the clock forward by d (a negative d is ignored).
+func (c *FakeClock) Advance(d time.Duration) {
+	if d > 0 {
+		c.ns.Add(int64(d))
+	}
+}
+
+// Set sets the clock to t. Setting it backwards is allowed only in tests
+// that know what they do: the engine assumes a monotonic clock.
+func (c *FakeClock) Set(t time.Duration) { c.ns.Store(int64(t)) }
+
+// Config configures an Engine.
+type Config struct {
+	// Capacity is the node capacity in units per second, or Unlimited.
+	Capacity Limit
+	// Burst is how far ahead of its rate any gauge may run (see the package
+	// documentation); zero selects DefaultBurst, a negative value no burst.
+	Burst time.Duration
+	// Clock is the time source; nil selects NewRealClock().
+	Clock Clock
+}
+
+// Engine is one node's throttle state: its capacity, free pool and buckets.
+// Create it with New; all methods are safe for concurrent use.
+type Engine struct {
+	clock Clock
+	burst int64
+	node  atomic.Pointer[nodeLimits]
+	_     [cacheLine]byte
+	pool  gauge
+	_     [cacheLine]byte
+
+	mu       sync.Mutex // serialises configuration changes
+	capacity Limit
+	buckets  map[string]*Bucket
+}
+
+type nodeLimits struct {
+	capacity Limit
+	pool     rate
+}
+
+// New returns an Engine without buckets. It fails with ErrInvalidLimit when
+// cfg.Capacity is not valid.
+func New(cfg Config) (*Engine, error) {
+	if !cfg.Capacity.Valid() {
+		return nil, ErrInvalidLimit
+	}
+	e := &Engine{clock: cfg.Clock, burst: int64(cfg.Burst), buckets: map[string]*Bucket{}}
+	if e.clock == nil {
+		e.clock = NewRealClock()
+	}
+	switch {
+	case cfg.Burst == 0:
+		e.burst = int64(DefaultBurst)
+	case cfg.Burst < 0:
+		e.burst = 0
+	}
+	e.capacity = cfg.Capacity
+	e.publishNode(e.now())
+	return e, nil
+}
+
+// Now returns the engine clock's reading, the time base of every duration
+// the engine returns.
+func (e *Engine) Now() time.Duration { return e.clock.Now() }
+
+func (e *Engine) now() int64 { return int64(e.clock.Now()) }
+
+// Burst returns the engine's burst duration.
+func (e *Engine) Burst() time.Duration { return time.Duration(e.burst) }
+
+// Capacity returns the node capacity.
+func (e *Engine) Capacity() Limit { return e.node.Load().capacity }
+
+// FreePool returns the current free pool rate: Unlimited when the capacity
+// is, else max(0, capacity - sum of the finite reservations).
+func (e *Engine) FreePool() Limit { return e.node.Load().pool.limit }
+
+// SetCapacity changes the node capacity at once; the free pool keeps its
+// debt (rescaled to the new rate). It fails with ErrInvalidLimit.
+func (e *Engine) SetCapacity(c Limit) error {
+	if !c.Valid() {
+		return ErrInvalidLimit
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.capacity = c
+	e.publishNode(e.now())
+	return nil
+}
+
+// publishNode recomputes the free pool; e.mu must be held.
+func (e *Engine) publishNode(now int64) {
+	pool := Unlimited
+	if e.capacity != Unlimited {
+		sum := Limit(0)
+		for _, b := range e.buckets {
+			if r := b.lim.Load().reserved; r != Unlimited {
+				sum = addLimits(sum, r)
+			}
+		}
+		pool = max(0, e.capacity-sum)
+	}
+	n := &nodeLimits{capacity: e.capacity, pool: newRate(pool)}
+	if old := e.node.Swap(n); old != nil {
+		e.pool.rescale(now, &old.pool, &n.pool)
+	}
+}
+
+func validate(reserved, hard Limit) error {
+	if !reserved.Valid() || !hard.Valid() {
+		return ErrInvalidLimit
+	}
+	if hard != Unlimited && (reserved == Unlimited || reserved > hard) {
+		return ErrReservedOverHard
+	}
+	return nil
+}
+
+// AddBucket creates a bucket with the given reservation and hard limit and
+// takes its reservation out of the free pool at once. It fails with
+// ErrInvalidLimit, ErrReservedOverHard or ErrBucketExists.
+func (e *Engine) AddBucket(name string, reserved, hard Limit) (*Bucket, error) {
+	if err := validate(reserved, hard); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.buckets[name]; ok {
+		return nil, ErrBucketExists
+	}
+	b := &Bucket{e: e, name: name}
+	b.lim.Store(newBucketLimits(reserved, hard, false))
+	e.buckets[name] = b
+	e.publishNode(e.now())
+	return b, nil
+}
+
+// Bucket returns the named bucket, or nil.
+func (e *Engine) Bucket(name string) *Bucket {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.buckets[name]
+}
+
+// Buckets returns the engine's buckets sorted by name (a fresh slice).
+func (e *Engine) Buckets() []*Bucket {
+	e.mu.Lock()
+	bs := make([]*Bucket, 0, len(e.buckets))
+	for _, b := range e.buckets {
+		bs = append(bs, b)
+	}
+	e.mu.Unlock()
+	sort.Slice(bs, func(i, j int) bool { return bs[i].name < bs[j].name })
+	return bs
+}
+
+// RemoveBucket removes the named bucket and gives its reservation back to
+// the free pool at once. Holders of the *Bucket may go on using it: from then
+// on it has no reservation (it draws on the free pool only) and keeps its
+// hard limit; SetLimits on it fails. It fails with ErrUnknownBucket.
+func (e *Engine) RemoveBucket(name string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	b, ok := e.buckets[name]
+	if !ok {
+		return ErrUnknownBucket
+	}
+	delete(e.buckets, name)
+	b.lim.Store(newBucketLimits(0, b.lim.Load().hard, true))
+	e.publishNode(e.now())
+	return nil
+}
+
+// addLimits adds two finite limits, saturating.
+func addLimits(a, b Limit) Limit {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// Bucket is one tenant's throttle state. Get it from Engine.AddBucket or
+// Engine.Bucket; all methods are safe for concurrent use.
+type Bucket struct {
+	e    *Engine
+	name string
+	lim  atomic.Pointer[bucketLimits]
+	slot atomic.Int64 // the last window slot snapshotted
+	_    [cacheLine]byte
+
+	// written by every admission (and charge of more than one unit)
+	res, hard gauge
+	commands  atomic.Uint64 // commands admitted: their first units
+	extra     atomic.Uint64 // units charged beyond the first of each command
+	_         [cacheLine]byte
+
+	// snapshots of commands+extra, written once per window slot
+	window window
+	_      [cacheLine]byte
+
+	// the FIFO line, written only when somebody is held
+	tail       atomic.Uint64 // places handed out
+	served     atomic.Uint64 // places admitted or given back
+	lastServed atomic.Int64  // when served last moved
+	held       atomic.Uint64
+	rejected   atomic.Uint64
+}
+
+type bucketLimits struct {
+	reserved, hard Limit
+	res, hrd       rate
+	removed        bool
+}
+
+func newBucketLimits(reserved, hard Limit, removed bool) *bucketLimits {
+	return &bucketLimits{reserved: reserved, hard: hard, res: newRate(reserved), hrd: newRate(hard), removed: removed}
+}
+
+// Name returns the bucket's name.
+func (b *Bucket) Name() string { return b.name }
+
+// Limits returns the bucket's reservation and hard limit.
+func (b *Bucket) Limits() (reserved, hard Limit) {
+	l := b.lim.Load()
+	return l.reserved, l.hard
+}
+
+// SetLimits changes the bucket's reservation and hard limit at once; both
+// gauges keep their debt (rescaled to the new rates) and the free pool is
+// recomputed. It fails with ErrInvalidLimit, ErrReservedOverHard, or
+// ErrUnknownBucket after RemoveBucket. Callers should re-try held commands
+// afterwards: their waits may have become shorter.
+func (b *Bucket) SetLimits(reserved, hard Limit) error {
+	if err := validate(reserved, hard); err != nil {
+		return err
+	}
+	e := b.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := b.lim.Load()
+	if old.removed {
+		return ErrUnknownBucket
+	}
+	now := e.now()
+	n := newBucketLimits(reserved, hard, false)
+	b.lim.Store(n)
+	b.res.rescale(now, &old.res, &n.res)
+	b.hard.rescale(now, &old.hrd, &n.hrd)
+	e.publishNode(now)
+	return nil
+}
+
+// Admit decides whether the bucket may run its next metered command now.
+//
+// When admitted it returns the Domain to pass to Charge once the command has
+// run, and a zero duration; the one unit every command costs at least is
+// already charged. Otherwise it returns Held and how long to wait (> 0, or
+// InfDuration); nothing is charged.
+//
+// mode selects the caller's treatment. Unthrottled callers are always
+// admitted. NonBlocking callers are refused while the gauges have no room
+// and should retry after the returned duration; they ignore the FIFO line.
+// Blocking callers pass the Waiter of their connection (one Waiter per
+// connection, used by one goroutine at a time):
+//
+//   - when held, w keeps a place in the bucket's FIFO line; the caller must
+//     call Admit again with the same w after the returned duration (waking
+//     late is fine, early only costs a wasted call);
+//   - while places are taken, a caller without one queues behind them even
+//     if the gauges have room; a place is admitted only once the gauges have
+//     room for it and for the places ahead of it (at the bucket's average
+//     command size), so places are admitted, and their waits end, in the
+//     order they were taken;
+//   - when admitted, the place is given up;
+//   - a connection that stops waiting (closed, or its command dropped) must
+//     call w.Cancel, or its place delays the places behind it (room left
+//     unclaimed for 20 ms forgives one lost place).
+//
+// A Blocking caller with a nil w is held without a place.
+//
+// Admit takes no lock and does not allocate.
+func (b *Bucket) Admit(w *Waiter, mode Mode) (Domain, time.Duration) {
+	e := b.e
+	now := e.now()
+	if now>>slotShift != b.slot.Load() {
+		b.snapshot(now)
+	}
+	lim := b.lim.Load()
+	if lim.res.limit == Unlimited {
+		b.commands.Add(1)
+		if w != nil && w.b != nil {
+			w.release(now)
+		}
+		return Unmetered, 0
+	}
+	node := e.node.Load()
+	d, at := b.check(now, lim, node)
+	switch mode {
+	case Unthrottled:
+		if d == Held {
+			d = FreePool
+		}
+	case NonBlocking:
+		if d == Held {
+			b.rejected.Add(1)
+			return Held, until(now, at)
+		}
+	default:
+		if w == nil {
+			if d == Held {
+				b.held.Add(1)
+				return Held, until(now, at)
+			}
+		} else if wait, held := b.queue(w, now, d, at, lim, node); held {
+			return Held, wait
+		}
+	}
+	b.precharge(now, d, lim, node)
+	b.commands.Add(1)
+	if w != nil && w.b != nil {
+		w.release(now)
+	}
+	return d, 0
+}
+
+// never is the time at which a closed gauge has room.
+const never = math.MaxInt64
+
+// check applies rules 2 to 5 at now. It returns the domain (Held when there
+// is no room) and the time at which rules 2 to 5 admit (<= now when not
+// held, never when only a change of limits can).
+func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits) (d Domain, at int64) {
+	burst := b.e.burst
+	tRes := int64(never)
+	if lim.res.cost != 0 {
+		if tRes = b.res.tat.Load() - burst; tRes <= now {
+			return Reserved, tRes
+		}
+	}
+	tFree := int64(math.MinInt64)
+	switch {
+	case node.pool.limit == Unlimited:
+	case node.pool.cost == 0:
+		tFree = never
+	default:
+		tFree = b.e.pool.tat.Load() - burst
+	}
+	switch {
+	case lim.hrd.limit == Unlimited:
+	case lim.hrd.cost == 0:
+		tFree = never
+	default:
+		tFree = max(tFree, b.hard.tat.Load()-burst)
+	}
+	if tFree <= now {
+		return FreePool, tFree
+	}
+	return Held, min(tRes, tFree)
+}
+
+// unitCost returns the nanoseconds per unit at the highest rate the bucket
+// can run at: its hard limit, or its reservation plus the free pool if that
+// is lower; 0 when that rate is unlimited.
+func unitCost(lim *bucketLimits, node *nodeLimits) int64 {
+	r := lim.hard
+	if node.pool.limit != Unlimited {
+		if most := addLimits(lim.reserved, node.pool.limit); r == Unlimited || most < r {
+			r = most
+		}
+	}
+	if r == Unlimited {
+		return 0
+	}
+	if r <= 0 {
+		return maxDebt
+	}
+	return max(int64(time.Second)/int64(r), 1)
+}
+
+// precharge charges the first unit of an admitted command.
+func (b *Bucket) precharge(now int64, d Domain, lim *bucketLimits, node *nodeLimits) {
+	switch d {
+	case Reserved:
+		b.res.charge(now, lim.res.one)
+	case FreePool:
+		if node.pool.cost != 0 {
+			b.e.pool.charge(now, node.pool.one)
+		}
+	default:
+		return
+	}
+	if lim.hrd.cost != 0 {
+		b.hard.charge(now, lim.hrd.one)
+	}
+}
+
+// Charge charges the units a command admitted with domain d used, once it
+// has run. The first unit was charged by Admit, so Charge with units <= 1
+// costs nothing; the rest go to d's gauge (the reservation or the free
+// pool) and to the hard limit, at the rates in force at the call, and may
+// leave them in debt. They are billed right after the units already on the
+// gauges, which Admit moved to the admission time at least: the command is
+// billed from when it was admitted, and Charge needs no clock. Charge with
+// Held does nothing. Every admitted command should be charged at most once,
+// from any goroutine; a command that never ran need not be charged. Charge
+// takes no lock and does not allocate.
+func (b *Bucket) Charge(d Domain, units int64) {
+	if units <= 1 || d == Held || d > Unmetered {
+		return
+	}
+	units--
+	b.extra.Add(uint64(units))
+	if d == Unmetered {
+		return
+	}
+	lim := b.lim.Load()
+	switch d {
+	case Reserved:
+		if lim.res.cost != 0 {
+			b.res.add(lim.res.ns(units))
+		}
+	case FreePool:
+		if node := b.e.node.Load(); node.pool.cost != 0 {
+			b.e.pool.add(node.pool.ns(units))
+		}
+	}
+	if lim.hrd.cost != 0 {
+		b.hard.add(lim.hrd.ns(units))
+	}
+}
+
+// Stats is a snapshot of a bucket's counters.
+type Stats struct {
+	Reserved, HardLimit Limit
+	Commands            uint64  // commands admitted
+	Units               uint64  // units charged (the first of each command when admitted)
+	Held                uint64  // commands held at least once (Blocking mode)
+	Rejected            uint64  // NonBlocking refusals
+	Waiting             int     // places currently in the FIFO line
+	UnitsPerSecond      float64 // units charged per second over the last 1.0 to 1.07 s
+}
+
+// Stats returns the bucket's counters. It is cheap and safe to call from
+// any goroutine; the fields are read one by one, not as one atomic snapshot.
+func (b *Bucket) Stats() Stats {
+	l := b.lim.Load()
+	waiting := int64(b.tail.Load() - b.served.Load())
+	commands := b.commands.Load()
+	return Stats{
+		Reserved:       l.reserved,
+		HardLimit:      l.hard,
+		Commands:       commands,
+		Units:          commands + b.extra.Load(),
+		Held:           b.held.Load(),
+		Rejected:       b.rejected.Load(),
+		Waiting:        int(max(waiting, 0)),
+		UnitsPerSecond: b.perSecond(b.e.now()),
+	}
+}
+
+// until converts the admission time at into a wait from now.
+func until(now, at int64) time.Duration {
+	if at == never {
+		return InfDuration
+	}
+	return time.Duration(max(at-now, 1))
+}
+
+// cacheLine pads hot atomics apart to avoid false sharing between cores.
+const cacheLine = 64
+
+// maxDebt caps a single charge (about 2.3 years of its rate), and tatCap a
+// gauge's bill (about 73 years of clock), which keeps every time computation
+// far from overflow.
+const (
+	maxDebt = int64(1) << 56
+	tatCap  = int64(1) << 61
+)
+
+// fracBits is the number of fractional bits in rate.cost.
+const fracBits = 16
+
+// rate holds the constants of one finite limit.
+type rate struct {
+	limit Limit
+	cost  uint64 // nanoseconds per unit in 48.16 fixed point; 0 unless limit > 0
+	one   int64  // nanoseconds for one unit, rounded up
+}
+
+func newRate(l Limit) rate {
+	r := rate{limit: l}
+	if l > 0 {
+		r.cost = max(uint64(time.Second<<fracBits)/uint64(l), 1)
+		r.one = r.ns(1)
+	}
+	return r
+}
+
+// ns returns the nanoseconds n units take at this rate, rounded up, capped
+// at maxDebt.
+func (r *rate) ns(n int64) int64 {
+	hi, lo := bits.Mul64(uint64(n), r.cost)
+	if hi>>fracBits != 0 {
+		return maxDebt
+	}
+	v := hi<<(64-fracBits) | lo>>fracBits
+	if lo&(1<<fracBits-1) != 0 {
+		v++
+	}
+	return int64(min(v, uint64(maxDebt)))
+}
+
+// gauge is a token bucket in GCRA form: tat is the clock reading at which
+// everything charged so far is paid for. It has room at now when
+// tat - now <= burst.
+type gauge struct{ tat atomic.Int64 }
+
+// charge bills cost from now, or from where the gauge's bill ends if that
+// is later.
+func (g *gauge) charge(now, cost int64) {
+	// Bring an idle gauge's bill forward to now (idle time is no credit),
+	// then add: whoever lifts first, the others just add.
+	for old := g.tat.Load(); old < now; old = g.tat.Load() {
+		if g.tat.CompareAndSwap(old, now) {
+			break
+		}
+	}
+	g.add(cost)
+}
+
+// add bills cost after what the gauge has billed. With cost <= maxDebt and
+// tat kept under tatCap, tat cannot overflow.
+func (g *gauge) add(cost int64) {
+	if n := g.tat.Add(cost); n > tatCap {
+		g.tat.CompareAndSwap(n, tatCap)
+	}
+}
+
+// rescale keeps the units owed when the gauge's rate changes from one
+// finite rate to another.
+func (g *gauge) rescale(now int64, from, to *rate) {
+	if from.cost == 0 || to.cost == 0 || from.cost == to.cost {
+		return
+	}
+	f := float64(to.cost) / float64(from.cost)
+	for {
+		old := g.tat.Load()
+		if old <= now {
+			return
+		}
+		d := min(float64(old-now)*f, float64(maxDebt))
+		if g.tat.CompareAndSwap(old, now+int64(d)) {
+			return
+		}
+	}
+}
+
+// The window holds, for each of the last numSlots slots of 2^26 ns
+// (67.1 ms), the bucket's units total (commands+extra) when the slot began:
+// the first admission of a slot stores it, so admissions pay one atomic
+// load, not a write. Each entry packs the slot number (low 24 bits, in the
+// top bits) and the total (low 40 bits, compared modulo 2^40).
+const (
+	slotShift = 26
+	numSlots  = 16
+	unitBits  = 40
+	unitMask  = 1<<unitBits - 1
+	tagMask   = 1<<(64-unitBits) - 1
+)
+
+type window [numSlots]atomic.Uint64
+
+// snapshot records the units total at the start of now's slot, once.
+func (b *Bucket) snapshot(now int64) {
+	s := now >> slotShift
+	old := b.slot.Load()
+	if s <= old || !b.slot.CompareAndSwap(old, s) {
+		return
+	}
+	total := b.commands.Load() + b.extra.Load()
+	b.window[s%numSlots].Store(uint64(s)&tagMask<<unitBits | total&unitMask)
+}
+
+// perSecond returns the units charged per second from the start of the
+// slot numSlots-1 slots before now's, to now.
+func (b *Bucket) perSecond(now int64) float64 {
+	cur := now >> slotShift
+	from := max(cur-(numSlots-1), 0)
+	total := b.commands.Load() + b.extra.Load()
+	// The oldest snapshot in range: slots without one saw no admission.
+	for s := from; s <= cur; s++ {
+		if v := b.window[s%numSlots].Load(); v>>unitBits == uint64(s)&tagMask {
+			units := (total - v) & unitMask
+			return float64(units) * float64(time.Second) / float64(max(now-from<<slotShift, 1))
+		}
+	}
+	return 0
+}
