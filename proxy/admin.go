@@ -147,7 +147,7 @@ func (srv *Server) apply(eff *bucketcfg.Config) error {
 	if err := srv.throttle.SetCapacity(throttleLimit(eff.Throttle.Capacity)); err != nil {
 		return fmt.Errorf("capacity: %w", err)
 	}
-	ten, removed, err := buildTenants(srv.throttle, eff, srv.ten.Load())
+	ten, removed, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics)
 	srv.ten.Store(ten)
 	if len(removed) > 0 {
 		srv.eachLoop(func(lp *loop) {

@@ -78,7 +78,7 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 	p := &testProxy{Server: srv, Addr: listen, MC: m, StatePath: statePath, done: make(chan error, 1)}
 	go func() { p.done <- srv.Serve() }()
 	select {
-	case <-srv.Ready():
+	case <-srv.Started():
 	case err := <-p.done:
 		t.Fatalf("proxy did not start: %v", err)
 	case <-time.After(5 * time.Second):

@@ -145,7 +145,7 @@ func (srv *Server) wakeHeld() {
 
 // throttleWait records how long a held command waited before admission.
 func (srv *Server) throttleWait(b *bucket, d time.Duration) {
-	if o := b.waitObserver.Load(); o != nil {
-		(*o)(d.Seconds())
+	if b.wait != nil {
+		b.wait.Observe(d.Seconds())
 	}
 }

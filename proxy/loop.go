@@ -32,7 +32,12 @@ func newLoop(s *Server, el gnet.EventLoop) *loop {
 	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{})}
 	lp.wakeRun = lp.wakeDue
 	for _, addr := range s.opts.servers {
+		var observe func(float64)
+		if s.metrics != nil {
+			observe = s.metrics.UpstreamObserver(addr).Observe
+		}
 		lp.ups = append(lp.ups, upstream.New(upstream.Config{
+			Observe:     observe,
 			Addr:        addr,
 			Timeout:     s.opts.timeout,
 			MaxInflight: s.opts.maxInflight,

@@ -24,6 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/metrics"
 	"github.com/kvthrottle/kvthrottle/throttle"
 	"github.com/kvthrottle/kvthrottle/upstream"
 )
@@ -45,6 +46,8 @@ type Options struct {
 	Logger zerolog.Logger
 	// Version is reported by STAT.
 	Version string
+	// NoMetrics disables the Prometheus metrics (Server.Metrics is nil).
+	NoMetrics bool
 }
 
 // settings are the values the hot path reads, fixed at start.
@@ -81,6 +84,8 @@ type Server struct {
 	version  string
 
 	throttle *throttle.Engine
+	metrics  *metrics.Metrics
+	health   *health
 	ten      atomic.Pointer[tenants] // buckets and users in force
 
 	adminMu sync.Mutex // serialises admin changes and reloads
@@ -117,10 +122,6 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: throttle engine: %w", err)
 	}
-	ten, _, err := buildTenants(eng, eff, nil)
-	if err != nil {
-		return nil, fmt.Errorf("proxy: buckets: %w", err)
-	}
 	loops := opts.EventLoops
 	if loops <= 0 {
 		loops = runtime.GOMAXPROCS(0)
@@ -149,9 +150,22 @@ func New(opts Options) (*Server, error) {
 		state:    st,
 		authSem:  make(chan struct{}, 4),
 	}
+	s.health = newHealth(cfg.Upstream.Servers, cfg.Upstream.Timeout, opts.Logger)
+	if !opts.NoMetrics {
+		s.metrics = metrics.New(s)
+	}
+	ten, _, err := buildTenants(eng, eff, nil, s.metrics)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: buckets: %w", err)
+	}
 	s.ten.Store(ten)
+	s.warnOvercommit(eff)
 	return s, nil
 }
+
+// Metrics returns the proxy's metrics (nil with Options.NoMetrics); serve
+// them with Metrics().Serve(addr, s.Ready).
+func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
 
 // Engine returns the throttle engine.
 func (s *Server) Engine() *throttle.Engine { return s.throttle }
@@ -159,6 +173,8 @@ func (s *Server) Engine() *throttle.Engine { return s.throttle }
 // Serve listens and serves until Shutdown is called or the engine fails.
 // It returns nil after a clean Shutdown.
 func (s *Server) Serve() error {
+	s.health.start()
+	defer s.health.close()
 	err := gnet.Run(s, "tcp://"+s.opts.listen,
 		gnet.WithMulticore(true),
 		gnet.WithNumEventLoop(s.opts.eventLoops),
@@ -174,8 +190,8 @@ func (s *Server) Serve() error {
 	return nil
 }
 
-// Ready returns a channel closed once the proxy accepts connections.
-func (s *Server) Ready() <-chan struct{} { return s.booted }
+// Started returns a channel closed once the proxy accepts connections.
+func (s *Server) Started() <-chan struct{} { return s.booted }
 
 // Connections returns the number of open client connections.
 func (s *Server) Connections() int64 { return s.conns.Load() }

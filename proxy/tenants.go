@@ -6,7 +6,10 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/metrics"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
@@ -22,7 +25,7 @@ type bucket struct {
 	gen    atomic.Uint64          // flush generation
 	gone   atomic.Bool            // removed by a reload
 
-	waitObserver atomic.Pointer[func(seconds float64)] // metrics hook, may be nil
+	wait prometheus.Observer // kvthrottle_throttle_wait_seconds child; set before publication
 
 	conns      atomic.Int64
 	readUnits  atomic.Uint64
@@ -80,7 +83,7 @@ func throttleLimit(l bucketcfg.Limit) throttle.Limit {
 // returns the new table. prev (may be nil) supplies the buckets that keep
 // their state. Buckets of prev missing from eff are removed from the
 // engine and marked gone. The caller holds adminMu.
-func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants) (*tenants, []*bucket, error) {
+func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m *metrics.Metrics) (*tenants, []*bucket, error) {
 	t := &tenants{cfg: eff, buckets: make(map[string]*bucket, len(eff.Buckets))}
 	var errs []error
 	for _, bc := range eff.Buckets {
@@ -105,7 +108,11 @@ func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants) (*
 		} else if err := tb.SetLimits(res, hard); err != nil {
 			errs = append(errs, fmt.Errorf("bucket %s: %w", bc.Name, err))
 		}
-		t.buckets[bc.Name] = newBucket(bc.Name, bc.FlushEnabled, tb)
+		nb := newBucket(bc.Name, bc.FlushEnabled, tb)
+		if m != nil {
+			nb.wait = m.WaitObserver(bc.Name)
+		}
+		t.buckets[bc.Name] = nb
 	}
 	var removed []*bucket
 	if prev != nil {
@@ -113,6 +120,9 @@ func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants) (*
 			if _, ok := t.buckets[name]; !ok {
 				old.gone.Store(true)
 				_ = eng.RemoveBucket(name)
+				if m != nil {
+					m.ForgetBucket(name)
+				}
 				removed = append(removed, old)
 			}
 		}

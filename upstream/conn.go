@@ -58,6 +58,9 @@ type Config struct {
 	// OnState, when not nil, is called on the loop when the connection
 	// goes up or down.
 	OnState func(c *Conn, up bool, err error)
+	// Observe, when not nil, receives each request's round trip in
+	// seconds (from the write of its batch to its response).
+	Observe func(seconds float64)
 }
 
 type state uint8
@@ -97,6 +100,7 @@ type Conn struct {
 	closed    bool
 	dialGen   uint64 // incremented per dial, so stale results are ignored
 	lastErr   error
+	now       int64    // unix ns at the start of the current read batch
 	waitingUp []func() // callbacks to run when room frees up
 }
 
@@ -382,6 +386,9 @@ func (c *Conn) HandleTraffic(gc gnet.Conn) gnet.Action {
 	}
 	buf, _ := gc.Peek(-1)
 	off := 0
+	if c.cfg.Observe != nil {
+		c.now = time.Now().UnixNano()
+	}
 	for {
 		f, n, err := binary.Decode(buf[off:], 0)
 		if err != nil {
@@ -415,6 +422,9 @@ func (c *Conn) match(f *binary.Frame) error {
 		if e.opaque == f.Opaque {
 			done := !e.stream || f.KeyLen == 0 || f.Status() != binary.StatusSuccess
 			w := e.w
+			if c.cfg.Observe != nil && e.sent != 0 {
+				c.cfg.Observe(float64(c.now-e.sent) / 1e9)
+			}
 			if done {
 				c.pop()
 				c.roomCheck()

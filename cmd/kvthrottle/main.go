@@ -1,6 +1,7 @@
 // Command kvthrottle is the multi-tenant throttling proxy for memcached.
 //
 //	kvthrottle serve --config FILE
+//	kvthrottle ctl --addr HOST:PORT --user U set-node JSON | set-bucket NAME JSON | stats [GROUP] | top
 //	kvthrottle hash-password            (reads the password on standard input)
 //	kvthrottle version
 //
@@ -22,6 +23,10 @@ func main() {
 
 const usage = `usage:
   kvthrottle serve --config FILE       run the proxy
+  kvthrottle ctl --addr HOST:PORT [--user U] [--password-file F] COMMAND
+      set-node JSON | set-bucket NAME JSON | stats [GROUP] | top
+                                       administer a running proxy
+                                       (password also from $KVTHROTTLE_PASSWORD)
   kvthrottle hash-password             read a password on stdin, print its password_hash
   kvthrottle version                   print the version
 `
@@ -35,6 +40,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "serve":
 		return cmdServe(args[1:], stderr)
+	case "ctl":
+		return cmdCtl(args[1:], stdin, stdout, stderr)
 	case "hash-password":
 		return cmdHashPassword(args[1:], stdin, stdout, stderr)
 	case "version", "--version", "-v":

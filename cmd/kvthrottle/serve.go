@@ -73,6 +73,19 @@ func serve(cfg *bucketcfg.Config, log zerolog.Logger) error {
 	}
 	logEffective(log, eff)
 
+	if cfg.Metrics.Listen != "" {
+		addr, err := srv.Metrics().Serve(cfg.Metrics.Listen, srv.Ready)
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		log.Info().Str("listen", addr).Msg("metrics: serving /metrics, /healthz and /readyz")
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = srv.Metrics().Shutdown(ctx)
+		}()
+	}
+
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve() }()
 

@@ -1,0 +1,477 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+)
+
+// ANSI sequences used by top: nothing beyond what every terminal emulator
+// (and an SSH session's pty) understands.
+const (
+	ansiClear      = "\x1b[2J" // erase the whole screen
+	ansiHome       = "\x1b[H"  // cursor to row 1, column 1
+	ansiEraseLine  = "\x1b[K"  // erase to the end of the line
+	ansiEraseBelow = "\x1b[J"  // erase to the end of the screen
+	ansiHideCursor = "\x1b[?25l"
+	ansiShowCursor = "\x1b[?25h"
+)
+
+// topMinRows is the least number of terminal rows top assumes: the
+// header lines, one line for buckets and the last line left empty.
+const topMinRows = 7
+
+// runTop shows the live view: every o.interval it reads the STAT group
+// "throttle" and redraws one line per bucket, until ctx is done (Ctrl-C,
+// SIGTERM, SIGHUP) or o.iterations frames have been drawn. c is the
+// connected, authenticated client; a lost connection is re-established.
+// Status errors of the server and malformed stats end it with an error.
+func runTop(ctx context.Context, o ctlOptions, c *mcclient.Client, stdout io.Writer) error {
+	cur := c
+	defer func() {
+		if cur != nil && cur != c {
+			cur.Close()
+		}
+	}()
+	ts, err := fetchThrottle(ctx, cur)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	cols, rows := termSize()
+	v := &topView{addr: o.addr, width: cols, height: rows}
+	v.update(ts, time.Now())
+
+	ansi := isTerminalish(stdout)
+	if ansi {
+		if _, err := io.WriteString(stdout, ansiHideCursor); err != nil {
+			return nil // the terminal is gone: nothing to show an error on
+		}
+		defer io.WriteString(stdout, ansiShowCursor)
+	}
+	ticker := time.NewTicker(o.interval)
+	defer ticker.Stop()
+	status := ""
+	for frame := 1; ; frame++ {
+		if _, err := io.WriteString(stdout, v.render(v.lines(status, time.Now()), ansi, frame == 1)); err != nil {
+			return nil
+		}
+		if o.iterations > 0 && frame >= o.iterations {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+		if cur == nil {
+			cl, err := o.connect()
+			if err != nil {
+				if fatalTopError(err) {
+					return err
+				}
+				status = "retrying: " + o.describe(err)
+				continue
+			}
+			cur = cl
+		}
+		ts, err := fetchThrottle(ctx, cur)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil && fatalTopError(err):
+			return err
+		case err != nil:
+			status = "reconnecting: " + o.describe(err)
+			if cur != c {
+				cur.Close()
+			}
+			cur = nil
+			continue
+		}
+		status = ""
+		v.update(ts, time.Now())
+	}
+}
+
+// fetchThrottle reads and parses the STAT group "throttle". Cancelling ctx
+// closes the connection so that a pending read returns at once.
+func fetchThrottle(ctx context.Context, c *mcclient.Client) (mcclient.ThrottleStats, error) {
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop()
+	kv, err := c.Stats("throttle")
+	if err != nil {
+		return mcclient.ThrottleStats{}, err
+	}
+	ts, err := mcclient.ParseThrottleStats(kv)
+	if err != nil {
+		return mcclient.ThrottleStats{}, &badStatsError{err}
+	}
+	return ts, nil
+}
+
+// badStatsError is a STAT answer that does not follow the contract.
+type badStatsError struct{ err error }
+
+func (e *badStatsError) Error() string { return "unexpected answer from the server: " + e.err.Error() }
+func (e *badStatsError) Unwrap() error { return e.err }
+
+// fatalTopError reports whether err should end top rather than be shown
+// while reconnecting: answers of the server, as opposed to network trouble.
+func fatalTopError(err error) bool {
+	var se *mcclient.StatusError
+	var bs *badStatsError
+	return errors.As(err, &se) || errors.As(err, &bs) || errors.Is(err, mcclient.ErrNoPlainMech)
+}
+
+// isTerminalish reports whether top should draw with escape sequences: not
+// when standard output is a regular file or a pipe (frames are then printed
+// one after the other).
+func isTerminalish(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return true
+	}
+	fi, err := f.Stat()
+	return err != nil || fi.Mode()&os.ModeCharDevice != 0
+}
+
+// termSize returns the terminal's columns ($COLUMNS, default 80) and rows
+// ($LINES, 0 when unknown: no limit). The ioctl TIOCGWINSZ would need
+// golang.org/x/sys/unix as a direct dependency, a go.mod change.
+func termSize() (cols, rows int) {
+	cols, rows = 80, 0
+	if n, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && n > 0 {
+		cols = max(n, 20)
+	}
+	if n, err := strconv.Atoi(os.Getenv("LINES")); err == nil && n > 0 {
+		rows = max(n, topMinRows)
+	}
+	return cols, rows
+}
+
+// topView holds what top shows between two frames.
+type topView struct {
+	addr   string
+	width  int // terminal columns; lines use at most width-1
+	height int // terminal rows, 0 when unknown
+
+	stats     mcclient.ThrottleStats
+	throttled map[string]float64 // commands held per second, by bucket
+	prevTotal map[string]uint64  // throttled_total at prevAt
+	prevAt    time.Time
+}
+
+// update records fresh stats taken at now and derives the per-second rate
+// of held commands from the previous ones.
+func (v *topView) update(ts mcclient.ThrottleStats, now time.Time) {
+	dt := now.Sub(v.prevAt).Seconds()
+	rates := make(map[string]float64, len(ts.Buckets))
+	totals := make(map[string]uint64, len(ts.Buckets))
+	for _, b := range ts.Buckets {
+		totals[b.Name] = b.ThrottledTotal
+		if prev, ok := v.prevTotal[b.Name]; ok && dt > 0 && b.ThrottledTotal >= prev {
+			rates[b.Name] = float64(b.ThrottledTotal-prev) / dt
+		}
+	}
+	v.stats, v.throttled, v.prevTotal, v.prevAt = ts, rates, totals, now
+}
+
+// Widths of the number columns of a bucket row, each preceded by a space.
+var topColumns = []struct {
+	title string
+	width int
+}{
+	{"UNITS/S", 7}, {"RESERVED", 8}, {"HARD", 7}, {"THR/S", 6}, {"HELD", 5}, {"CONNS", 5},
+}
+
+// topLayout returns the widths of the bucket name and of the bar, and how
+// many of topColumns fit, for a line of at most usable columns. A narrow
+// terminal loses the last number columns first (UNITS/S always stays),
+// then name width.
+func topLayout(usable, longestName int) (nameW, barW, ncols int) {
+	const minName, minBar = 6, 10
+	ncols = len(topColumns)
+	fixed := func() int {
+		w := 1 // the space between name and bar
+		for _, c := range topColumns[:ncols] {
+			w += 1 + c.width
+		}
+		return w
+	}
+	for ncols > 1 && fixed()+minName+minBar > usable {
+		ncols--
+	}
+	nameW = min(max(longestName, minName), 12)
+	barW = usable - fixed() - nameW
+	if barW < minBar { // shorter names first
+		nameW = max(minName, nameW-(minBar-barW))
+		barW = max(usable-fixed()-nameW, 3)
+	}
+	if extra := barW - 30; extra > 0 && longestName > nameW { // wide terminal
+		g := min(extra, min(longestName, 32)-nameW)
+		nameW += g
+		barW -= g
+	}
+	return nameW, barW, ncols
+}
+
+// lines returns the lines of one frame (without line ends or escapes),
+// each at most v.width-1 columns wide.
+func (v *topView) lines(status string, now time.Time) []string {
+	usable := v.width - 1
+	ts := v.stats
+	buckets := slices.Clone(ts.Buckets)
+	slices.SortStableFunc(buckets, func(a, b mcclient.BucketStats) int {
+		switch {
+		case a.UnitsPerSec != b.UnitsPerSec:
+			if a.UnitsPerSec > b.UnitsPerSec {
+				return -1
+			}
+			return 1
+		default:
+			return strings.Compare(a.Name, b.Name)
+		}
+	})
+	var used, scale uint64
+	longest := 0
+	for _, b := range buckets {
+		used += b.UnitsPerSec
+		scale = max(scale, b.UnitsPerSec)
+		if !b.HardLimit.Unlimited {
+			scale = max(scale, b.HardLimit.Units)
+		}
+		if !b.Reserved.Unlimited {
+			scale = max(scale, b.Reserved.Units)
+		}
+		longest = max(longest, len(b.Name))
+	}
+
+	var out []string
+	title := "kvthrottle top  " + sanitize(v.addr)
+	clock := now.Format("15:04:05") + "  Ctrl-C quits"
+	if pad := usable - utf8.RuneCountInString(title) - len(clock); pad >= 2 {
+		title += strings.Repeat(" ", pad) + clock
+	}
+	out = append(out, title)
+	parts := []string{
+		"capacity " + ts.Node.Capacity.String() + "/s",
+		"free pool " + ts.Node.FreePool.String() + "/s",
+		"used " + strconv.FormatUint(used, 10) + "/s",
+	}
+	if c := ts.Node.Capacity; !c.Unlimited && c.Units > 0 {
+		parts[2] += fmt.Sprintf(" (%.0f%%)", 100*float64(used)/float64(c.Units))
+	}
+	parts = append(parts, fmt.Sprintf("buckets %d", len(buckets)))
+	out = append(out, fitParts(parts, usable)...)
+	out = append(out, fitParts([]string{"bar: # units/s", "| reserved", ": hard limit", "(full bar = " + strconv.FormatUint(scale, 10) + "/s)"}, usable)...)
+	out = append(out, status)
+
+	nameW, barW, ncols := topLayout(usable, longest)
+	hdr := fmt.Sprintf("%-*s %-*s", nameW, "BUCKET", barW, "USE")
+	for _, c := range topColumns[:ncols] {
+		hdr += fmt.Sprintf(" %*s", c.width, c.title)
+	}
+	out = append(out, hdr)
+	if len(buckets) == 0 {
+		out = append(out, "no buckets visible")
+	}
+	room := len(buckets)
+	if v.height > 0 {
+		// The last line stays free: a newline there would scroll.
+		if avail := v.height - 1 - len(out); avail < len(buckets) {
+			room = max(avail-1, 0)
+		}
+	}
+	for _, b := range buckets[:room] {
+		thr := "-"
+		if r, ok := v.throttled[b.Name]; ok {
+			thr = human(r)
+		}
+		row := fmt.Sprintf("%-*s %s", nameW, truncName(b.Name, nameW), renderBar(barW, b.UnitsPerSec, b.Reserved, b.HardLimit, scale))
+		for i, val := range []string{
+			fitNumber(b.UnitsPerSec, topColumns[0].width), fitLimit(b.Reserved, topColumns[1].width),
+			fitLimit(b.HardLimit, topColumns[2].width), thr,
+			fitNumber(b.HeldSessions, topColumns[4].width), fitNumber(b.Connections, topColumns[5].width),
+		}[:ncols] {
+			row += fmt.Sprintf(" %*s", topColumns[i].width, val)
+		}
+		out = append(out, row)
+	}
+	if room < len(buckets) {
+		out = append(out, fmt.Sprintf("... and %d more buckets (enlarge the terminal and set LINES)", len(buckets)-room))
+	}
+	for i, l := range out {
+		out[i] = clip(l, usable)
+	}
+	return out
+}
+
+// render returns the bytes of one frame: with ANSI, drawn over the
+// previous frame from the top left corner (erasing what is left of it);
+// without, followed by a blank line.
+func (v *topView) render(lines []string, ansi, first bool) string {
+	var b strings.Builder
+	if !ansi {
+		for _, l := range lines {
+			b.WriteString(l)
+			b.WriteByte('\n')
+		}
+		b.WriteByte('\n')
+		return b.String()
+	}
+	if first {
+		b.WriteString(ansiClear)
+	}
+	b.WriteString(ansiHome)
+	for _, l := range lines {
+		b.WriteString(l)
+		b.WriteString(ansiEraseLine)
+		b.WriteByte('\n')
+	}
+	b.WriteString(ansiEraseBelow)
+	return b.String()
+}
+
+// renderBar returns a gauge of exactly width columns (at least 3):
+// "[" + width-2 cells + "]". Cells up to use/scale are '#', the others '.'
+// up to the hard limit and ' ' beyond it; '|' marks the reservation (none
+// when it is 0 or unlimited) and ':' the hard limit (none when unlimited),
+// each in the cell whose right edge is nearest its value; the hard-limit
+// mark wins when both fall in one cell. With scale 0 every value counts as
+// 0: an empty gauge, with the hard-limit mark first when the limit is finite.
+func renderBar(width int, use uint64, reserved, hard mcclient.Limit, scale uint64) string {
+	n := max(width, 3) - 2
+	frac := func(x uint64) float64 {
+		if scale == 0 {
+			return 0
+		}
+		return min(float64(x)/float64(scale), 1)
+	}
+	mark := func(x uint64) int {
+		return min(max(int(math.Round(frac(x)*float64(n)))-1, 0), n-1)
+	}
+	fill := int(math.Round(frac(use) * float64(n)))
+	if use > 0 && scale > 0 && fill == 0 {
+		fill = 1 // any use shows
+	}
+	hardAt := n
+	if !hard.Unlimited {
+		hardAt = mark(hard.Units)
+	}
+	cells := make([]byte, n)
+	for i := range cells {
+		switch {
+		case i < fill:
+			cells[i] = '#'
+		case i > hardAt:
+			cells[i] = ' '
+		default:
+			cells[i] = '.'
+		}
+	}
+	if !reserved.Unlimited && reserved.Units > 0 {
+		cells[mark(reserved.Units)] = '|'
+	}
+	if !hard.Unlimited {
+		cells[hardAt] = ':'
+	}
+	return "[" + string(cells) + "]"
+}
+
+// human formats a non-negative rate or count in at most 5 columns:
+// exact below 10000 (one decimal below 10 when fractional), otherwise
+// three significant digits and a k, M, G, T, P or E suffix.
+func human(x float64) string {
+	switch {
+	case x < 0 || math.IsNaN(x):
+		return "-"
+	case x < 10 && x != math.Trunc(x):
+		return strconv.FormatFloat(x, 'f', 1, 64)
+	case x < 9999.5:
+		return strconv.FormatFloat(x, 'f', 0, 64)
+	}
+	const suffixes = "kMGTPE"
+	for i := range len(suffixes) {
+		x /= 1000
+		if x < 999.5 || i == len(suffixes)-1 {
+			switch {
+			case x < 9.995:
+				return strconv.FormatFloat(x, 'f', 2, 64) + suffixes[i:i+1]
+			case x < 99.95:
+				return strconv.FormatFloat(x, 'f', 1, 64) + suffixes[i:i+1]
+			default:
+				return strconv.FormatFloat(x, 'f', 0, 64) + suffixes[i:i+1]
+			}
+		}
+	}
+	return "-" // not reached
+}
+
+// fitNumber returns n in full when it fits in w columns, else human(n).
+func fitNumber(n uint64, w int) string {
+	if s := strconv.FormatUint(n, 10); len(s) <= w {
+		return s
+	}
+	return human(float64(n))
+}
+
+// fitLimit is fitNumber for a limit, "unlim" when unlimited.
+func fitLimit(l mcclient.Limit, w int) string {
+	if l.Unlimited {
+		return "unlim"
+	}
+	return fitNumber(l.Units, w)
+}
+
+// truncName shortens name to w columns, marking the cut with '~'.
+func truncName(name string, w int) string {
+	name = sanitize(name)
+	if utf8.RuneCountInString(name) <= w {
+		return name
+	}
+	r := []rune(name)
+	if w <= 1 {
+		return string(r[:max(w, 0)])
+	}
+	return string(r[:w-1]) + "~"
+}
+
+// fitParts joins parts with two spaces into as few lines of at most w
+// columns as it can (a part wider than w gets a line of its own).
+func fitParts(parts []string, w int) []string {
+	var lines []string
+	cur := ""
+	for _, p := range parts {
+		switch {
+		case cur == "":
+			cur = p
+		case utf8.RuneCountInString(cur)+2+utf8.RuneCountInString(p) <= w:
+			cur += "  " + p
+		default:
+			lines = append(lines, cur)
+			cur = p
+		}
+	}
+	return append(lines, cur)
+}
+
+// clip cuts s to at most w runes.
+func clip(s string, w int) string {
+	if utf8.RuneCountInString(s) <= w {
+		return s
+	}
+	return string([]rune(s)[:max(w, 0)])
+}
