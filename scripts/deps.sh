@@ -9,8 +9,22 @@ missing=()
 command -v memcached >/dev/null 2>&1 || missing+=(memcached)
 if [ "${1:-}" != "--server-only" ]; then
   { command -v memccapable >/dev/null 2>&1 && command -v memcaslap >/dev/null 2>&1; } || missing+=(libmemcached-tools)
+  { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; } || missing+=(nodejs npm)
 fi
-[ ${#missing[@]} -eq 0 ] && exit 0
+
+# memjs (an independent Node.js client) for the integration tests.
+install_memjs() {
+  [ "${1:-}" = "--server-only" ] && return 0
+  local dir; dir="$(dirname "$0")/../testdata/memjs"
+  [ -d "$dir/node_modules/memjs" ] && return 0
+  echo "installing memjs (npm) into testdata/memjs ..."
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+}
+
+if [ ${#missing[@]} -eq 0 ]; then
+  install_memjs "${1:-}"
+  exit 0
+fi
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "kvthrottle needs these Debian packages: ${missing[*]}" >&2
@@ -26,3 +40,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq "${missing[@]}" >/dev/null
 echo "installed ${missing[*]}"
+install_memjs "${1:-}"

@@ -753,14 +753,18 @@ type gauge struct{ tat atomic.Int64 }
 // charge bills cost from now, or from where the gauge's bill ends if that
 // is later.
 func (g *gauge) charge(now, cost int64) {
-	// Bring an idle gauge's bill forward to now (idle time is no credit),
-	// then add: whoever lifts first, the others just add.
-	for old := g.tat.Load(); old < now; old = g.tat.Load() {
-		if g.tat.CompareAndSwap(old, now) {
-			break
-		}
+	old := g.tat.Load()
+	if old >= now { // tat only grows (but for rescale): no need to compare
+		g.add(cost)
+		return
 	}
-	g.add(cost)
+	for {
+		n := min(max(old, now)+cost, tatCap)
+		if g.tat.CompareAndSwap(old, n) {
+			return
+		}
+		old = g.tat.Load()
+	}
 }
 
 // add bills cost after what the gauge has billed. With cost <= maxDebt and

@@ -679,3 +679,27 @@ func TestConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// Admit, Charge and Cancel allocate nothing, held or not.
+func TestNoAllocs(t *testing.T) {
+	e, clk := newEngine(t, 10000, ms)
+	a := addBucket(t, e, "a", 100, 1000)
+	var w1, w2 Waiter
+	allocs := testing.AllocsPerRun(1000, func() {
+		for _, mode := range []Mode{Blocking, NonBlocking, Unthrottled} {
+			if d, _ := a.Admit(&w1, mode); d != Held {
+				a.Charge(d, 5)
+			}
+		}
+		a.Admit(&w2, Blocking)
+		w2.Cancel()
+		clk.Advance(100 * time.Microsecond)
+		_ = a.Stats()
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations per run", allocs)
+	}
+	if a.Stats().Held == 0 {
+		t.Error("never held: the test does not cover the held path")
+	}
+}
