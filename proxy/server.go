@@ -92,6 +92,8 @@ type Server struct {
 	file    *bucketcfg.Config
 	state   *bucketcfg.State // guarded by adminMu
 
+	wakeDelay delayHist // how late held sessions are woken
+
 	jobs    sync.WaitGroup // off-loop work: password checks, state writes
 	authSem chan struct{}  // bounds concurrent password checks
 }
