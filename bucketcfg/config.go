@@ -134,6 +134,17 @@ type UpstreamConfig struct {
 	// MaxInflight bounds in-flight requests per upstream connection (key
 	// max_inflight, default 4096, 1..MaxInflightLimit).
 	MaxInflight int
+	// Weights are the servers' ketama weights, one per server, 1..
+	// MaxServerWeight (key weights, default: all 1). Nil means equal.
+	Weights []int
+	// EjectAfterFailures ejects a server after this many failed health
+	// probes or connection losses in a row; its keys go to the other
+	// servers until it answers again after EjectRetry (key
+	// eject_after_failures, default 0 = never eject).
+	EjectAfterFailures int
+	// EjectRetry is how long an ejected server stays out before it is
+	// probed again (key eject_retry, a duration, default "30s", 100ms..1h).
+	EjectRetry time.Duration
 }
 
 // ThrottleConfig is the [throttle] table.
@@ -310,9 +321,12 @@ type tomlProxy struct {
 }
 
 type tomlUpstream struct {
-	Servers     *[]string `toml:"servers"`
-	Timeout     *string   `toml:"timeout"`
-	MaxInflight *int64    `toml:"max_inflight"`
+	Servers            *[]string `toml:"servers"`
+	Weights            *[]int64  `toml:"weights"`
+	Timeout            *string   `toml:"timeout"`
+	MaxInflight        *int64    `toml:"max_inflight"`
+	EjectAfterFailures *int64    `toml:"eject_after_failures"`
+	EjectRetry         *string   `toml:"eject_retry"`
 }
 
 type tomlThrottle struct {
@@ -358,6 +372,7 @@ var knownKeys = func() map[string]bool {
 		"proxy", "proxy.listen", "proxy.default_bucket", "proxy.max_connections",
 		"proxy.max_frame_bytes", "proxy.max_held_input_bytes",
 		"upstream", "upstream.servers", "upstream.timeout", "upstream.max_inflight",
+		"upstream.weights", "upstream.eject_after_failures", "upstream.eject_retry",
 		"throttle", "throttle.capacity", "throttle.default_throttle_reserved_units",
 		"throttle.default_throttle_hard_limit", "throttle.read_unit_size",
 		"throttle.write_unit_size", "throttle.state_file", "throttle.burst_ms",
@@ -535,7 +550,37 @@ func buildUpstream(u *UpstreamConfig, raw *tomlUpstream, probs *problems) {
 		}
 	}
 	u.MaxInflight = intIn("upstream.max_inflight", raw.MaxInflight, defaultMaxInflight, 1, MaxInflightLimit, probs)
+	if raw.Weights != nil {
+		if len(*raw.Weights) != len(u.Servers) {
+			probs.addf("upstream.weights", "must give one weight per server (%d servers, %d weights)", len(u.Servers), len(*raw.Weights))
+		}
+		for i, w := range *raw.Weights {
+			if w < 1 || w > MaxServerWeight {
+				probs.addf(fmt.Sprintf("upstream.weights[%d]", i), "must be an integer from 1 to %d, got %d", MaxServerWeight, w)
+			}
+			u.Weights = append(u.Weights, int(w))
+		}
+	}
+	u.EjectAfterFailures = intIn("upstream.eject_after_failures", raw.EjectAfterFailures, 0, 0, 1000, probs)
+	u.EjectRetry = defaultEjectRetry
+	if raw.EjectRetry != nil {
+		d, err := time.ParseDuration(*raw.EjectRetry)
+		switch {
+		case err != nil:
+			probs.addf("upstream.eject_retry", `invalid duration %s (write for example "30s")`, quoteShort(*raw.EjectRetry))
+		case d < 100*time.Millisecond || d > time.Hour:
+			probs.addf("upstream.eject_retry", "must be from 100ms to 1h, got %s", d)
+		default:
+			u.EjectRetry = d
+		}
+	}
 }
+
+const (
+	// MaxServerWeight is the largest upstream.weights entry.
+	MaxServerWeight   = 1000
+	defaultEjectRetry = 30 * time.Second
+)
 
 func buildThrottle(t *ThrottleConfig, raw *tomlThrottle, probs *problems) {
 	t.Capacity, _ = limitIn("throttle.capacity", raw.Capacity, UnitsPerSecond(defaultCapacity), probs)

@@ -49,7 +49,7 @@ func TestParseDefaults(t *testing.T) {
 		if cfg.Proxy != want {
 			t.Errorf("Proxy = %+v, want %+v", cfg.Proxy, want)
 		}
-		if !reflect.DeepEqual(cfg.Upstream, UpstreamConfig{Servers: []string{"127.0.0.1:11211"}, Timeout: 2 * time.Second, MaxInflight: 4096}) {
+		if !reflect.DeepEqual(cfg.Upstream, UpstreamConfig{Servers: []string{"127.0.0.1:11211"}, Timeout: 2 * time.Second, MaxInflight: 4096, EjectRetry: 30 * time.Second}) {
 			t.Errorf("Upstream = %+v", cfg.Upstream)
 		}
 		wantT := ThrottleConfig{Capacity: lim(25000), Defaults: BucketThrottle{lim(0), Unlimited()},

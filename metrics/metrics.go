@@ -50,6 +50,7 @@ const (
 	NameFreePool        = "kvthrottle_free_pool_units"
 	NameConnections     = "kvthrottle_connections"
 	NameUpstreamUp      = "kvthrottle_upstream_up"
+	NameUpstreamEjected = "kvthrottle_upstream_ejected"
 	NameUpstreamLatency = "kvthrottle_upstream_request_duration_seconds"
 )
 
@@ -117,6 +118,9 @@ type UpstreamSnapshot struct {
 	// Up is true when the proxy currently has a usable connection to the
 	// server (or expects to: it is not marked down by the health checks).
 	Up bool
+	// Ejected is true while the server is ejected after repeated failures
+	// (upstream.eject_after_failures): its keys go to the other servers.
+	Ejected bool
 }
 
 // Source is the proxy's side of the metrics: it is read when Prometheus
@@ -286,6 +290,9 @@ var (
 	descUpstreamUp = prometheus.NewDesc(NameUpstreamUp,
 		"Whether the upstream memcached server is usable: 1 up, 0 down (boolean).",
 		[]string{LabelServer}, nil)
+	descUpstreamEjected = prometheus.NewDesc(NameUpstreamEjected,
+		"Whether the upstream memcached server is ejected after repeated failures, its keys served by the others: 1 ejected, 0 in service (boolean).",
+		[]string{LabelServer}, nil)
 )
 
 func newSourceCollector(src Source) *sourceCollector { return &sourceCollector{src: src} }
@@ -296,7 +303,7 @@ func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descCommands, descUnits, descThrottled, descRejected,
 		descReserved, descHardLimit, descNodeCapacity, descFreePool,
-		descConnections, descUpstreamUp,
+		descConnections, descUpstreamUp, descUpstreamEjected,
 	} {
 		ch <- d
 	}
@@ -339,6 +346,11 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 			up = 1
 		}
 		send(descUpstreamUp, prometheus.GaugeValue, up, u.Server)
+		ejected := 0.0
+		if u.Ejected {
+			ejected = 1
+		}
+		send(descUpstreamEjected, prometheus.GaugeValue, ejected, u.Server)
 	}
 	clear(c.upstreams)
 }

@@ -87,6 +87,7 @@ var contract = map[string]wantFamily{
 	NameFreePool:        {dto.MetricType_GAUGE, nil},
 	NameConnections:     {dto.MetricType_GAUGE, []string{"bucket"}},
 	NameUpstreamUp:      {dto.MetricType_GAUGE, []string{"server"}},
+	NameUpstreamEjected: {dto.MetricType_GAUGE, []string{"server"}},
 	NameUpstreamLatency: {dto.MetricType_HISTOGRAM, []string{"server"}},
 	// a sample of the runtime collectors
 	"go_goroutines":                 {dto.MetricType_GAUGE, nil},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/panjf2000/gnet/v2"
 
@@ -187,12 +188,46 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	if err != nil {
 		return fmt.Errorf("reload: %w", err)
 	}
+	if err := srv.reroute(cfg); err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
 	srv.file = cfg
 	if err := srv.apply(eff); err != nil {
 		return fmt.Errorf("reload: %w", err)
 	}
 	srv.log.Info().Str("config", cfg.Path()).Int("buckets", len(eff.Buckets)).Int("users", len(eff.Users)).Msg("configuration reloaded")
 	srv.warnOvercommit(eff)
+	return nil
+}
+
+// reroute publishes a new routing when the server list or weights changed;
+// each loop adopts it at its next tick, keeping connections to servers
+// that stay and letting removed ones finish their requests. The caller
+// holds adminMu.
+func (srv *Server) reroute(cfg *bucketcfg.Config) error {
+	cur := srv.routing.Load()
+	if slices.Equal(cur.servers, cfg.Upstream.Servers) && slices.Equal(srv.file.Upstream.Weights, cfg.Upstream.Weights) &&
+		srv.file.Upstream.EjectAfterFailures == cfg.Upstream.EjectAfterFailures && srv.file.Upstream.EjectRetry == cfg.Upstream.EjectRetry {
+		return nil
+	}
+	hc := srv.healthCfg
+	hc.ejectAfter, hc.ejectRetry = cfg.Upstream.EjectAfterFailures, cfg.Upstream.EjectRetry
+	rt, err := newRouting(cfg.Upstream.Servers, cfg.Upstream.Weights, hc, srv.log)
+	if err != nil {
+		return err
+	}
+	srv.healthCfg = hc
+	rt.health.start()
+	srv.routing.Store(rt)
+	cur.health.close()
+	if srv.metrics != nil {
+		for _, addr := range cur.servers {
+			if !slices.Contains(rt.servers, addr) {
+				srv.metrics.ForgetUpstream(addr)
+			}
+		}
+	}
+	srv.log.Info().Strs("servers", rt.servers).Ints("weights", cfg.Upstream.Weights).Msg("upstream servers changed")
 	return nil
 }
 

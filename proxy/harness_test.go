@@ -43,8 +43,12 @@ func (tc testConfig) render(listen string, servers []string, statePath string) s
 	if tail == "" {
 		tail = "[[bucket]]\nname = \"default\"\nflush_enabled = true\n"
 	}
-	return fmt.Sprintf("[proxy]\nlisten = %q\n%s\n[upstream]\nservers = [%s]\ntimeout = \"2s\"\n%s\n[throttle]\nstate_file = %q\n%s\n[metrics]\nlisten = \"\"\n%s",
-		listen, tc.proxy, strings.Join(quoted, ", "), tc.upstream, statePath, tc.throttle, tail)
+	up := tc.upstream
+	if !strings.Contains(up, "timeout") {
+		up += "\ntimeout = \"2s\""
+	}
+	return fmt.Sprintf("[proxy]\nlisten = %q\n%s\n[upstream]\nservers = [%s]\n%s\n[throttle]\nstate_file = %q\n%s\n[metrics]\nlisten = \"\"\n%s",
+		listen, tc.proxy, strings.Join(quoted, ", "), up, statePath, tc.throttle, tail)
 }
 
 // startProxy runs a proxy in front of a fresh memcached. It is shut down

@@ -10,30 +10,77 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/upstream"
 )
 
-// health probes every memcached server once per interval with a NOOP on a
-// connection of its own, so readiness and kvthrottle_upstream_up do not
-// depend on client traffic. Its goroutine is owned by the Server: started
-// by Serve, stopped by Shutdown.
-type health struct {
-	servers  []string
-	up       []atomic.Bool
-	timeout  time.Duration
-	interval time.Duration
-	log      zerolog.Logger
-	stop     chan struct{}
-	wg       sync.WaitGroup
+// routing is one version of the upstream server list: the ketama ring over
+// it and the health prober that tells which servers answer and which are
+// ejected. It is immutable except for the prober's atomics; a reload
+// publishes a new one.
+type routing struct {
+	servers []string
+	ring    *upstream.Ring
+	health  *health
 }
 
-func newHealth(servers []string, timeout time.Duration, log zerolog.Logger) *health {
+func newRouting(servers []string, weights []int, h healthConfig, log zerolog.Logger) (*routing, error) {
+	ss := make([]upstream.Server, len(servers))
+	for i, a := range servers {
+		ss[i].Addr = a
+		if i < len(weights) {
+			ss[i].Weight = weights[i]
+		}
+	}
+	ring, err := upstream.NewRing(ss)
+	if err != nil {
+		return nil, err
+	}
+	return &routing{servers: servers, ring: ring, health: newHealth(servers, h, log)}, nil
+}
+
+// healthConfig configures probing and ejection.
+type healthConfig struct {
+	timeout    time.Duration // per probe
+	interval   time.Duration // between probes of a server
+	ejectAfter int           // failures in a row before ejection; 0: never
+	ejectRetry time.Duration // how long an ejected server stays out
+}
+
+// health probes every memcached server with a NOOP on a connection of its
+// own, so readiness and kvthrottle_upstream_up do not depend on client
+// traffic, and ejects servers that fail ejectAfter times in a row. Its
+// goroutine is owned by the Server: started by Serve (or a reload), stopped
+// by Shutdown (or the next reload).
+type health struct {
+	servers []string
+	cfg     healthConfig
+	log     zerolog.Logger
+
+	up      []atomic.Bool
+	ejected []atomic.Bool
+	alive   atomic.Pointer[[]bool] // nil while no server is ejected
+
+	kick chan struct{} // a loop saw a connection fail: probe now
+	stop chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+func newHealth(servers []string, cfg healthConfig, log zerolog.Logger) *health {
+	if cfg.timeout <= 0 || cfg.timeout > time.Second {
+		cfg.timeout = time.Second
+	}
+	if cfg.interval <= 0 {
+		cfg.interval = time.Second
+	}
 	return &health{
-		servers:  servers,
-		up:       make([]atomic.Bool, len(servers)),
-		timeout:  min(timeout, time.Second),
-		interval: time.Second,
-		log:      log,
-		stop:     make(chan struct{}),
+		servers: servers,
+		cfg:     cfg,
+		log:     log,
+		up:      make([]atomic.Bool, len(servers)),
+		ejected: make([]atomic.Bool, len(servers)),
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
 	}
 }
 
@@ -41,27 +88,45 @@ func (h *health) start() {
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		t := time.NewTicker(h.interval)
+		fails := make([]int, len(h.servers))
+		retryAt := make([]time.Time, len(h.servers))
+		t := time.NewTicker(h.cfg.interval)
 		defer t.Stop()
 		for {
-			h.probeAll()
+			h.probeAll(fails, retryAt)
 			select {
 			case <-h.stop:
 				return
 			case <-t.C:
+			case <-h.kick:
 			}
 		}
 	}()
 }
 
+// close stops the prober and waits for it; safe to call twice.
 func (h *health) close() {
-	close(h.stop)
+	h.once.Do(func() { close(h.stop) })
 	h.wg.Wait()
 }
 
-func (h *health) probeAll() {
+// connFailed tells the prober that a loop lost a connection; it probes at
+// once instead of at the next interval. Safe from any goroutine.
+func (h *health) connFailed() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (h *health) probeAll(fails []int, retryAt []time.Time) {
+	changed := false
 	for i, addr := range h.servers {
-		err := probe(addr, h.timeout)
+		now := time.Now()
+		if h.ejected[i].Load() && now.Before(retryAt[i]) {
+			continue
+		}
+		err := probe(addr, h.cfg.timeout)
 		was := h.up[i].Swap(err == nil)
 		switch {
 		case err != nil && was:
@@ -69,7 +134,42 @@ func (h *health) probeAll() {
 		case err == nil && !was:
 			h.log.Info().Str("server", addr).Msg("upstream server answers")
 		}
+		if err == nil {
+			fails[i] = 0
+			if h.ejected[i].Swap(false) {
+				h.log.Info().Str("server", addr).Msg("upstream server back: its keys return to it")
+				changed = true
+			}
+			continue
+		}
+		fails[i]++
+		if h.cfg.ejectAfter > 0 && fails[i] >= h.cfg.ejectAfter {
+			retryAt[i] = now.Add(h.cfg.ejectRetry)
+			if !h.ejected[i].Swap(true) {
+				h.log.Warn().Str("server", addr).Int("failures", fails[i]).Dur("retry_in", h.cfg.ejectRetry).
+					Msg("upstream server ejected: its keys go to the other servers")
+				changed = true
+			}
+		}
 	}
+	if changed {
+		h.publish()
+	}
+}
+
+// publish makes the ejection state visible to the loops.
+func (h *health) publish() {
+	alive := make([]bool, len(h.servers))
+	any := false
+	for i := range alive {
+		alive[i] = !h.ejected[i].Load()
+		any = any || !alive[i]
+	}
+	if !any {
+		h.alive.Store(nil)
+		return
+	}
+	h.alive.Store(&alive)
 }
 
 // anyUp reports whether at least one server answered the last probe.

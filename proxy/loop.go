@@ -13,13 +13,16 @@ import (
 // the sessions with output to flush, and a pool of request slots. Only
 // that loop's goroutine touches it.
 type loop struct {
-	srv   *Server
-	el    gnet.EventLoop
-	ups   []*upstream.Conn // one per server, in Options.Servers order
-	dirty []*session       // sessions with output to write
-	slots []*slot          // free slots
+	srv      *Server
+	el       gnet.EventLoop
+	rt       *routing         // the server list this loop routes with
+	ups      []*upstream.Conn // one per rt.servers entry
+	retiring []*upstream.Conn // connections to removed servers, closed once idle
+	dirty    []*session       // sessions with output to write
+	slots    []*slot          // free slots
 
 	sessions map[*session]struct{} // open client sessions
+	paused   []*session            // sessions waiting for their output to drain
 
 	holds   wakeHeap // held sessions by wake-up time
 	timer   *time.Timer
@@ -31,21 +34,50 @@ type loop struct {
 func newLoop(s *Server, el gnet.EventLoop) *loop {
 	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{})}
 	lp.wakeRun = lp.wakeDue
-	for _, addr := range s.opts.servers {
-		var observe func(float64)
-		if s.metrics != nil {
-			observe = s.metrics.UpstreamObserver(addr).Observe
-		}
-		lp.ups = append(lp.ups, upstream.New(upstream.Config{
-			Observe:     observe,
-			Addr:        addr,
-			Timeout:     s.opts.timeout,
-			MaxInflight: s.opts.maxInflight,
-			AfterRead:   lp.flushClients,
-			OnState:     lp.upstreamState,
-		}, el))
-	}
+	lp.adopt(s.routing.Load())
 	return lp
+}
+
+// adopt makes rt the loop's routing: connections to servers that stay are
+// kept, new servers get new connections, connections to removed servers
+// finish their requests and close. On the loop.
+func (lp *loop) adopt(rt *routing) {
+	if lp.rt == rt {
+		return
+	}
+	old := make(map[string]*upstream.Conn, len(lp.ups))
+	for _, u := range lp.ups {
+		old[u.Addr()] = u
+	}
+	ups := make([]*upstream.Conn, len(rt.servers))
+	for i, addr := range rt.servers {
+		if u := old[addr]; u != nil {
+			ups[i] = u
+			delete(old, addr)
+			continue
+		}
+		ups[i] = lp.newUpstream(addr)
+	}
+	for _, u := range old {
+		lp.retiring = append(lp.retiring, u)
+	}
+	lp.rt, lp.ups = rt, ups
+}
+
+func (lp *loop) newUpstream(addr string) *upstream.Conn {
+	s := lp.srv
+	var observe func(float64)
+	if s.metrics != nil {
+		observe = s.metrics.UpstreamObserver(addr).Observe
+	}
+	return upstream.New(upstream.Config{
+		Addr:        addr,
+		Timeout:     s.opts.timeout,
+		MaxInflight: s.opts.maxInflight,
+		AfterRead:   lp.flushClients,
+		OnState:     lp.upstreamState,
+		Observe:     observe,
+	}, lp.el)
 }
 
 func (lp *loop) upstreamState(c *upstream.Conn, up bool, err error) {
@@ -53,12 +85,22 @@ func (lp *loop) upstreamState(c *upstream.Conn, up bool, err error) {
 		lp.srv.log.Debug().Str("server", c.Addr()).Msg("upstream connected")
 		return
 	}
-	lp.srv.log.Warn().Str("server", c.Addr()).Err(err).Msg("upstream down")
+	lp.srv.log.Warn().Str("server", c.Addr()).Err(err).Msg("upstream connection down")
+	lp.rt.health.connFailed()
 }
 
-// pick returns the upstream connection for a key.
+// pick returns the upstream connection for a key: the ketama ring over the
+// servers, skipping ejected ones.
 func (lp *loop) pick(key []byte) *upstream.Conn {
-	return lp.ups[0]
+	if len(lp.ups) == 1 {
+		return lp.ups[0]
+	}
+	if alive := lp.rt.health.alive.Load(); alive != nil {
+		if i := lp.rt.ring.PickExcluding(key, *alive); i >= 0 {
+			return lp.ups[i]
+		}
+	}
+	return lp.ups[lp.rt.ring.Pick(key)]
 }
 
 // flushUpstreams writes every upstream connection's buffered requests.
@@ -66,10 +108,33 @@ func (lp *loop) flushUpstreams() {
 	for _, u := range lp.ups {
 		u.Flush()
 	}
+	for _, u := range lp.retiring {
+		u.Flush()
+	}
+}
+
+// resumePaused restarts the output-paused sessions that may go on.
+func (lp *loop) resumePaused() {
+	if len(lp.paused) == 0 {
+		return
+	}
+	ps := lp.paused
+	lp.paused = nil
+	for _, s := range ps {
+		switch {
+		case s.closed:
+		case s.canResume():
+			s.outPaused = false
+			s.resume()
+		default:
+			lp.paused = append(lp.paused, s)
+		}
+	}
 }
 
 // flushClients writes the output of every session that has some.
 func (lp *loop) flushClients() {
+	lp.resumePaused()
 	for i, s := range lp.dirty {
 		lp.dirty[i] = nil
 		s.flush()
@@ -78,10 +143,24 @@ func (lp *loop) flushClients() {
 }
 
 func (lp *loop) tick(context.Context) error {
+	if rt := lp.srv.routing.Load(); rt != lp.rt {
+		lp.adopt(rt)
+	}
 	now := time.Now()
 	for _, u := range lp.ups {
 		u.CheckTimeout(now)
 	}
+	kept := lp.retiring[:0]
+	for _, u := range lp.retiring {
+		u.CheckTimeout(now)
+		if u.Inflight() == 0 {
+			u.Close()
+			continue
+		}
+		kept = append(kept, u)
+	}
+	lp.retiring = kept
+	lp.resumePaused()
 	lp.flushClients()
 	return nil
 }

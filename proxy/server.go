@@ -48,6 +48,9 @@ type Options struct {
 	Version string
 	// NoMetrics disables the Prometheus metrics (Server.Metrics is nil).
 	NoMetrics bool
+	// HealthInterval is the time between health probes of each upstream
+	// server (default 1 s).
+	HealthInterval time.Duration
 }
 
 // settings are the values the hot path reads, fixed at start.
@@ -83,10 +86,11 @@ type Server struct {
 	started  time.Time
 	version  string
 
-	throttle *throttle.Engine
-	metrics  *metrics.Metrics
-	health   *health
-	ten      atomic.Pointer[tenants] // buckets and users in force
+	throttle  *throttle.Engine
+	metrics   *metrics.Metrics
+	routing   atomic.Pointer[routing] // upstream servers in force
+	healthCfg healthConfig
+	ten       atomic.Pointer[tenants] // buckets and users in force
 
 	adminMu sync.Mutex // serialises admin changes and reloads
 	file    *bucketcfg.Config
@@ -152,7 +156,17 @@ func New(opts Options) (*Server, error) {
 		state:    st,
 		authSem:  make(chan struct{}, 4),
 	}
-	s.health = newHealth(cfg.Upstream.Servers, cfg.Upstream.Timeout, opts.Logger)
+	s.healthCfg = healthConfig{
+		timeout:    cfg.Upstream.Timeout,
+		interval:   opts.HealthInterval,
+		ejectAfter: cfg.Upstream.EjectAfterFailures,
+		ejectRetry: cfg.Upstream.EjectRetry,
+	}
+	rt, err := newRouting(cfg.Upstream.Servers, cfg.Upstream.Weights, s.healthCfg, opts.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: upstream.servers: %w", err)
+	}
+	s.routing.Store(rt)
 	if !opts.NoMetrics {
 		s.metrics = metrics.New(s)
 	}
@@ -175,8 +189,8 @@ func (s *Server) Engine() *throttle.Engine { return s.throttle }
 // Serve listens and serves until Shutdown is called or the engine fails.
 // It returns nil after a clean Shutdown.
 func (s *Server) Serve() error {
-	s.health.start()
-	defer s.health.close()
+	s.routing.Load().health.start()
+	defer func() { s.routing.Load().health.close() }()
 	err := gnet.Run(s, "tcp://"+s.opts.listen,
 		gnet.WithMulticore(true),
 		gnet.WithNumEventLoop(s.opts.eventLoops),

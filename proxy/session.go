@@ -21,11 +21,12 @@ type session struct {
 	q  []*slot // commands not yet answered to the client, oldest first
 	qh int     // q[qh] is the oldest
 
-	out      []byte // response bytes to write at the next flush
-	dirty    bool   // queued on lp.dirty
-	closed   bool   // the client connection is gone
-	quitting bool   // close once every queued response is written
-	waiting  bool   // paused: an upstream connection is full, or a password check or admin change runs
+	out       []byte // response bytes to write at the next flush
+	dirty     bool   // queued on lp.dirty
+	closed    bool   // the client connection is gone
+	quitting  bool   // close once every queued response is written
+	waiting   bool   // paused: an upstream connection is full, or a password check or admin change runs
+	outPaused bool   // paused: too many responses pending or unsent (lp.paused)
 
 	user        *bucketcfg.User // nil until SASL succeeds
 	bkt         *bucket         // selected bucket; nil: none
@@ -73,7 +74,7 @@ func (s *session) onTraffic() gnet.Action {
 		_, _ = s.c.Discard(-1)
 		return gnet.None
 	}
-	if s.waiting || s.held {
+	if s.waiting || s.held || s.outPaused {
 		return s.checkBuffered()
 	}
 	buf, _ := s.c.Peek(-1)
@@ -86,6 +87,13 @@ func (s *session) onTraffic() gnet.Action {
 			break
 		}
 		if n == 0 {
+			break
+		}
+		if s.pending() >= maxPending || s.c.OutboundBuffered() > maxUnsentOutput {
+			// The client is not reading its responses (or pipelines
+			// without bound): stop reading its requests until they drain.
+			s.outPaused = true
+			s.lp.paused = append(s.lp.paused, s)
 			break
 		}
 		if !s.dispatch(&f) {
@@ -105,6 +113,19 @@ func (s *session) onTraffic() gnet.Action {
 		return gnet.None
 	}
 	return s.checkBuffered()
+}
+
+// Bounds on a client's responses: commands in flight or awaiting their
+// turn, and response bytes the client has not read. Past either, the
+// session stops dispatching until they fall to half.
+const (
+	maxPending      = 4096
+	maxUnsentOutput = 4 << 20
+)
+
+// canResume reports whether an output-paused session may dispatch again.
+func (s *session) canResume() bool {
+	return s.pending() <= maxPending/2 && s.c.OutboundBuffered() <= maxUnsentOutput/2
 }
 
 // resume re-runs dispatch on the loop outside a gnet callback (after a

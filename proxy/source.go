@@ -53,8 +53,9 @@ func (srv *Server) FreePool() float64 { return rate(srv.throttle.FreePool()) }
 
 // AppendUpstreams implements metrics.Source.
 func (srv *Server) AppendUpstreams(dst []metrics.UpstreamSnapshot) []metrics.UpstreamSnapshot {
-	for i, addr := range srv.health.servers {
-		dst = append(dst, metrics.UpstreamSnapshot{Server: addr, Up: srv.health.up[i].Load()})
+	h := srv.routing.Load().health
+	for i, addr := range h.servers {
+		dst = append(dst, metrics.UpstreamSnapshot{Server: addr, Up: h.up[i].Load(), Ejected: h.ejected[i].Load()})
 	}
 	return dst
 }
@@ -62,7 +63,7 @@ func (srv *Server) AppendUpstreams(dst []metrics.UpstreamSnapshot) []metrics.Ups
 // Ready reports whether at least one upstream server answers, with a
 // reason when not; for /readyz.
 func (srv *Server) Ready() (bool, string) {
-	if srv.health.anyUp() {
+	if srv.routing.Load().health.anyUp() {
 		return true, ""
 	}
 	return false, "no upstream server answers"

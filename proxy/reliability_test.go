@@ -1,0 +1,318 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// TestGarbageOnManyConnections: garbage and truncated frames on many
+// connections at once; well-formed clients keep being served.
+func TestGarbageOnManyConnections(t *testing.T) {
+	p := startProxy(t, testConfig{loops: 2})
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := net.Dial("tcp", p.Addr)
+				if err != nil {
+					continue
+				}
+				var b []byte
+				switch i % 4 {
+				case 0: // random bytes
+					b = make([]byte, 1+rng.IntN(200))
+					for j := range b {
+						b[j] = byte(rng.Uint32())
+					}
+				case 1: // a valid frame cut short, then close
+					f := mc.AppendFrame(nil, mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpSet}, nil, mcclient.SetExtras(0, 0), []byte("key"), bytes.Repeat([]byte("v"), 100))
+					b = f[:rng.IntN(len(f))]
+				case 2: // a header announcing 4 GiB
+					b = make([]byte, mc.HeaderLen)
+					(&mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpSet, BodyLen: 1<<32 - 1}).Put(b)
+				case 3: // a valid magic with random lengths
+					b = make([]byte, mc.HeaderLen+rng.IntN(64))
+					(&mc.Header{Magic: mc.MagicRequest, Opcode: mc.Opcode(rng.Uint32()), KeyLen: uint16(rng.Uint32()), ExtLen: uint8(rng.Uint32()), BodyLen: rng.Uint32N(100)}).Put(b)
+				}
+				_, _ = c.Write(b)
+				_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+				_, _ = c.Read(make([]byte, 256))
+				c.Close()
+			}
+		}(i)
+	}
+	errs := make(chan error, 10)
+	for ci := 0; ci < 10; ci++ {
+		go func(ci int) { errs <- runMixed(p.Addr, 1000+ci, 300) }(ci)
+	}
+	for ci := 0; ci < 10; ci++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
+
+// TestUpstreamKilledUnderLoad: memcached dies under load; every client gets
+// its answers (success before, Etmpfail after) within the timeout, never a
+// hang; memcached back on the same port: traffic flows within a second,
+// without restarting the proxy.
+func TestUpstreamKilledUnderLoad(t *testing.T) {
+	m := testmc.Start(t)
+	p := startProxyTo(t, m, testConfig{upstream: `timeout = "1s"`, throttle: `capacity = "unlimited"`, loops: 2})
+	var ok, tmpfail, other atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for i := 0; i < 8; i++ {
+		c := dial(t, p.Addr)
+		c.Timeout = 3 * time.Second // a hang would exceed the 1 s upstream timeout by far
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			key := []byte("load" + strconv.Itoa(i))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := c.Set(key, []byte("v"))
+				switch {
+				case err != nil:
+					t.Errorf("client %d: no answer: %v", i, err)
+					return
+				case r.Status() == mc.StatusSuccess:
+					ok.Add(1)
+				case r.Status() == mc.StatusEtmpfail:
+					tmpfail.Add(1)
+				default:
+					other.Add(1)
+				}
+			}
+		}(i)
+	}
+	eventually(t, 5*time.Second, "traffic", func() bool { return ok.Load() > 100 })
+	m.Stop()
+	eventually(t, 3*time.Second, "Etmpfail answers after the kill", func() bool { return tmpfail.Load() > 10 })
+	before := ok.Load()
+	m.Restart(t)
+	back := time.Now()
+	eventually(t, 3*time.Second, "traffic after memcached is back", func() bool { return ok.Load() > before+100 })
+	if d := time.Since(back); d > time.Second {
+		t.Errorf("traffic resumed %v after memcached came back, want within 1s", d)
+	}
+	close(stop)
+	wg.Wait()
+	if other.Load() != 0 {
+		t.Errorf("%d answers with unexpected statuses", other.Load())
+	}
+	t.Logf("ok %d, Etmpfail %d", ok.Load(), tmpfail.Load())
+}
+
+func startTwoServerProxy(t *testing.T, upstreamExtra string) (*testProxy, *testmc.Server, *testmc.Server) {
+	a, b := testmc.Start(t), testmc.Start(t)
+	statePath := t.TempDir() + "/state.json"
+	listen := testmc.FreeAddr(t)
+	tc := testConfig{upstream: upstreamExtra, throttle: `capacity = "unlimited"`}
+	cfg, err := bucketcfg.Parse([]byte(tc.render(listen, []string{a.Addr, b.Addr}, statePath)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Options{Config: cfg, Logger: testLogger(t), HealthInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &testProxy{Server: srv, Addr: listen, MC: a, StatePath: statePath, done: make(chan error, 1)}
+	go func() { p.done <- srv.Serve() }()
+	<-srv.Started()
+	t.Cleanup(func() { p.stop(t) })
+	return p, a, b
+}
+
+// onServer reports whether key (as the client sees it, in bucket
+// "default") is stored on memcached server m.
+func onServer(t *testing.T, m *testmc.Server, key string) bool {
+	t.Helper()
+	c, err := mcclient.Dial(m.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r, err := c.Get([]byte("default:" + key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Status() == mc.StatusSuccess
+}
+
+// TestTwoServersEjection: keys are spread over two servers; one is killed
+// with ejection on and its keys are served by the other within the retry
+// interval; once it is back, the distribution returns.
+func TestTwoServersEjection(t *testing.T) {
+	p, a, b := startTwoServerProxy(t, "eject_after_failures = 2\neject_retry = \"500ms\"")
+	c := dial(t, p.Addr)
+	keys := make([]string, 200)
+	onB := 0
+	for i := range keys {
+		keys[i] = "key-" + strconv.Itoa(i)
+		if r, err := c.Set([]byte(keys[i]), []byte(keys[i])); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatal(err, r)
+		}
+	}
+	home := map[string]*testmc.Server{}
+	for _, k := range keys {
+		inA, inB := onServer(t, a, k), onServer(t, b, k)
+		if inA == inB {
+			t.Fatalf("key %s on both or neither server", k)
+		}
+		if inB {
+			onB++
+			home[k] = b
+		} else {
+			home[k] = a
+		}
+	}
+	if onB < 50 || onB > 150 {
+		t.Fatalf("%d of 200 keys on the second server: not spread", onB)
+	}
+	b.Stop()
+	killed := time.Now()
+	// Within the retry interval (plus detection: 2 probes 100 ms apart),
+	// every key can be written and read again, through server a.
+	eventually(t, 3*time.Second, "keys of the dead server to be served by the other", func() bool {
+		for _, k := range keys {
+			if home[k] != b {
+				continue
+			}
+			if r, err := c.Set([]byte(k), []byte("moved")); err != nil || r.Status() != mc.StatusSuccess {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("dead server's keys served by the other %v after the kill", time.Since(killed))
+	for _, k := range keys {
+		want := k
+		if home[k] == b {
+			want = "moved"
+		}
+		if r, err := c.Get([]byte(k)); err != nil || string(r.Value) != want {
+			t.Fatalf("get %s: %v %+v, want %q", k, err, r, want)
+		}
+	}
+	// Back: keys go home again.
+	b.Restart(t)
+	eventually(t, 5*time.Second, "the server to be back in the ring", func() bool {
+		for _, k := range keys {
+			if home[k] == b {
+				if r, err := c.Set([]byte(k), []byte("home")); err != nil || r.Status() != mc.StatusSuccess {
+					return false
+				}
+				return onServer(t, b, k)
+			}
+		}
+		return false
+	})
+	for _, k := range keys {
+		if home[k] != b {
+			continue
+		}
+		if r, err := c.Set([]byte(k), []byte("home")); err != nil || r.Status() != mc.StatusSuccess || !onServer(t, b, k) {
+			t.Fatalf("key %s not back on its server", k)
+		}
+	}
+}
+
+// TestReloadUnderLoad: a reload that adds a server and changes limits
+// drops no client connection and loses no request.
+func TestReloadUnderLoad(t *testing.T) {
+	p, a, b := startTwoServerProxy(t, "")
+	_ = a
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var done atomic.Int64
+	var failures atomic.Int64
+	var clients []*mcclient.Client
+	for i := 0; i < 8; i++ {
+		clients = append(clients, dial(t, p.Addr))
+	}
+	for i, c := range clients {
+		wg.Add(1)
+		go func(i int, c *mcclient.Client) {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := []byte(fmt.Sprintf("r%d-%d", i, n%50))
+				val := []byte(fmt.Sprintf("v%d", n))
+				r, err := c.Set(key, val)
+				if err != nil || r.Status() != mc.StatusSuccess {
+					failures.Add(1)
+					t.Errorf("client %d set: %v %v", i, err, r)
+					return
+				}
+				// A reload that changes the servers moves some keys: a
+				// GET right after may miss, but must never fail or
+				// return another value.
+				r, err = c.Get(key)
+				if err != nil || !(bytes.Equal(r.Value, val) || r.Status() == mc.StatusKeyEnoent) {
+					failures.Add(1)
+					t.Errorf("client %d get: %v %v", i, err, r)
+					return
+				}
+				done.Add(1)
+			}
+		}(i, c)
+	}
+	eventually(t, 5*time.Second, "load", func() bool { return done.Load() > 200 })
+	third := testmc.Start(t)
+	for round := 0; round < 3; round++ {
+		servers := []string{a.Addr, b.Addr}
+		if round%2 == 0 {
+			servers = append(servers, third.Addr)
+		}
+		tc := testConfig{throttle: fmt.Sprintf("capacity = %d", 1000000+round)}
+		cfg, err := bucketcfg.Parse([]byte(tc.render(p.opts.listen, servers, p.StatePath)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Reload(cfg); err != nil {
+			t.Fatal(err)
+		}
+		n := done.Load()
+		eventually(t, 5*time.Second, "load after reload", func() bool { return done.Load() > n+200 })
+	}
+	close(stop)
+	wg.Wait()
+	if failures.Load() != 0 || p.Connections() != int64(len(clients)) {
+		t.Fatalf("failures %d, connections %d (want 0 and %d)", failures.Load(), p.Connections(), len(clients))
+	}
+	if got := p.Engine().Capacity(); got != 1000002 {
+		t.Fatalf("capacity after reloads %v", got)
+	}
+}
