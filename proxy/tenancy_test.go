@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
@@ -356,5 +358,48 @@ func hello(t testing.TB, c *mcclient.Client, features ...mc.Feature) {
 	r, err := c.Do(mcclient.Request{Opcode: mc.OpHello, Key: []byte("test"), Value: v})
 	if err != nil || r.Status() != mc.StatusSuccess || !bytes.Equal(r.Value, v) {
 		t.Fatalf("HELLO %v: %v %+v", features, err, r)
+	}
+}
+
+// TestReloadBuckets: a reload adds a bucket, which gets the current node
+// defaults (set at runtime with 0x2c), and removes one, whose sessions
+// are closed once their responses are written.
+func TestReloadBuckets(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t)})
+	admin := login(t, p.Addr, "admin")
+	if r := adminDo(t, admin, mc.OpSetNodeThrottleProperties, "", `{"default_throttle_reserved_units":11,"default_throttle_hard_limit":111}`); r.Status() != mc.StatusSuccess {
+		t.Fatalf("set defaults: %s %q", r.Status(), r.Value)
+	}
+	bob := login(t, p.Addr, "bob")
+	if r, err := bob.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	// The new file: bob is gone, carol is new.
+	tail := strings.Replace(tenantTail(t), "[[bucket]]\nname = \"bob\"\n", "[[bucket]]\nname = \"carol\"\n", 1)
+	tail = strings.Replace(tail, `buckets = ["bob"]`, `buckets = ["carol"]`, 1)
+	cfg, err := bucketcfg.Parse([]byte(testConfig{tail: tail}.render(p.opts.listen, []string{p.MC.Addr}, p.StatePath)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	st := throttleStats(t, admin)
+	if st["bucket:carol:reserved"] != "11" || st["bucket:carol:hard_limit"] != "111" {
+		t.Fatalf("new bucket carol: reserved %q hard %q, want the runtime defaults 11/111", st["bucket:carol:reserved"], st["bucket:carol:hard_limit"])
+	}
+	if _, ok := st["bucket:bob:reserved"]; ok {
+		t.Fatal("removed bucket bob still listed")
+	}
+	if _, err := bob.Get([]byte("k")); err == nil {
+		// The session may answer one in-flight command at most; the next
+		// read must see the close.
+		if _, err := bob.Get([]byte("k")); err == nil {
+			t.Fatal("session of the removed bucket still served")
+		}
+	}
+	// Other tenants are untouched.
+	if r, err := login(t, p.Addr, "alice").Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
 	}
 }
