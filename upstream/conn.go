@@ -100,8 +100,9 @@ type Conn struct {
 	closed    bool
 	dialGen   uint64 // incremented per dial, so stale results are ignored
 	lastErr   error
-	now       int64    // unix ns at the start of the current read batch
-	waitingUp []func() // callbacks to run when room frees up
+	now       int64        // unix ns at the start of the current read batch
+	frame     binary.Frame // the response being delivered (a field: waiters get a pointer to it)
+	waitingUp []func()     // callbacks to run when room frees up
 }
 
 // New returns a Conn for cfg owned by loop. It does not connect until the
@@ -390,7 +391,11 @@ func (c *Conn) HandleTraffic(gc gnet.Conn) gnet.Action {
 		c.now = time.Now().UnixNano()
 	}
 	for {
-		f, n, err := binary.Decode(buf[off:], 0)
+		// Decoding into a field, not a local, keeps the frame off the
+		// heap: waiters receive a pointer to it through an interface.
+		var n int
+		var err error
+		c.frame, n, err = binary.Decode(buf[off:], 0)
 		if err != nil {
 			c.down(fmt.Errorf("bad response from %s: %w", c.cfg.Addr, err))
 			return gnet.None
@@ -399,7 +404,7 @@ func (c *Conn) HandleTraffic(gc gnet.Conn) gnet.Action {
 			break
 		}
 		off += n
-		if err := c.match(&f); err != nil {
+		if err := c.match(&c.frame); err != nil {
 			c.down(err)
 			return gnet.None
 		}
@@ -407,6 +412,7 @@ func (c *Conn) HandleTraffic(gc gnet.Conn) gnet.Action {
 	if off > 0 { // Discard(0) would drop everything buffered
 		_, _ = gc.Discard(off)
 	}
+	c.frame = binary.Frame{}
 	if c.cfg.AfterRead != nil {
 		c.cfg.AfterRead()
 	}
