@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -325,4 +326,69 @@ func TestReloadUnderLoad(t *testing.T) {
 	if got := p.Engine().Capacity(); got != 1000002 {
 		t.Fatalf("capacity after reloads %v", got)
 	}
+}
+
+// TestMalformedRequestsAnsweredLocally: requests memcached would answer
+// with Einval and a closed connection (shared by other clients) are
+// refused by the proxy; other clients' requests in flight are unaffected.
+func TestMalformedRequestsAnsweredLocally(t *testing.T) {
+	p := startProxy(t, testConfig{loops: 1})
+	victim, attacker := dial(t, p.Addr), dial(t, p.Addr)
+	if r, err := victim.Set([]byte("v"), []byte("x")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	bad := []mcclient.Request{
+		{Opcode: mc.OpVersion, Key: []byte("x")},
+		{Opcode: mc.OpGet, Extras: []byte{1}, Key: []byte("k")},
+		{Opcode: mc.OpSet, Extras: []byte{1, 2, 3, 4}, Key: []byte("k"), Value: []byte("v")},
+		{Opcode: mc.OpDelete, Extras: []byte{1}, Key: []byte("k")},
+		{Opcode: mc.OpIncrement, Key: []byte("k")},
+	}
+	for round := 0; round < 20; round++ {
+		for _, rq := range bad {
+			attacker.Send(rq)
+		}
+		for i := 0; i < 5; i++ {
+			victim.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("v")})
+		}
+		_ = attacker.Flush()
+		_ = victim.Flush()
+		for range bad {
+			r, err := attacker.Read()
+			if err != nil || r.Status() != mc.StatusEinval || len(r.Value) == 0 {
+				t.Fatalf("malformed request: %v %+v, want Einval with a reason", err, r)
+			}
+		}
+		for i := 0; i < 5; i++ {
+			r, err := victim.Read()
+			if err != nil || r.Status() != mc.StatusSuccess {
+				t.Fatalf("victim's GET while another client sends malformed requests: %v %+v", err, r)
+			}
+		}
+	}
+}
+
+// TestResponseBytesBounded: a client that pipelines large reads and never
+// reads its responses is disconnected once the proxy holds 64 MB for it,
+// so memory stays bounded (400 GETs of 1 MB would be 400 MB).
+func TestResponseBytesBounded(t *testing.T) {
+	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`})
+	c := dial(t, p.Addr)
+	big := bytes.Repeat([]byte("x"), 1000*1000)
+	if r, err := c.Set([]byte("big"), big); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	_ = c.Conn().(*net.TCPConn).SetReadBuffer(4096)
+	for i := 0; i < 400; i++ {
+		c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("big")})
+	}
+	_ = c.Flush()
+	eventually(t, 30*time.Second, "the non-reading client to be disconnected", func() bool { return p.Connections() == 0 })
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	if ms.HeapInuse > 64<<20 {
+		t.Fatalf("heap in use %d MB with a non-reading client: unbounded", ms.HeapInuse>>20)
+	}
+	t.Logf("heap in use %d MB", ms.HeapInuse>>20)
 }

@@ -27,6 +27,7 @@ type session struct {
 	quitting  bool   // close once every queued response is written
 	waiting   bool   // paused: an upstream connection is full, or a password check or admin change runs
 	outPaused bool   // paused: too many responses pending or unsent (lp.paused)
+	slotBytes int    // response bytes waiting in slots behind an earlier command
 
 	user        *bucketcfg.User // nil until SASL succeeds
 	bkt         *bucket         // selected bucket; nil: none
@@ -77,9 +78,16 @@ func (s *session) onTraffic() gnet.Action {
 	if s.waiting || s.held || s.outPaused {
 		return s.checkBuffered()
 	}
+	maxBody := s.lp.srv.opts.maxFrameBytes
+	// While a large request is still arriving, do nothing: peeking the
+	// whole buffer on every read would copy it again and again.
+	if hdr, err := s.c.Peek(binary.HeaderLen); err != nil {
+		return gnet.None
+	} else if n := binary.PendingFrameLen(hdr, maxBody); n > s.c.InboundBuffered() {
+		return s.checkBuffered()
+	}
 	buf, _ := s.c.Peek(-1)
 	off := 0
-	maxBody := s.lp.srv.opts.maxFrameBytes
 	for off < len(buf) {
 		f, n, err := binary.Decode(buf[off:], maxBody)
 		if err != nil {
@@ -89,7 +97,7 @@ func (s *session) onTraffic() gnet.Action {
 		if n == 0 {
 			break
 		}
-		if s.pending() >= maxPending || s.c.OutboundBuffered() > maxUnsentOutput {
+		if s.pending() >= maxPending || s.unsent() > maxUnsentOutput {
 			// The client is not reading its responses (or pipelines
 			// without bound): stop reading its requests until they drain.
 			s.outPaused = true
@@ -123,9 +131,30 @@ const (
 	maxUnsentOutput = 4 << 20
 )
 
+// maxResponseBytes is the hard cap on one client's response bytes held by
+// the proxy (unsent, or waiting for an earlier response): a client that
+// pipelines large reads and does not read is disconnected past it.
+const maxResponseBytes = 64 << 20
+
+// unsent is the response bytes the client has not been sent or has not
+// read: in the session's output and in gnet's outbound buffer.
+func (s *session) unsent() int { return len(s.out) + s.c.OutboundBuffered() + s.slotBytes }
+
 // canResume reports whether an output-paused session may dispatch again.
 func (s *session) canResume() bool {
-	return s.pending() <= maxPending/2 && s.c.OutboundBuffered() <= maxUnsentOutput/2
+	return s.pending() <= maxPending/2 && s.unsent() <= maxUnsentOutput/2
+}
+
+// overCap closes the connection when its response bytes pass the hard cap.
+func (s *session) overCap() bool {
+	if n := s.unsent(); n > maxResponseBytes {
+		s.lp.srv.log.Warn().Str("remote", s.remote).Int("response_bytes", n).Int("limit", maxResponseBytes).
+			Msg("client does not read its responses; closing connection")
+		s.quitting = true
+		_ = s.c.Close()
+		return true
+	}
+	return false
 }
 
 // resume re-runs dispatch on the loop outside a gnet callback (after a
@@ -262,6 +291,12 @@ func (s *session) mode() throttle.Mode {
 // forward sends f upstream in bucket b's namespace (b nil: no namespace,
 // not metered), after admission when f is metered.
 func (s *session) forward(f *binary.Frame, b *bucket) bool {
+	if err := binary.ValidateRequest(f); err != nil {
+		// memcached would answer Einval and close the shared upstream
+		// connection, failing other clients' requests: answer here.
+		s.localStatus(f, binary.StatusEinval, err.Error())
+		return true
+	}
 	key := f.Key()
 	var prefix []byte
 	if b != nil {
@@ -341,6 +376,7 @@ func (s *session) local(appendResp func([]byte) []byte) {
 	sl.domain = throttle.Held
 	sl.done = true
 	sl.resp = appendResp(sl.resp)
+	s.slotBytes += len(sl.resp)
 	s.enqueue(sl)
 	s.lp.srv.inflight.Add(1)
 }
@@ -364,7 +400,9 @@ func (s *session) completeLater(sl *slot, appendResp func([]byte) []byte) {
 		s.finish(sl)
 		return
 	}
+	n := len(sl.resp)
 	sl.resp = appendResp(sl.resp)
+	s.slotBytes += len(sl.resp) - n
 	sl.done = true
 	s.advance()
 }
@@ -426,15 +464,27 @@ func (s *session) advance() {
 		s.q[s.qh] = nil
 		s.qh++
 		s.out = append(s.out, sl.resp...)
+		s.slotBytes -= len(sl.resp)
 		s.finish(sl)
 	}
-	if s.qh == len(s.q) {
+	switch {
+	case s.qh == len(s.q):
 		s.q, s.qh = s.q[:0], 0
-	} else if head := s.q[s.qh]; len(head.resp) > 0 {
-		// A streaming response (STAT) that began while an earlier command
-		// was pending: what it has so far goes out now, the rest directly.
-		s.out = append(s.out, head.resp...)
-		head.resp = head.resp[:0]
+	case s.qh > 64 && s.qh > len(s.q)/2:
+		// Overlapping pipelines never empty the queue: compact it.
+		n := copy(s.q, s.q[s.qh:])
+		clear(s.q[n:])
+		s.q, s.qh = s.q[:n], 0
+	}
+	if s.qh < len(s.q) {
+		if head := s.q[s.qh]; len(head.resp) > 0 {
+			// A streaming response (STAT) that began while an earlier
+			// command was pending: what it has so far goes out now, the
+			// rest directly.
+			s.out = append(s.out, head.resp...)
+			s.slotBytes -= len(head.resp)
+			head.resp = head.resp[:0]
+		}
 	}
 	s.markDirty()
 }
@@ -487,7 +537,9 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 	if sl.isHead() {
 		s.out = sl.appendResponse(s.out, f)
 	} else {
+		n := len(sl.resp)
 		sl.resp = sl.appendResponse(sl.resp, f)
+		s.slotBytes += len(sl.resp) - n
 	}
 	if done {
 		sl.done = true
@@ -495,6 +547,7 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 	} else {
 		s.markDirty()
 	}
+	s.overCap()
 }
 
 // Silent implements upstream.Waiter.
@@ -515,7 +568,9 @@ func (sl *slot) Fail(st binary.Status, reason string) {
 		s.finish(sl)
 		return
 	}
+	n := len(sl.resp)
 	sl.resp = binary.AppendError(sl.resp, &sl.req, st, reason)
+	s.slotBytes += len(sl.resp) - n
 	sl.done = true
 	s.advance()
 }

@@ -85,19 +85,21 @@ func (s *session) throttleStats() [][2]string {
 		{"node:free_pool", limitString(srv.throttle.FreePool())},
 	}
 	ten := srv.ten.Load()
-	var names []string
+	var bs []*bucket
 	if s.isAdmin() {
 		for name := range ten.buckets {
-			if ten.bucket(name) != nil {
-				names = append(names, name)
+			if b := ten.bucket(name); b != nil {
+				bs = append(bs, b)
 			}
 		}
-		sort.Strings(names)
+		sort.Slice(bs, func(i, j int) bool { return bs[i].name < bs[j].name })
 	} else if s.bkt != nil {
-		names = []string{s.bkt.name}
+		// The session's own bucket, even if a reload is removing it
+		// right now (the table may no longer list it).
+		bs = []*bucket{s.bkt}
 	}
-	for _, name := range names {
-		b := ten.buckets[name]
+	for _, b := range bs {
+		name := b.name
 		st := b.tb.Stats()
 		p := "bucket:" + name + ":"
 		u := func(v uint64) string { return strconv.FormatUint(v, 10) }

@@ -186,11 +186,11 @@ func (c *Conn) Forward(f *binary.Frame, prefix []byte, w Waiter) error {
 	return nil
 }
 
+// unavailableReason is the reason clients get: generic on purpose, since
+// tenants need not learn server addresses or socket errors (the proxy logs
+// those through OnState).
 func (c *Conn) unavailableReason() string {
-	if c.lastErr != nil {
-		return "upstream " + c.cfg.Addr + " unavailable: " + c.lastErr.Error()
-	}
-	return "upstream " + c.cfg.Addr + " unavailable"
+	return "upstream unavailable"
 }
 
 func (c *Conn) push(e entry) {
@@ -385,6 +385,13 @@ func (c *Conn) HandleTraffic(gc gnet.Conn) gnet.Action {
 	if gc != c.gc {
 		return gnet.Close
 	}
+	// While a large response is still arriving, do nothing: peeking the
+	// whole buffer on every read would copy it again and again.
+	if hdr, err := gc.Peek(binary.HeaderLen); err != nil {
+		return gnet.None
+	} else if n := binary.PendingFrameLen(hdr, 0); n > gc.InboundBuffered() {
+		return gnet.None
+	}
 	buf, _ := gc.Peek(-1)
 	off := 0
 	if c.cfg.Observe != nil {
@@ -408,11 +415,17 @@ func (c *Conn) HandleTraffic(gc gnet.Conn) gnet.Action {
 			c.down(err)
 			return gnet.None
 		}
+		if c.gc != gc { // a waiter's reaction brought the connection down
+			return gnet.None
+		}
 	}
 	if off > 0 { // Discard(0) would drop everything buffered
 		_, _ = gc.Discard(off)
 	}
 	c.frame = binary.Frame{}
+	// Sessions waiting for room resume only now, outside the decode loop,
+	// so their new requests cannot re-enter it.
+	c.roomCheck()
 	if c.cfg.AfterRead != nil {
 		c.cfg.AfterRead()
 	}
@@ -433,7 +446,6 @@ func (c *Conn) match(f *binary.Frame) error {
 			}
 			if done {
 				c.pop()
-				c.roomCheck()
 			}
 			if w != nil {
 				w.Deliver(f, done)

@@ -294,3 +294,17 @@ func AppendFrameInfo(dst []byte, id uint16, data []byte) []byte {
 	dst = append(dst, esc...)
 	return append(dst, data...)
 }
+
+// PendingFrameLen returns the length of the frame whose header starts buf
+// when buf holds its valid header, and 0 otherwise. Readers use it to skip
+// work until a large frame has fully arrived.
+func PendingFrameLen(hdr []byte, maxBody int) int {
+	if len(hdr) < HeaderLen {
+		return 0
+	}
+	h, _ := ParseHeader(hdr)
+	if h.Validate(maxBody) != nil {
+		return 0
+	}
+	return h.FrameLen()
+}

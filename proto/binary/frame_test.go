@@ -3,6 +3,7 @@ package binary
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -165,5 +166,39 @@ func BenchmarkEncodeResponse(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		buf = AppendResponse(buf[:0], &req, StatusSuccess, extras, nil, val)
+	}
+}
+
+func TestValidateRequest(t *testing.T) {
+	mk := func(op Opcode, extras, key, value []byte) *Frame {
+		raw := AppendFrame(nil, Header{Magic: MagicRequest, Opcode: op}, nil, extras, key, value)
+		f, _, err := Decode(raw, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &f
+	}
+	k, v := []byte("k"), []byte("v")
+	ok := []*Frame{
+		mk(OpGet, nil, k, nil), mk(OpSet, make([]byte, 8), k, v), mk(OpSet, make([]byte, 8), k, nil),
+		mk(OpAppend, nil, k, v), mk(OpIncrement, make([]byte, 20), k, nil), mk(OpTouch, make([]byte, 4), k, nil),
+		mk(OpFlush, nil, nil, nil), mk(OpFlush, make([]byte, 4), nil, nil), mk(OpStat, nil, nil, nil),
+		mk(OpStat, nil, []byte("items"), nil), mk(OpVersion, nil, nil, nil), mk(OpHello, nil, []byte("x"), v),
+	}
+	for _, f := range ok {
+		if err := ValidateRequest(f); err != nil {
+			t.Errorf("%s: %v", f.Opcode, err)
+		}
+	}
+	bad := []*Frame{
+		mk(OpGet, []byte{1}, k, nil), mk(OpGet, nil, nil, nil), mk(OpGet, nil, k, v), mk(OpSet, make([]byte, 4), k, v),
+		mk(OpSet, make([]byte, 8), nil, v), mk(OpDelete, []byte{1}, k, nil), mk(OpIncrement, make([]byte, 8), k, nil),
+		mk(OpVersion, nil, k, nil), mk(OpNoop, nil, nil, v), mk(OpVerbosity, nil, nil, nil), mk(OpStat, []byte{1}, nil, nil),
+	}
+	for _, f := range bad {
+		err := ValidateRequest(f)
+		if !errors.Is(err, ErrMalformedRequest) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s ext %d key %d value %d: %v, want ErrMalformedRequest", f.Opcode, f.ExtLen, f.KeyLen, f.ValueLen(), err)
+		}
 	}
 }
