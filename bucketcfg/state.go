@@ -52,11 +52,25 @@ type State struct {
 	// Buckets overrides the limits of the named buckets. Never nil in a
 	// State from this package.
 	Buckets map[string]BucketThrottle
+	// Epochs are the buckets' key-namespace generations: a FLUSH, or a
+	// bucket removed and created again, moves the bucket to a fresh, empty
+	// namespace by raising its epoch. A missing entry is epoch 0. Never nil
+	// in a State from this package.
+	Epochs map[string]uint64
 }
 
 // NewState returns an empty State: nothing overridden.
 func NewState() *State {
-	return &State{Buckets: map[string]BucketThrottle{}}
+	return &State{Buckets: map[string]BucketThrottle{}, Epochs: map[string]uint64{}}
+}
+
+// BumpEpoch raises bucket name's namespace epoch and returns the new value.
+func (s *State) BumpEpoch(name string) uint64 {
+	if s.Epochs == nil {
+		s.Epochs = map[string]uint64{}
+	}
+	s.Epochs[name]++
+	return s.Epochs[name]
 }
 
 // Clone returns a deep copy of s. The admin path is: clone the current
@@ -75,6 +89,9 @@ func (s *State) Clone() *State {
 	}
 	for k, v := range s.Buckets {
 		n.Buckets[k] = v
+	}
+	for k, v := range s.Epochs {
+		n.Epochs[k] = v
 	}
 	return n
 }
@@ -161,6 +178,7 @@ type stateJSON struct {
 	DefaultReserved  *Limit                     `json:"default_throttle_reserved_units,omitempty"`
 	DefaultHardLimit *Limit                     `json:"default_throttle_hard_limit,omitempty"`
 	Buckets          map[string]stateBucketJSON `json:"buckets"`
+	Epochs           map[string]uint64          `json:"epochs,omitempty"`
 }
 
 type stateBucketJSON struct {
@@ -171,7 +189,7 @@ type stateBucketJSON struct {
 // MarshalJSON encodes s in the state file format (map keys sorted, so the
 // output is deterministic).
 func (s State) MarshalJSON() ([]byte, error) {
-	j := stateJSON{Version: StateVersion, Capacity: s.Capacity, Buckets: make(map[string]stateBucketJSON, len(s.Buckets))}
+	j := stateJSON{Version: StateVersion, Capacity: s.Capacity, Buckets: make(map[string]stateBucketJSON, len(s.Buckets)), Epochs: s.Epochs}
 	if s.Defaults != nil {
 		r, h := s.Defaults.Reserved, s.Defaults.HardLimit
 		j.DefaultReserved, j.DefaultHardLimit = &r, &h
@@ -212,6 +230,12 @@ func (s *State) UnmarshalJSON(data []byte) error {
 			return fmt.Errorf("bucket %q: reserved and hard_limit are both required", name)
 		}
 		n.Buckets[name] = BucketThrottle{Reserved: *b.Reserved, HardLimit: *b.HardLimit}
+	}
+	for name, e := range j.Epochs {
+		if err := CheckBucketName(name); err != nil {
+			return fmt.Errorf("epochs: %w", err)
+		}
+		n.Epochs[name] = e
 	}
 	if err := n.Validate(); err != nil {
 		return err

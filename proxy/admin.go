@@ -148,13 +148,11 @@ func (srv *Server) apply(eff *bucketcfg.Config) error {
 	if err := srv.throttle.SetCapacity(throttleLimit(eff.Throttle.Capacity)); err != nil {
 		return fmt.Errorf("capacity: %w", err)
 	}
-	ten, removed, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics)
+	ten, _, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs)
 	srv.ten.Store(ten)
-	if len(removed) > 0 {
-		srv.eachLoop(func(lp *loop) {
-			_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.closeRemoved))
-		})
-	}
+	srv.eachLoop(func(lp *loop) {
+		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.recheckSessions))
+	})
 	srv.wakeHeld()
 	return err
 }
@@ -184,6 +182,25 @@ func (srv *Server) warnOvercommit(eff *bucketcfg.Config) {
 func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	srv.adminMu.Lock()
 	defer srv.adminMu.Unlock()
+	// A removed bucket that comes back later must not find its old keys
+	// (maybe another tenant's by then): its namespace epoch moves on,
+	// persisted before the removal takes effect.
+	var gone []string
+	for name := range srv.ten.Load().buckets {
+		if cfg.Bucket(name) == nil {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) > 0 {
+		next := srv.state.Clone()
+		for _, name := range gone {
+			next.BumpEpoch(name)
+		}
+		if err := next.Save(srv.opts.statePath); err != nil {
+			return fmt.Errorf("reload: persist namespace epochs: %w", err)
+		}
+		srv.state = next
+	}
 	eff, err := bucketcfg.Effective(cfg, srv.state)
 	if err != nil {
 		return fmt.Errorf("reload: %w", err)
@@ -231,12 +248,38 @@ func (srv *Server) reroute(cfg *bucketcfg.Config) error {
 	return nil
 }
 
-// closeRemoved ends the sessions of removed buckets; on the loop.
-func (lp *loop) closeRemoved(context.Context) error {
+// recheckSessions applies a new configuration to open sessions; on the
+// loop. A session whose user was deleted, or whose bucket was removed, is
+// closed once its pending responses are written; a user's privileges and
+// bucket access are taken from the new configuration, and a session that
+// may no longer use its bucket loses it.
+func (lp *loop) recheckSessions(context.Context) error {
+	ten := lp.srv.ten.Load()
 	for s := range lp.sessions {
-		if s.bkt != nil && s.bkt.gone.Load() {
+		if s.user != nil {
+			u := ten.cfg.User(s.user.Name)
+			if u == nil {
+				lp.srv.log.Info().Str("user", s.user.Name).Str("remote", s.remote).Msg("user removed by reload; closing its connection")
+				s.held = false
+				s.quit()
+				continue
+			}
+			s.user = u
+		}
+		if s.bkt == nil {
+			continue
+		}
+		if s.bkt.gone.Load() {
 			s.held = false
 			s.quit()
+			continue
+		}
+		allowed := s.bkt.name == ten.cfg.Proxy.DefaultBucket
+		if s.user != nil {
+			allowed = s.user.CanAccess(s.bkt.name)
+		}
+		if !allowed {
+			s.setBucket(nil)
 		}
 	}
 	lp.flushClients()
@@ -244,19 +287,64 @@ func (lp *loop) closeRemoved(context.Context) error {
 }
 
 // flushBucket handles FLUSH/FLUSHQ: only for buckets with flush_enabled,
-// and only that bucket's keys: the bucket moves to a fresh namespace.
+// and only that bucket's keys: the bucket moves to a fresh namespace, whose
+// epoch is persisted (off the loop) before the response, so flushed keys
+// stay gone across restarts.
 func (s *session) flushBucket(f *binary.Frame) {
-	if s.bkt == nil {
+	if err := binary.ValidateRequest(f); err != nil {
+		s.localStatus(f, binary.StatusEinval, err.Error())
+		return
+	}
+	b := s.bkt
+	if b == nil {
 		s.noBucket(f)
 		return
 	}
-	if !s.bkt.flushEnabled.Load() {
-		s.localStatus(f, binary.StatusEaccess, "FLUSH is disabled for bucket "+s.bkt.name)
+	if !b.flushEnabled.Load() {
+		s.localStatus(f, binary.StatusEaccess, "FLUSH is disabled for bucket "+b.name)
 		return
 	}
-	s.bkt.flush()
-	s.lp.srv.log.Info().Str("bucket", s.bkt.name).Str("remote", s.remote).Msg("bucket flushed")
-	if f.Opcode == binary.OpFlush {
-		s.localStatus(f, binary.StatusSuccess, "")
+	srv := s.lp.srv
+	quiet := f.Opcode == binary.OpFlushQ
+	sl := s.later(f)
+	s.waiting = true
+	srv.jobs.Add(1)
+	go func() {
+		defer srv.jobs.Done()
+		err := srv.flushBucket(b)
+		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			s.waiting = false
+			s.completeLater(sl, func(out []byte) []byte {
+				switch {
+				case err != nil:
+					return binary.AppendError(out, &sl.req, binary.StatusEinternal, "could not persist the flush")
+				case quiet:
+					return out
+				default:
+					return binary.AppendResponse(out, &sl.req, binary.StatusSuccess, nil, nil, nil)
+				}
+			})
+			s.resume()
+			return nil
+		}))
+	}()
+}
+
+// flushBucket moves b to a new namespace epoch, persisted first.
+func (srv *Server) flushBucket(b *bucket) error {
+	srv.adminMu.Lock()
+	defer srv.adminMu.Unlock()
+	next := srv.state.Clone()
+	if cur := b.gen.Load(); next.Epochs[b.name] < cur {
+		next.Epochs[b.name] = cur
 	}
+	e := next.BumpEpoch(b.name)
+	if err := next.Save(srv.opts.statePath); err != nil {
+		srv.log.Error().Err(err).Str("bucket", b.name).Msg("could not persist a flush; bucket not flushed")
+		return err
+	}
+	srv.state = next
+	b.setEpoch(e)
+	srv.log.Info().Str("bucket", b.name).Uint64("epoch", e).Msg("bucket flushed")
+	return nil
 }

@@ -24,6 +24,11 @@ func (s *session) saslAuth(f *binary.Frame) {
 		return
 	}
 	srv := s.lp.srv
+	if srv.authQueued.Add(1) > maxQueuedAuth {
+		srv.authQueued.Add(-1)
+		s.localStatus(f, binary.StatusEtmpfail, "too many authentications in progress; retry")
+		return
+	}
 	cfg := srv.ten.Load().cfg
 	sl := s.later(f)
 	s.waiting = true
@@ -33,12 +38,18 @@ func (s *session) saslAuth(f *binary.Frame) {
 		srv.authSem <- struct{}{}
 		u, err := cfg.Authenticate(user, pass)
 		<-srv.authSem
+		srv.authQueued.Add(-1)
 		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 			s.authDone(sl, user, u, err)
 			return nil
 		}))
 	}()
 }
+
+// maxQueuedAuth bounds the password checks running or waiting: past it,
+// SASL AUTH gets Etmpfail at once instead of queueing (bcrypt is slow on
+// purpose; a flood of attempts must not delay real logins for minutes).
+const maxQueuedAuth = 64
 
 // parsePlain splits a PLAIN message: [authzid] NUL authcid NUL passwd.
 func parsePlain(v []byte) (user, pass string, ok bool) {
@@ -62,8 +73,18 @@ func (s *session) authDone(sl *slot, name string, u *bucketcfg.User, err error) 
 		return
 	}
 	if !s.closed {
-		s.user = u
 		ten := srv.ten.Load()
+		if cur := ten.cfg.User(u.Name); cur != nil {
+			u = cur // a reload during the check: use the user as it is now
+		} else {
+			srv.log.Warn().Str("user", name).Str("remote", s.remote).Msg("authentication failed: user removed by a reload")
+			s.completeLater(sl, func(b []byte) []byte {
+				return binary.AppendError(b, &sl.req, binary.StatusAuthError, "authentication failed")
+			})
+			s.resume()
+			return
+		}
+		s.user = u
 		switch {
 		case ten.bucket(u.Name) != nil && u.CanAccess(u.Name):
 			// Clients such as libmemcached and memjs never send

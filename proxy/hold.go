@@ -62,6 +62,9 @@ type wakeEntry struct {
 	seq uint64
 }
 
+// live reports whether the entry still stands for a held session.
+func (e *wakeEntry) live() bool { return e.s.held && e.s.holdSeq == e.seq && !e.s.closed }
+
 type wakeHeap []wakeEntry
 
 func (h wakeHeap) Len() int           { return len(h) }
@@ -107,13 +110,40 @@ func (lp *loop) timerFired() {
 	_ = lp.el.Execute(context.Background(), lp.wakeRun)
 }
 
+// compactHolds drops entries of sessions that closed or were woken
+// another way (a change of limits), so the heap does not keep them, and
+// their connections, until their time comes.
+func (lp *loop) compactHolds() {
+	if len(lp.holds) < 256 {
+		return
+	}
+	stale := 0
+	for _, e := range lp.holds {
+		if !e.live() {
+			stale++
+		}
+	}
+	if stale <= len(lp.holds)/2 {
+		return
+	}
+	live := lp.holds[:0]
+	for _, e := range lp.holds {
+		if e.live() {
+			live = append(live, e)
+		}
+	}
+	clear(lp.holds[len(live):])
+	lp.holds = live
+	heap.Init(&lp.holds)
+}
+
 // wakeDue resumes every held session whose time has come; on the loop.
 func (lp *loop) wakeDue(context.Context) error {
 	lp.armed = false
 	now := lp.srv.throttle.Now()
 	for len(lp.holds) > 0 && lp.holds[0].at <= now {
 		e := heap.Pop(&lp.holds).(wakeEntry)
-		if s := e.s; s.held && s.holdSeq == e.seq && !s.closed {
+		if s := e.s; e.live() {
 			lp.srv.wakeDelay.observe(now - e.at)
 			s.held = false
 			s.resume()

@@ -160,6 +160,7 @@ func (lp *loop) tick(context.Context) error {
 		kept = append(kept, u)
 	}
 	lp.retiring = kept
+	lp.compactHolds()
 	lp.resumePaused()
 	lp.flushClients()
 	return nil

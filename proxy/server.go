@@ -55,17 +55,17 @@ type Options struct {
 
 // settings are the values the hot path reads, fixed at start.
 type settings struct {
-	listen           string
-	servers          []string
-	timeout          time.Duration
-	maxConnections   int
-	maxFrameBytes    int
-	maxBufferedInput int
-	maxInflight      int
-	readUnitSize     int64
-	writeUnitSize    int64
-	eventLoops       int
-	statePath        string
+	listen         string
+	servers        []string
+	timeout        time.Duration
+	maxConnections int
+	maxFrameBytes  int
+	maxHeldInput   int
+	maxInflight    int
+	readUnitSize   int64
+	writeUnitSize  int64
+	eventLoops     int
+	statePath      string
 }
 
 // Server is a running proxy. Create it with New, run it with Serve, stop it
@@ -98,8 +98,9 @@ type Server struct {
 
 	wakeDelay delayHist // how late held sessions are woken
 
-	jobs    sync.WaitGroup // off-loop work: password checks, state writes
-	authSem chan struct{}  // bounds concurrent password checks
+	jobs       sync.WaitGroup // off-loop work: password checks, state writes
+	authSem    chan struct{}  // bounds concurrent password checks
+	authQueued atomic.Int64   // password checks running or waiting
 }
 
 // New validates opts, builds the throttle engine and the bucket table, and
@@ -134,17 +135,17 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts: settings{
-			listen:           cfg.Proxy.Listen,
-			servers:          cfg.Upstream.Servers,
-			timeout:          cfg.Upstream.Timeout,
-			maxConnections:   cfg.Proxy.MaxConnections,
-			maxFrameBytes:    cfg.Proxy.MaxFrameBytes,
-			maxBufferedInput: cfg.Proxy.MaxHeldInputBytes + cfg.Proxy.MaxFrameBytes,
-			maxInflight:      cfg.Upstream.MaxInflight,
-			readUnitSize:     int64(cfg.Throttle.ReadUnitSize),
-			writeUnitSize:    int64(cfg.Throttle.WriteUnitSize),
-			eventLoops:       loops,
-			statePath:        cfg.Throttle.StateFile,
+			listen:         cfg.Proxy.Listen,
+			servers:        cfg.Upstream.Servers,
+			timeout:        cfg.Upstream.Timeout,
+			maxConnections: cfg.Proxy.MaxConnections,
+			maxFrameBytes:  cfg.Proxy.MaxFrameBytes,
+			maxHeldInput:   cfg.Proxy.MaxHeldInputBytes,
+			maxInflight:    cfg.Upstream.MaxInflight,
+			readUnitSize:   int64(cfg.Throttle.ReadUnitSize),
+			writeUnitSize:  int64(cfg.Throttle.WriteUnitSize),
+			eventLoops:     loops,
+			statePath:      cfg.Throttle.StateFile,
 		},
 		log:      opts.Logger,
 		loops:    make(map[gnet.EventLoop]*loop),
@@ -170,7 +171,7 @@ func New(opts Options) (*Server, error) {
 	if !opts.NoMetrics {
 		s.metrics = metrics.New(s)
 	}
-	ten, _, err := buildTenants(eng, eff, nil, s.metrics)
+	ten, _, err := buildTenants(eng, eff, nil, s.metrics, st.Epochs)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: buckets: %w", err)
 	}
@@ -235,7 +236,14 @@ wait:
 		case <-tick.C:
 		}
 	}
-	s.jobs.Wait()
+	jobsDone := make(chan struct{})
+	go func() { s.jobs.Wait(); close(jobsDone) }()
+	select {
+	case <-jobsDone:
+	case <-ctx.Done():
+		// Password checks and state writes finish on their own; their
+		// results are dropped with the engine.
+	}
 	if err := s.eng.Stop(context.Background()); err != nil {
 		return fmt.Errorf("proxy: stop engine: %w", err)
 	}

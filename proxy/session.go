@@ -168,11 +168,21 @@ func (s *session) resume() {
 	}
 }
 
-// checkBuffered enforces the bound on unprocessed input.
+// checkBuffered enforces the bound on unprocessed input: max_held_input_bytes,
+// plus the size of the frame at the head when it is still arriving (so a
+// frame up to max_frame_bytes can always be received).
 func (s *session) checkBuffered() gnet.Action {
-	if n := s.c.InboundBuffered(); n > s.lp.srv.opts.maxBufferedInput {
-		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).
-			Int("limit", s.lp.srv.opts.maxBufferedInput).Bool("held", s.held).
+	n := s.c.InboundBuffered()
+	limit := s.lp.srv.opts.maxHeldInput
+	if n <= limit {
+		return gnet.None
+	}
+	if hdr, err := s.c.Peek(binary.HeaderLen); err == nil {
+		limit += binary.PendingFrameLen(hdr, s.lp.srv.opts.maxFrameBytes)
+	}
+	if n > limit {
+		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).Int("limit", limit).
+			Bool("held", s.held).Bool("output_paused", s.outPaused).
 			Msg("client input buffer limit exceeded; closing connection")
 		return gnet.Close
 	}
@@ -333,6 +343,15 @@ func (s *session) forward(f *binary.Frame, b *bucket) bool {
 			s.heldAt = 0
 		}
 		domain = d
+		if cls := f.Opcode.Class(); cls == binary.ClassWrite || cls == binary.ClassReadWrite {
+			// Write units are known now: charge them at once, so that a
+			// pipeline of large writes cannot all pass on the one unit
+			// admission charges (the limit would be overshot, and the
+			// debt would stall other tenants afterwards).
+			w := throttle.WriteUnits(int64(len(key)+len(f.Value())), s.lp.srv.opts.writeUnitSize)
+			b.tb.Charge(d, w)
+			b.writeUnits.Add(uint64(w))
+		}
 	}
 	sl := s.lp.getSlot()
 	sl.s = s
@@ -498,25 +517,22 @@ func (s *session) finish(sl *slot) {
 	s.lp.putSlot(sl)
 }
 
-// charge converts a completed command's bytes to units (DESIGN.md section
-// 4) and charges them to the domain chosen at admission.
+// charge charges a completed command's read units (DESIGN.md section 4)
+// to the domain chosen at admission. Write units were charged at
+// admission (forward); every command's first unit by Admit itself.
 func (srv *Server) charge(sl *slot) {
-	var units int64
 	switch sl.req.Opcode.Class() {
 	case binary.ClassRead:
-		units = throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
-		sl.bkt.readUnits.Add(uint64(units))
-	case binary.ClassWrite:
-		units = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
-		sl.bkt.writeUnits.Add(uint64(units))
-	case binary.ClassReadWrite:
 		r := throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
-		w := throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
 		sl.bkt.readUnits.Add(uint64(r))
-		sl.bkt.writeUnits.Add(uint64(w))
-		units = r + w
+		sl.bkt.tb.Charge(sl.domain, r) // Charge counts the first unit as paid
+	case binary.ClassReadWrite:
+		// GAT: the write part and the first unit are paid; add the read
+		// units (Charge(d, n) adds n-1).
+		r := throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
+		sl.bkt.readUnits.Add(uint64(r))
+		sl.bkt.tb.Charge(sl.domain, r+1)
 	}
-	sl.bkt.tb.Charge(sl.domain, units)
 }
 
 func (sl *slot) isHead() bool { s := sl.s; return s.qh < len(s.q) && s.q[s.qh] == sl }

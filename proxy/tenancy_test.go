@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/bcrypt"
 
@@ -402,4 +403,76 @@ func TestReloadBuckets(t *testing.T) {
 	if r, err := login(t, p.Addr, "alice").Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
 		t.Fatal(r.Status())
 	}
+}
+
+// TestFlushSurvivesRestart: a FLUSH moves the bucket to a new namespace
+// whose epoch is persisted, so flushed keys stay gone after a restart; a
+// bucket removed and created again starts empty too.
+func TestFlushSurvivesRestart(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t)})
+	alice := login(t, p.Addr, "alice")
+	if r, err := alice.Set([]byte("k"), []byte("before-flush")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	if r, err := alice.Do(mcclient.Request{Opcode: mc.OpFlush}); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	if r, err := alice.Set([]byte("after"), []byte("x")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	bob := login(t, p.Addr, "bob")
+	if r, err := bob.Set([]byte("bobs"), []byte("x")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	alice.Close()
+	bob.Close()
+	p.stop(t)
+	q := startProxyTo(t, p.MC, testConfig{tail: tenantTail(t), statePath: p.StatePath})
+	alice = login(t, q.Addr, "alice")
+	if r, err := alice.Get([]byte("k")); status(t, r, err) != mc.StatusKeyEnoent {
+		t.Fatalf("flushed key after restart: %s %q", r.Status(), r.Value)
+	}
+	if r, err := alice.Get([]byte("after")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("key written after the flush, after restart: %s", r.Status())
+	}
+	// Remove bob by reload, then bring him back: his bucket starts empty.
+	without := strings.Replace(tenantTail(t), "[[bucket]]\nname = \"bob\"\n", "", 1)
+	without = strings.Replace(without, `buckets = ["bob"]`, `buckets = []`, 1)
+	for _, tail := range []string{without, tenantTail(t)} {
+		cfg, err := bucketcfg.Parse([]byte(testConfig{tail: tail}.render(q.opts.listen, []string{q.MC.Addr}, q.StatePath)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Reload(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, err := login(t, q.Addr, "bob").Get([]byte("bobs")); status(t, r, err) != mc.StatusKeyEnoent {
+		t.Fatalf("re-created bucket sees its old keys: %s", r.Status())
+	}
+}
+
+// TestReloadRevokes: a reload that takes away a privilege or a user acts
+// on open connections too.
+func TestReloadRevokes(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t)})
+	admin, alice := login(t, p.Addr, "admin"), login(t, p.Addr, "alice")
+	tail := strings.Replace(tenantTail(t), `privileges = ["admin", "unthrottled"]`, `privileges = []`, 1)
+	aliceBlock := tail[strings.Index(tail, "[[user]]\nname = \"alice\""):strings.Index(tail, "[[user]]\nname = \"bob\"")]
+	tail = strings.Replace(tail, aliceBlock, "", 1)
+	cfg, err := bucketcfg.Parse([]byte(testConfig{tail: tail}.render(p.opts.listen, []string{p.MC.Addr}, p.StatePath)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the admin's privilege to be revoked", func() bool {
+		r := adminDo(t, admin, mc.OpSetNodeThrottleProperties, "", `{"capacity":5}`)
+		return r.Status() == mc.StatusEaccess
+	})
+	eventually(t, 5*time.Second, "the deleted user's connection to close", func() bool {
+		_, err := alice.Get([]byte("k"))
+		return err != nil
+	})
 }

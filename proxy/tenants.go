@@ -42,18 +42,18 @@ func keyPrefix(name string, gen uint64) []byte {
 	return []byte(name + "#" + strconv.FormatUint(gen, 10) + ":")
 }
 
-func newBucket(name string, flushEnabled bool, tb *throttle.Bucket) *bucket {
+func newBucket(name string, flushEnabled bool, tb *throttle.Bucket, epoch uint64) *bucket {
 	b := &bucket{name: name, tb: tb}
 	b.flushEnabled.Store(flushEnabled)
-	p := keyPrefix(name, 0)
-	b.prefix.Store(&p)
+	b.setEpoch(epoch)
 	return b
 }
 
-// flush moves the bucket to a new, empty namespace; the old keys are
-// unreachable and age out of memcached.
-func (b *bucket) flush() {
-	p := keyPrefix(b.name, b.gen.Add(1))
+// setEpoch moves the bucket to namespace generation e; after a FLUSH the
+// old keys are unreachable and age out of memcached.
+func (b *bucket) setEpoch(e uint64) {
+	b.gen.Store(e)
+	p := keyPrefix(b.name, e)
 	b.prefix.Store(&p)
 }
 
@@ -81,9 +81,9 @@ func throttleLimit(l bucketcfg.Limit) throttle.Limit {
 
 // buildTenants creates or updates the engine's buckets to match eff and
 // returns the new table. prev (may be nil) supplies the buckets that keep
-// their state. Buckets of prev missing from eff are removed from the
+// their state; new buckets start in namespace epochs[name]. Buckets of prev missing from eff are removed from the
 // engine and marked gone. The caller holds adminMu.
-func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m *metrics.Metrics) (*tenants, []*bucket, error) {
+func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m *metrics.Metrics, epochs map[string]uint64) (*tenants, []*bucket, error) {
 	t := &tenants{cfg: eff, buckets: make(map[string]*bucket, len(eff.Buckets))}
 	var errs []error
 	for _, bc := range eff.Buckets {
@@ -108,7 +108,7 @@ func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m 
 		} else if err := tb.SetLimits(res, hard); err != nil {
 			errs = append(errs, fmt.Errorf("bucket %s: %w", bc.Name, err))
 		}
-		nb := newBucket(bc.Name, bc.FlushEnabled, tb)
+		nb := newBucket(bc.Name, bc.FlushEnabled, tb, epochs[bc.Name])
 		if m != nil {
 			nb.wait = m.WaitObserver(bc.Name)
 		}

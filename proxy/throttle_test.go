@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -167,5 +168,32 @@ func TestUnthrottledNeverHeld(t *testing.T) {
 	hello(t, hb, mc.FeatureNonBlockingThrottlingMode)
 	if r, err := hb.Set([]byte("k"), []byte("v")); err != nil || r.Status() != mc.StatusEWouldThrottle {
 		t.Fatalf("bob after the admin's burst: %v %+v, want EWouldThrottle", err, r)
+	}
+}
+
+// TestLargeWritesChargedAtAdmission: a write's units are known when it is
+// sent, so a large SET uses up the budget at once: the next command of the
+// bucket waits for it (it could not pass on the one unit admission alone
+// charges).
+func TestLargeWritesChargedAtAdmission(t *testing.T) {
+	p := startProxy(t, testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 100",
+		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 100\n"})
+	c := dial(t, p.Addr)
+	hello(t, c, mc.FeatureNonBlockingThrottlingMode)
+	big := bytes.Repeat([]byte("x"), 100*4096) // 101 units with the key
+	if r, err := c.Set([]byte("big"), big); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("first SET: %v %+v", err, r)
+	}
+	r, err := c.Set([]byte("small"), []byte("v"))
+	if err != nil || r.Status() != mc.StatusEWouldThrottle {
+		t.Fatalf("SET right after a 101-unit SET at 100 units/s: %v %+v, want EWouldThrottle", err, r)
+	}
+	if !strings.Contains(string(r.Value), "next_tick_us") {
+		t.Fatalf("body %q", r.Value)
+	}
+	var us int64
+	fmt.Sscanf(strings.TrimPrefix(string(r.Value), `{"next_tick_us":`), "%d", &us)
+	if us < 800_000 || us > 1_100_000 {
+		t.Fatalf("next_tick_us = %d, want about 1 s (101 units at 100/s, less the 100 ms burst)", us)
 	}
 }
