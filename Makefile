@@ -31,9 +31,10 @@ vet:
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-## bench: the benchmarks of DESIGN.md section 9, as a table.
+## bench: the benchmarks of DESIGN.md section 9, as a table (also in
+## bench-results.md); BENCHFLAGS=-quick for a short run.
 bench: deps build
-	$(GO) run ./internal/benchtable
+	$(GO) run ./internal/benchtable $(BENCHFLAGS)
 
 ## fuzz: run every fuzz target for FUZZTIME each.
 fuzz:
