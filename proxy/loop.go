@@ -29,11 +29,19 @@ type loop struct {
 	armed   bool
 	armedAt time.Duration
 	wakeRun gnet.RunnableFunc
+
+	flushPending bool              // flushRun is queued on the loop
+	flushRun     gnet.RunnableFunc // writes the upstream connections' batches
 }
 
 func newLoop(s *Server, el gnet.EventLoop) *loop {
 	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{})}
 	lp.wakeRun = lp.wakeDue
+	lp.flushRun = func(context.Context) error {
+		lp.flushPending = false
+		lp.flushUpstreams()
+		return nil
+	}
 	lp.adopt(s.routing.Load())
 	return lp
 }
@@ -101,6 +109,22 @@ func (lp *loop) pick(key []byte) *upstream.Conn {
 		}
 	}
 	return lp.ups[lp.rt.ring.Pick(key)]
+}
+
+// requestFlush arranges for the upstream connections' buffered requests to
+// be written once the loop has handled every client that is ready now:
+// the task runs after the current batch of readiness events, so the
+// requests of many clients go out in one write per server instead of one
+// write each (the write syscall is most of the proxy's cost).
+func (lp *loop) requestFlush() {
+	if lp.flushPending {
+		return
+	}
+	if err := lp.el.Execute(context.Background(), lp.flushRun); err != nil {
+		lp.flushUpstreams() // the engine is stopping: write now
+		return
+	}
+	lp.flushPending = true
 }
 
 // flushUpstreams writes every upstream connection's buffered requests.

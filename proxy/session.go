@@ -115,7 +115,7 @@ func (s *session) onTraffic() gnet.Action {
 	if off > 0 { // Discard(0) would drop everything buffered
 		_, _ = s.c.Discard(off)
 	}
-	s.lp.flushUpstreams()
+	s.lp.requestFlush()
 	s.flush()
 	if s.quitting {
 		return gnet.None
