@@ -93,6 +93,10 @@ func (lp *loop) upstreamState(c *upstream.Conn, up bool, err error) {
 		lp.srv.log.Debug().Str("server", c.Addr()).Msg("upstream connected")
 		return
 	}
+	if lp.srv.draining.Load() {
+		lp.srv.log.Debug().Str("server", c.Addr()).Err(err).Msg("upstream connection closed while stopping")
+		return
+	}
 	lp.srv.log.Warn().Str("server", c.Addr()).Err(err).Msg("upstream connection down")
 	lp.rt.health.connFailed()
 }
