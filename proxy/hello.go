@@ -14,6 +14,7 @@ var supportedFeatures = map[mc.Feature]bool{
 	mc.FeatureTCPNoDelay:                true,
 	mc.FeatureSelectBucket:              true,
 	mc.FeatureNonBlockingThrottlingMode: true,
+	mc.FeatureReportUnitUsage:           true,
 }
 
 // hello answers HELLO with the requested features the proxy supports, in
@@ -26,7 +27,7 @@ func (s *session) hello(f *mc.Frame) {
 	}
 	var acked []byte
 	seen := map[mc.Feature]bool{}
-	s.nonBlocking, s.selectOK = false, false // HELLO replaces the feature set
+	s.nonBlocking, s.selectOK, s.reportUnits = false, false, false // HELLO replaces the feature set
 	for i := 0; i+1 < len(v); i += 2 {
 		ft := mc.Feature(binary.BigEndian.Uint16(v[i:]))
 		if supportedFeatures[ft] && !seen[ft] {
@@ -36,6 +37,8 @@ func (s *session) hello(f *mc.Frame) {
 				s.nonBlocking = true
 			case mc.FeatureSelectBucket:
 				s.selectOK = true
+			case mc.FeatureReportUnitUsage:
+				s.reportUnits = true
 			}
 			acked = binary.BigEndian.AppendUint16(acked, uint16(ft))
 		}

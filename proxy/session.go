@@ -33,6 +33,7 @@ type session struct {
 	bkt         *bucket         // selected bucket; nil: none
 	nonBlocking bool            // HELLO feature 0x1b
 	selectOK    bool            // HELLO feature SelectBucket
+	reportUnits bool            // HELLO feature ReportUnitUsage: responses carry their units
 
 	// Throttling.
 	waiter  throttle.Waiter // place in the bucket's FIFO line while held
@@ -591,10 +592,56 @@ func (sl *slot) Fail(st binary.Status, reason string) {
 	s.advance()
 }
 
+// appendWithUnits appends the client's view of a metered command's response
+// with flexible framing (magic 0x18) carrying the read and write units it
+// was charged (framing-info IDs 3 and 4), for clients that negotiated
+// ReportUnitUsage.
+func (sl *slot) appendWithUnits(dst []byte, f *binary.Frame) []byte {
+	srv := sl.s.lp.srv
+	var ru, wu int64
+	switch sl.req.Opcode.Class() {
+	case binary.ClassRead:
+		ru = throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
+	case binary.ClassWrite:
+		wu = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
+	case binary.ClassReadWrite:
+		ru = throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
+		wu = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
+	}
+	var feBuf [8]byte
+	fe := feBuf[:0]
+	if ru > 0 {
+		fe = binary.AppendFrameInfo(fe, binary.FrameInfoReadUnits, units16(ru))
+	}
+	if wu > 0 {
+		fe = binary.AppendFrameInfo(fe, binary.FrameInfoWriteUnits, units16(wu))
+	}
+	key := f.Key()
+	if len(key) >= sl.strip {
+		key = key[sl.strip:]
+	}
+	h := f.Header
+	h.Magic = binary.MagicAltResponse
+	h.Opaque = sl.req.Opaque
+	return binary.AppendFrame(dst, h, fe, f.Extras(), key, f.Value())
+}
+
+// units16 encodes a unit count as the 16-bit big-endian value of a
+// framing-info entry, saturating at 65535.
+func units16(u int64) []byte {
+	if u > 0xffff {
+		u = 0xffff
+	}
+	return []byte{byte(u >> 8), byte(u)}
+}
+
 // appendResponse appends the client's view of an upstream response: the
 // client's opaque, and the key without the bucket prefix.
 func (sl *slot) appendResponse(dst []byte, f *binary.Frame) []byte {
 	n := len(dst)
+	if sl.s.reportUnits && sl.domain != throttle.Held {
+		return sl.appendWithUnits(dst, f)
+	}
 	if sl.strip == 0 || f.KeyLen == 0 {
 		dst = append(dst, f.Raw...)
 		binary.SetOpaque(dst[n:], sl.req.Opaque)

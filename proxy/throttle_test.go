@@ -197,3 +197,51 @@ func TestLargeWritesChargedAtAdmission(t *testing.T) {
 		t.Fatalf("next_tick_us = %d, want about 1 s (101 units at 100/s, less the 100 ms burst)", us)
 	}
 }
+
+// TestReportUnitUsage: after HELLO with ReportUnitUsage (0x1a), metered
+// responses use flexible framing (magic 0x18) carrying the read and write
+// units charged; clients that did not ask keep classic responses.
+func TestReportUnitUsage(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	c := dial(t, p.Addr)
+	hello(t, c, mc.FeatureReportUnitUsage)
+	units := func(r *mcclient.Response) (ru, wu int) {
+		t.Helper()
+		if r.Magic != mc.MagicAltResponse {
+			t.Fatalf("magic 0x%02x, want 0x18", uint8(r.Magic))
+		}
+		ru, wu = -1, -1
+		if err := mc.ParseFramingExtras(r.FramingExtras, func(fi mc.FrameInfo) {
+			v := int(fi.Data[0])<<8 | int(fi.Data[1])
+			switch fi.ID {
+			case mc.FrameInfoReadUnits:
+				ru = v
+			case mc.FrameInfoWriteUnits:
+				wu = v
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return ru, wu
+	}
+	val := bytes.Repeat([]byte("x"), 10000) // key+value 10003 bytes: 3 units
+	r, err := c.Set([]byte("abc"), val)
+	if err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	if ru, wu := units(r); ru != -1 || wu != 3 {
+		t.Fatalf("SET: read units %d, write units %d; want none and 3", ru, wu)
+	}
+	r, err = c.Do(mcclient.Request{Opcode: mc.OpGetK, Key: []byte("abc")})
+	if err != nil || r.Status() != mc.StatusSuccess || string(r.Key) != "abc" || len(r.Value) != len(val) {
+		t.Fatal(err, r)
+	}
+	if ru, wu := units(r); ru != 3 || wu != -1 {
+		t.Fatalf("GETK: read units %d, write units %d; want 3 and none", ru, wu)
+	}
+	// A client without the feature gets the classic magic.
+	plain := dial(t, p.Addr)
+	if r, err := plain.Get([]byte("abc")); err != nil || r.Magic != mc.MagicResponse {
+		t.Fatalf("classic client: %v magic 0x%02x", err, uint8(r.Magic))
+	}
+}

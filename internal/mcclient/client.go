@@ -42,6 +42,7 @@ func (c *Client) Conn() net.Conn { return c.conn }
 // Response is a decoded response frame with its parts copied.
 type Response struct {
 	mc.Header
+	FramingExtras      []byte // flexible framing (magic 0x18) only
 	Extras, Key, Value []byte
 }
 
@@ -97,7 +98,7 @@ func (c *Client) Read() (*Response, error) {
 		return nil, err
 	}
 	o := int(h.FrameExtLen)
-	r := &Response{Header: h}
+	r := &Response{Header: h, FramingExtras: body[:o]}
 	r.Extras = body[o : o+int(h.ExtLen)]
 	o += int(h.ExtLen)
 	r.Key = body[o : o+int(h.KeyLen)]
