@@ -324,7 +324,9 @@ func (c *Conn) down(err error) {
 	c.state = stateDown
 	c.lastErr = err
 	c.failures++
-	backoff := 50 * time.Millisecond << min(c.failures-1, 5) // 50 ms .. 1.6 s
+	// 50 ms doubling to 400 ms, jittered to half..full: a server back on its
+	// port gets traffic again within half a second.
+	backoff := 50 * time.Millisecond << min(c.failures-1, 3)
 	backoff = backoff/2 + rand.N(backoff/2+1)
 	c.retryAt = time.Now().Add(backoff)
 	c.out = c.out[:0]
