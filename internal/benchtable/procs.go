@@ -64,20 +64,11 @@ func findTools() (tools, error) {
 	if t.memaslap == "" {
 		return t, fmt.Errorf("memcaslap not found (Debian's libmemcached-tools; `make deps` installs it)")
 	}
-	t.goCmd = os.Getenv("GO")
+	t.goCmd = os.Getenv("GO") // the go command; GO=... overrides it
 	if t.goCmd == "" {
-		if p := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(p) {
-			t.goCmd = p
-		} else {
-			t.goCmd = "go"
-		}
+		t.goCmd = "go"
 	}
 	return t, nil
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }
 
 // raiseNofile raises RLIMIT_NOFILE to at least want (to the hard limit, or
