@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/metrics"
+	"github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 	"github.com/kvthrottle/kvthrottle/upstream"
 )
@@ -59,7 +60,7 @@ type settings struct {
 	servers        []string
 	timeout        time.Duration
 	maxConnections int
-	maxFrameBytes  int
+	maxBodyBytes   int // proxy.max_frame_bytes less the header: the largest body accepted
 	maxHeldInput   int
 	maxInflight    int
 	readUnitSize   int64
@@ -139,7 +140,7 @@ func New(opts Options) (*Server, error) {
 			servers:        cfg.Upstream.Servers,
 			timeout:        cfg.Upstream.Timeout,
 			maxConnections: cfg.Proxy.MaxConnections,
-			maxFrameBytes:  cfg.Proxy.MaxFrameBytes,
+			maxBodyBytes:   cfg.Proxy.MaxFrameBytes - binary.HeaderLen,
 			maxHeldInput:   cfg.Proxy.MaxHeldInputBytes,
 			maxInflight:    cfg.Upstream.MaxInflight,
 			readUnitSize:   int64(cfg.Throttle.ReadUnitSize),

@@ -79,7 +79,7 @@ func (s *session) onTraffic() gnet.Action {
 	if s.waiting || s.held || s.outPaused {
 		return s.checkBuffered()
 	}
-	maxBody := s.lp.srv.opts.maxFrameBytes
+	maxBody := s.lp.srv.opts.maxBodyBytes
 	// While a large request is still arriving, do nothing: peeking the
 	// whole buffer on every read would copy it again and again.
 	if hdr, err := s.c.Peek(binary.HeaderLen); err != nil {
@@ -179,7 +179,7 @@ func (s *session) checkBuffered() gnet.Action {
 		return gnet.None
 	}
 	if hdr, err := s.c.Peek(binary.HeaderLen); err == nil {
-		limit += binary.PendingFrameLen(hdr, s.lp.srv.opts.maxFrameBytes)
+		limit += binary.PendingFrameLen(hdr, s.lp.srv.opts.maxBodyBytes)
 	}
 	if n > limit {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).Int("limit", limit).

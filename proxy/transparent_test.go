@@ -272,3 +272,26 @@ func TestFlexibleFramingRequest(t *testing.T) {
 		t.Fatalf("response magic 0x%02x, want 0x81", uint8(r.Magic))
 	}
 }
+
+// TestMaxFrameBytes: proxy.max_frame_bytes counts the whole frame, header
+// included: a frame of exactly that size is forwarded, one byte more gets
+// Einval and a close.
+func TestMaxFrameBytes(t *testing.T) {
+	const limit = 64 << 10
+	p := startProxy(t, testConfig{proxy: fmt.Sprintf("max_frame_bytes = %d", limit)})
+	frameOf := func(size int) mcclient.Request {
+		key := []byte("frame-size")
+		return mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(0, 0), Key: key,
+			Value: bytes.Repeat([]byte("v"), size-mc.HeaderLen-8-len(key))}
+	}
+	c := dial(t, p.Addr)
+	if r, err := c.Do(frameOf(limit)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("frame of exactly max_frame_bytes: %v %+v", err, r)
+	}
+	if r, err := c.Do(frameOf(limit + 1)); err != nil || r.Status() != mc.StatusEinval {
+		t.Fatalf("frame one byte over: %v %+v, want Einval", err, r)
+	}
+	if _, err := c.Read(); err == nil {
+		t.Fatal("connection still open after an oversized frame")
+	}
+}
