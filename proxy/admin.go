@@ -103,6 +103,7 @@ func (srv *Server) SetBucketThrottle(name string, bt bucketcfg.BucketThrottle, w
 	}
 	srv.log.Info().Str("user", who).Str("bucket", name).Str("before", before.Throttle.String()).
 		Str("after", bt.String()).Msg("bucket throttle properties changed")
+	srv.warnOvercommit(srv.ten.Load().cfg)
 	return nil
 }
 

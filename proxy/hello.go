@@ -2,12 +2,9 @@ package proxy
 
 import (
 	"encoding/binary"
-	"errors"
 
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
-
-var errNotRequest = errors.New("frame is not a request (bad magic)")
 
 // supportedFeatures are the HELLO features the proxy acknowledges.
 var supportedFeatures = map[mc.Feature]bool{

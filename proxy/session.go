@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -199,6 +200,8 @@ func (s *session) badFrame(f *binary.Frame, err error) {
 	}
 	s.quit()
 }
+
+var errNotRequest = errors.New("frame is not a request (bad magic)")
 
 // quit makes the session close once every queued response is written.
 func (s *session) quit() {
