@@ -24,7 +24,7 @@ func (s *session) hello(f *mc.Frame) {
 	}
 	var acked []byte
 	seen := map[mc.Feature]bool{}
-	s.nonBlocking, s.selectOK, s.reportUnits = false, false, false // HELLO replaces the feature set
+	s.nonBlocking, s.reportUnits = false, false // HELLO replaces the feature set
 	for i := 0; i+1 < len(v); i += 2 {
 		ft := mc.Feature(binary.BigEndian.Uint16(v[i:]))
 		if supportedFeatures[ft] && !seen[ft] {
@@ -32,8 +32,6 @@ func (s *session) hello(f *mc.Frame) {
 			switch ft {
 			case mc.FeatureNonBlockingThrottlingMode:
 				s.nonBlocking = true
-			case mc.FeatureSelectBucket:
-				s.selectOK = true
 			case mc.FeatureReportUnitUsage:
 				s.reportUnits = true
 			}

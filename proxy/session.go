@@ -33,7 +33,6 @@ type session struct {
 	user        *bucketcfg.User // nil until SASL succeeds
 	bkt         *bucket         // selected bucket; nil: none
 	nonBlocking bool            // HELLO feature 0x1b
-	selectOK    bool            // HELLO feature SelectBucket
 	reportUnits bool            // HELLO feature ReportUnitUsage: responses carry their units
 
 	// Throttling.
