@@ -2,38 +2,27 @@ package main
 
 import (
 	"bufio"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"time"
+
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
-// A minimal memcached binary-protocol client, just enough for the load
-// generator and the idle connections (kept here so the benchmark does not
-// depend on packages being edited).
+// A small memcached binary-protocol client for the load generator and the
+// idle connections, on top of the project's codec.
 
 const (
-	opGet  = 0x00
-	opSet  = 0x01
-	opNoop = 0x0a
-
-	headerLen = 24
+	opGet     = mc.OpGet
+	opSet     = mc.OpSet
+	opNoop    = mc.OpNoop
+	headerLen = mc.HeaderLen
 )
 
 // appendRequest appends a classic request frame.
-func appendRequest(b []byte, op byte, opaque uint32, extras, key, value []byte) []byte {
-	var h [headerLen]byte
-	h[0] = 0x80
-	h[1] = op
-	binary.BigEndian.PutUint16(h[2:4], uint16(len(key)))
-	h[4] = byte(len(extras))
-	binary.BigEndian.PutUint32(h[8:12], uint32(len(extras)+len(key)+len(value)))
-	binary.BigEndian.PutUint32(h[12:16], opaque)
-	b = append(b, h[:]...)
-	b = append(b, extras...)
-	b = append(b, key...)
-	return append(b, value...)
+func appendRequest(b []byte, op mc.Opcode, opaque uint32, extras, key, value []byte) []byte {
+	return mc.AppendFrame(b, mc.Header{Magic: mc.MagicRequest, Opcode: op, Opaque: opaque}, nil, extras, key, value)
 }
 
 // setExtras are SET's flags and expiry (both 0).
@@ -45,14 +34,14 @@ func readResponse(r *bufio.Reader, hdr *[headerLen]byte) (status uint16, opaque 
 	if _, err = io.ReadFull(r, hdr[:]); err != nil {
 		return 0, 0, err
 	}
-	if hdr[0] != 0x81 {
-		return 0, 0, fmt.Errorf("bad response magic 0x%02x", hdr[0])
+	h, _ := mc.ParseHeader(hdr[:])
+	if h.Magic != mc.MagicResponse {
+		return 0, 0, fmt.Errorf("bad response magic 0x%02x", uint8(h.Magic))
 	}
-	body := binary.BigEndian.Uint32(hdr[8:12])
-	if _, err = r.Discard(int(body)); err != nil {
+	if _, err = r.Discard(int(h.BodyLen)); err != nil {
 		return 0, 0, err
 	}
-	return binary.BigEndian.Uint16(hdr[6:8]), binary.BigEndian.Uint32(hdr[12:16]), nil
+	return uint16(h.Status()), h.Opaque, nil
 }
 
 // roundTrip sends one request and reads its response.
