@@ -149,7 +149,7 @@ func (srv *Server) apply(eff *bucketcfg.Config) error {
 	if err := srv.throttle.SetCapacity(throttleLimit(eff.Throttle.Capacity)); err != nil {
 		return fmt.Errorf("capacity: %w", err)
 	}
-	ten, _, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs)
+	ten, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs)
 	srv.ten.Store(ten)
 	srv.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.recheckSessions))

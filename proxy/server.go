@@ -172,7 +172,7 @@ func New(opts Options) (*Server, error) {
 	if !opts.NoMetrics {
 		s.metrics = metrics.New(s)
 	}
-	ten, _, err := buildTenants(eng, eff, nil, s.metrics, st.Epochs)
+	ten, err := buildTenants(eng, eff, nil, s.metrics, st.Epochs)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: buckets: %w", err)
 	}

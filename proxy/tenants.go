@@ -81,9 +81,10 @@ func throttleLimit(l bucketcfg.Limit) throttle.Limit {
 
 // buildTenants creates or updates the engine's buckets to match eff and
 // returns the new table. prev (may be nil) supplies the buckets that keep
-// their state; new buckets start in namespace epochs[name]. Buckets of prev missing from eff are removed from the
-// engine and marked gone. The caller holds adminMu.
-func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m *metrics.Metrics, epochs map[string]uint64) (*tenants, []*bucket, error) {
+// their state; new buckets start in namespace epochs[name]. Buckets of prev
+// missing from eff are removed from the engine and marked gone (their
+// sessions notice through recheckSessions). The caller holds adminMu.
+func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m *metrics.Metrics, epochs map[string]uint64) (*tenants, error) {
 	t := &tenants{cfg: eff, buckets: make(map[string]*bucket, len(eff.Buckets))}
 	var errs []error
 	for _, bc := range eff.Buckets {
@@ -114,7 +115,6 @@ func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m 
 		}
 		t.buckets[bc.Name] = nb
 	}
-	var removed []*bucket
 	if prev != nil {
 		for name, old := range prev.buckets {
 			if _, ok := t.buckets[name]; !ok {
@@ -123,9 +123,8 @@ func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m 
 				if m != nil {
 					m.ForgetBucket(name)
 				}
-				removed = append(removed, old)
 			}
 		}
 	}
-	return t, removed, errors.Join(errs...)
+	return t, errors.Join(errs...)
 }
