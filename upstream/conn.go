@@ -346,18 +346,6 @@ func (c *Conn) down(err error) {
 	}
 }
 
-// Reconnect starts a connect now if the connection is down or idle and
-// not closed. Used by health checks; a no-op otherwise.
-func (c *Conn) Reconnect() {
-	if c.closed || c.state == stateUp || c.state == stateConnecting {
-		return
-	}
-	if c.state == stateDown && time.Now().Before(c.retryAt) {
-		return
-	}
-	c.connect()
-}
-
 // Close closes the connection for good: requests in flight fail, new ones
 // fail at once.
 func (c *Conn) Close() {
