@@ -1,7 +1,8 @@
 // Command benchtable runs the benchmarks of DESIGN.md section 9 side by side
 // on this machine and prints one markdown table (also written to
 // bench-results.md): memcaslap throughput directly against memcached and
-// through kvthrottle, added latency at a moderate fixed rate, the Go
+// through kvthrottle (and, for reference, through bareforward, the cheapest
+// forwarder we know how to write), added latency at a moderate fixed rate, the Go
 // benchmarks with -benchmem, and the proxy's resident memory holding 10,000
 // idle client connections.
 //
@@ -37,7 +38,7 @@ import (
 type options struct {
 	quick bool
 
-	pairs    int           // direct/proxy pairs per throughput case
+	rounds   int           // rounds of direct, kvthrottle, bare forwarder runs per throughput case
 	duration time.Duration // length of one memcaslap run
 	threads  int           // memcaslap threads
 	window   string        // memcaslap -w
@@ -55,12 +56,14 @@ type options struct {
 
 	bin string // kvthrottle binary
 	out string // markdown copy
+
+	bareForwarder string // internal: "LISTEN UPSTREAM", run as the reference forwarder
 }
 
 func main() {
 	var o options
-	flag.BoolVar(&o.quick, "quick", false, "short run: 2 pairs of 2 s, 2 s latency, -count 2 -benchtime 100ms")
-	flag.IntVar(&o.pairs, "pairs", 0, "direct/proxy memcaslap pairs per case (default 5, -quick 2)")
+	flag.BoolVar(&o.quick, "quick", false, "short run: 2 rounds of 2 s runs, 2 s latency, -count 2 -benchtime 100ms")
+	flag.IntVar(&o.rounds, "rounds", 0, "rounds of memcaslap runs per throughput case, one run per side (default 5, -quick 2)")
 	flag.DurationVar(&o.duration, "duration", 0, "length of one memcaslap run, whole seconds (default 4s, -quick 2s)")
 	flag.IntVar(&o.threads, "threads", 2, "memcaslap threads (-T)")
 	flag.StringVar(&o.window, "window", "1k", "memcaslap task window per concurrency (-w)")
@@ -73,7 +76,11 @@ func main() {
 	flag.StringVar(&o.sections, "sections", "1234", "the sections to run: 1 throughput, 2 latency, 3 Go benchmarks, 4 memory")
 	flag.StringVar(&o.bin, "bin", "bin/kvthrottle", "kvthrottle binary (relative to the module root)")
 	flag.StringVar(&o.out, "out", "bench-results.md", "where the markdown table is also written (relative to the module root); \"\" for nowhere")
+	flag.StringVar(&o.bareForwarder, "bare-forwarder", "", "internal: run only the reference forwarder, \"LISTEN UPSTREAM\" (benchtable starts itself this way)")
 	flag.Parse()
+	if o.bareForwarder != "" {
+		os.Exit(serveBareForwarder(o.bareForwarder))
+	}
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "benchtable: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)
@@ -128,7 +135,7 @@ func (o *options) defaults() {
 			}
 		}
 	}
-	pick(&o.pairs, 5, 2)
+	pick(&o.rounds, 5, 2)
 	pick(&o.benchCount, 5, 2)
 	pickD(&o.duration, 4*time.Second, 2*time.Second)
 	pickD(&o.latDur, 5*time.Second, 2*time.Second)
@@ -223,9 +230,17 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 			}
 			rep.proxyConfig = px.config
 			if o.has('1') {
-				if err := runThroughput(ctx, o, tools, mc, px, rep); err != nil {
+				bare, err := startBareForwarder(ctx, cl, mc.addr)
+				if err != nil {
 					return err
 				}
+				if err := runThroughput(ctx, o, tools, mc, px, bare, rep); err != nil {
+					return err
+				}
+				if err := bare.ensureAlive(); err != nil {
+					return err
+				}
+				bare.stop()
 			}
 			if o.has('2') {
 				if err := runLatency(ctx, o, mc, px, rep); err != nil {

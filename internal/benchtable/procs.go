@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/bareforward"
 )
 
 // cleaner runs registered functions once, last registered first. It is safe
@@ -180,21 +183,23 @@ func (p *proc) stop() {
 	})
 }
 
-// shortCommand runs a command to completion (killed with its process group
-// when ctx ends) and returns its combined output.
-func shortCommand(ctx context.Context, name string, args ...string) (string, error) {
-	return shortCommandIn(ctx, "", name, args...)
+// shortCommandIn runs a command in directory dir to completion (killed with
+// its process group when ctx ends) and returns its combined output.
+func shortCommandIn(ctx context.Context, dir, name string, args ...string) (string, error) {
+	out, _, err := runCommand(ctx, dir, name, args...)
+	return out, err
 }
 
-// shortCommandIn is shortCommand in directory dir.
-func shortCommandIn(ctx context.Context, dir, name string, args ...string) (string, error) {
+// runCommand is shortCommandIn that also returns the process state (nil if
+// it did not start), for its CPU time.
+func runCommand(ctx context.Context, dir, name string, args ...string) (string, *os.ProcessState, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	setGroupKill(cmd)
 	err := cmd.Run()
-	return out.String(), err
+	return out.String(), cmd.ProcessState, err
 }
 
 // setGroupKill puts cmd in its own process group and makes cancellation of
@@ -408,4 +413,49 @@ func procMeminfoKB(field string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no %s in /proc/meminfo", field)
+}
+
+// serveBareForwarder is the child mode started by startBareForwarder: it
+// forwards until SIGTERM or SIGINT, with as many loops as the proxy has
+// (GOMAXPROCS), and returns the exit status.
+func serveBareForwarder(spec string) int {
+	listen, upstream, ok := strings.Cut(spec, " ")
+	if !ok {
+		fmt.Fprintf(os.Stderr, "benchtable: -bare-forwarder %q: want \"LISTEN UPSTREAM\"\n", spec)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := bareforward.Serve(ctx, listen, upstream, runtime.GOMAXPROCS(0)); err != nil {
+		fmt.Fprintln(os.Stderr, "benchtable:", err)
+		return 1
+	}
+	return 0
+}
+
+// startBareForwarder starts this program again as the reference forwarder
+// in front of upstream.
+func startBareForwarder(ctx context.Context, cl *cleaner, upstream string) (*proxyProc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("bare forwarder: %w", err)
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	p, err := startProc(cl, "bare forwarder", self, "-bare-forwarder", addr+" "+upstream)
+	if err != nil {
+		return nil, err
+	}
+	bf := &proxyProc{proc: p, addr: addr}
+	if err := waitListening(ctx, p, addr, 10*time.Second); err != nil {
+		return nil, err
+	}
+	if err := smokeTest(addr); err != nil {
+		return nil, fmt.Errorf("%s on %s: %v; its output:\n%s", p.name, addr, err, p.out.String())
+	}
+	logf("bare forwarder listening on %s (pid %d), upstream %s", addr, p.pid(), upstream)
+	return bf, nil
 }

@@ -34,6 +34,11 @@ type report struct {
 	pass, fail, unreliable int
 }
 
+// spread formats a median with the (min–max) of the runs.
+func spread(v []float64) string {
+	return fmt.Sprintf("%s (%s–%s)", thousands(median(v)), thousands(slices.Min(v)), thousands(slices.Max(v)))
+}
+
 func median(v []float64) float64 {
 	if len(v) == 0 {
 		return math.NaN()
@@ -166,26 +171,36 @@ func (r *report) markdown() string {
 
 	// 1. Throughput.
 	for _, t := range r.throughput {
-		d, p := median(t.direct), median(t.proxy)
+		d, p := median(t.tps[sideDirect]), median(t.tps[sideProxy])
 		ratio := p / d
 		target, result := "—", "info"
 		if t.value == 100 && t.conns == 32 {
 			target, result = "≥ 0.90x", r.verdictUnder(ratio >= 0.90, t.load)
 		}
-		row("1", fmt.Sprintf("throughput, %s values, %d connections (ops/s, median of %d)", sizeName(t.value), t.conns, len(t.direct)),
-			fmt.Sprintf("%s (%s–%s)", thousands(d), thousands(slices.Min(t.direct)), thousands(slices.Max(t.direct))),
-			fmt.Sprintf("%s (%s–%s)", thousands(p), thousands(slices.Min(t.proxy)), thousands(slices.Max(t.proxy))),
-			fmt.Sprintf("%.2fx", ratio), target, result)
+		row("1", fmt.Sprintf("throughput, %s values, %d connections (ops/s, median of %d)", sizeName(t.value), t.conns, len(t.tps[sideDirect])),
+			spread(t.tps[sideDirect]), spread(t.tps[sideProxy]), fmt.Sprintf("%.2fx", ratio), target, result)
+	}
+	for _, t := range r.throughput {
+		d, b := median(t.tps[sideDirect]), median(t.tps[sideBare])
+		row("1", fmt.Sprintf("reference: throughput through the bare forwarder (not kvthrottle), %s values, %d connections (ops/s, median of %d)", sizeName(t.value), t.conns, len(t.tps[sideBare])),
+			spread(t.tps[sideDirect]), spread(t.tps[sideBare]), fmt.Sprintf("%.2fx", b/d), "—", "info")
 	}
 
 	for _, t := range r.throughput {
-		dm, _ := t.cpuPerOp(0)
-		pm, pp := t.cpuPerOp(1)
+		dm, _, dl := t.cpuPerOp(sideDirect)
+		pm, pp, pl := t.cpuPerOp(sideProxy)
+		bm, bp, bl := t.cpuPerOp(sideBare)
 		if dm == 0 || pm+pp == 0 {
 			continue
 		}
-		row("1", fmt.Sprintf("server CPU time per request, %s values, %d connections (memcached [+ proxy])", sizeName(t.value), t.conns),
+		row("1", fmt.Sprintf("server CPU time per request, %s values, %d connections (memcached [+ proxy]; bare forwarder: %.1f + %.1f µs)", sizeName(t.value), t.conns, bm, bp),
 			fmt.Sprintf("%.1f µs", dm), fmt.Sprintf("%.1f + %.1f = %.1f µs", pm, pp, pm+pp), fmt.Sprintf("%.2fx", (pm+pp)/dm), "—", "info")
+		if dl == 0 || pl == 0 {
+			continue
+		}
+		row("1", fmt.Sprintf("CPU time per request of all processes, %s values, %d connections (memcaslap + memcached [+ proxy]; bare forwarder: %.1f µs)", sizeName(t.value), t.conns, bl+bm+bp),
+			fmt.Sprintf("%.1f + %.1f = %.1f µs", dl, dm, dl+dm), fmt.Sprintf("%.1f + %.1f + %.1f = %.1f µs", pl, pm, pp, pl+pm+pp),
+			fmt.Sprintf("%.2fx (throughput bound %.2fx)", (pl+pm+pp)/(dl+dm), (dl+dm)/(pl+pm+pp)), "—", "info")
 	}
 
 	// 2. Latency.
@@ -307,24 +322,28 @@ func (r *report) captionThroughput(w func(string, ...any)) {
 	for _, t := range r.throughput {
 		gets += t.gets
 		sets += t.sets
-		missD += t.getMisses[0]
-		missP += t.getMisses[1]
+		missD += t.getMisses[sideDirect]
+		missP += t.getMisses[sideProxy] + t.getMisses[sideBare]
 	}
-	w("1. **Throughput**: `%s -s ADDR -B -T %d -c CONNS -X VALUE_BYTES -w %s -t %ds`, ADDR being memcached itself or the kvthrottle proxy in front of it. "+
-		"memcaslap's default command mix, set:get = 1:9 (measured over all runs: %s gets, %s sets; get misses: %s direct, %s through the proxy); "+
+	w("1. **Throughput**: `%s -s ADDR -B -T %d -c CONNS -X VALUE_BYTES -w %s -t %ds`, ADDR being memcached itself, the kvthrottle proxy in front of it, or the bare forwarder in front of it. "+
+		"memcaslap's default command mix, set:get = 1:9 (measured over all runs: %s gets, %s sets; get misses: %s direct, %s through a forwarder); "+
 		"keys as memcaslap generates them (the proxy prefixes them with the bucket's namespace). "+
-		"%d direct/proxy pairs per case, the order flipped every pair, after a 1 s warm-up run each way; the cells give the median TPS memcaslap reports (\"TPS:\") and the (min–max) of the runs. "+
+		"%d rounds per case of one run per side, the order rotating every round, after a 1 s warm-up run each way; the cells give the median TPS memcaslap reports (\"TPS:\") and the (min–max) of the runs. "+
 		"memcached: `%s`. Proxy: `%s serve --config FILE` with the configuration below (throttling on, limits far above what is reached). "+
 		"The %d cores are shared by memcached (2 threads), the proxy and memcaslap (%d threads); nothing is pinned.\n",
 		r.tools.memaslap, o.threads, o.window, int(o.duration.Seconds()), thousands(float64(gets)), thousands(float64(sets)),
-		thousands(float64(missD)), thousands(float64(missP)), o.pairs, strings.Join(r.mcArgs, " "), shortPath(o.bin), r.machine.cores, o.threads)
+		thousands(float64(missD)), thousands(float64(missP)), o.rounds, strings.Join(r.mcArgs, " "), shortPath(o.bin), r.machine.cores, o.threads)
+	w("   The **bare forwarder** (`internal/bareforward`, run as `benchtable -bare-forwarder`) is a reference, not a product: the cheapest forwarder we know how to write — " +
+		"raw epoll on locked threads, one per core, no parsing beyond the header, no throttling or tenants, the ready clients' requests sent upstream in one write per pass and each client's responses in one write. " +
+		"It pays what any proxy must, a second read and write per request on the client sockets, and nothing else; where kvthrottle is close to it, what is left of the gap to direct memcached is the cost of putting any process in the path on this machine.\n")
 	var perCase []string
 	for _, t := range r.throughput {
 		perCase = append(perCase, fmt.Sprintf("%s/%d conns %s (one run at most %.0f%%)", sizeName(t.value), t.conns, t.load, t.maxForeign))
 	}
 	w("   Other processes' CPU per case: %s. "+
-		"Server CPU time per request: the user+system CPU time memcached and the proxy used during the runs (/proc/PID/stat) over the operations memcaslap counted; "+
-		"unlike throughput it hardly depends on what else runs on the machine, and with every core busy, throughput is about inversely proportional to the CPU time spent per request by all processes, memcaslap's included.\n",
+		"Server CPU time per request: the user+system CPU time memcached and the forwarder used during the runs (/proc/PID/stat) over the operations memcaslap counted; memcaslap's own from its rusage. "+
+		"Unlike throughput it hardly depends on what else runs on the machine, and with every core busy, throughput is about inversely proportional to the CPU time spent per request by all processes, memcaslap's included: "+
+		"the \"throughput bound\" is direct's total over the proxy's.\n",
 		strings.Join(perCase, "; "))
 }
 

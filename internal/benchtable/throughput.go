@@ -16,32 +16,45 @@ type tpCase struct {
 
 var tpCases = []tpCase{{100, 32}, {100, 256}, {4096, 32}, {4096, 256}}
 
+// The sides of a throughput case: memcached itself, kvthrottle in front of
+// it, and the reference forwarder in front of it.
+const (
+	sideDirect = iota
+	sideProxy
+	sideBare
+	numSides
+)
+
 type tpResult struct {
 	tpCase
-	direct, proxy []float64 // TPS per run, in run order
-	getMisses     [2]int64  // direct, proxy (sum over runs)
-	gets, sets    int64     // over every run
-	load          cpuLoad   // CPU used by other processes during the case
-	maxForeign    float64   // the most of any run
+	tps        [numSides][]float64 // TPS per run, in run order
+	getMisses  [numSides]int64     // sum over runs
+	gets, sets int64               // over every run
+	load       cpuLoad             // CPU used by other processes during the case
+	maxForeign float64             // the most of any run
 
-	// CPU time (jiffies) of memcached and the proxy over the runs, and the
-	// operations memcaslap counted: index 0 direct, 1 through the proxy.
-	mcCPU, pxCPU [2]int64
-	ops          [2]int64
+	// CPU time (jiffies) of memcached and of the forwarding process
+	// (kvthrottle or the bare forwarder) over the runs, memcaslap's own
+	// (from its rusage), and the operations memcaslap counted.
+	mcCPU, fwdCPU [numSides]int64
+	lgCPU         [numSides]time.Duration
+	ops           [numSides]int64
 }
 
-// cpuPerOp returns the CPU time per operation of memcached and of the
-// proxy, in µs (/proc counts in 1/100 s).
-func (t *tpResult) cpuPerOp(side int) (mc, px float64) {
+// cpuPerOp returns the CPU time per operation of memcached, of the
+// forwarding process and of memcaslap, in µs (/proc counts in 1/100 s).
+func (t *tpResult) cpuPerOp(side int) (mc, fwd, lg float64) {
 	if t.ops[side] == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	per := 1e6 / 100 / float64(t.ops[side])
-	return float64(t.mcCPU[side]) * per, float64(t.pxCPU[side]) * per
+	return float64(t.mcCPU[side]) * per, float64(t.fwdCPU[side]) * per,
+		t.lgCPU[side].Seconds() * 1e6 / float64(t.ops[side])
 }
 
 type maslapRun struct {
 	tps                 float64
+	cpu                 time.Duration // memcaslap's user+system time
 	gets, sets, getMiss int64
 	output              string
 }
@@ -60,8 +73,11 @@ func memaslapArgs(o *options, addr string, c tpCase) []string {
 func memaslap(ctx context.Context, path string, args []string, timeout time.Duration) (maslapRun, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	out, err := shortCommand(ctx, path, args...)
+	out, state, err := runCommand(ctx, "", path, args...)
 	r := maslapRun{output: out}
+	if state != nil {
+		r.cpu = state.UserTime() + state.SystemTime()
+	}
 	if err != nil {
 		return r, fmt.Errorf("memcaslap %s: %v; output:\n%s", strings.Join(args, " "), err, out)
 	}
@@ -87,17 +103,21 @@ func memaslap(ctx context.Context, path string, args []string, timeout time.Dura
 	return r, nil
 }
 
-// runThroughput alternates direct and proxied memcaslap runs (the order
-// flips every pair so drift does not favour either side).
-func runThroughput(ctx context.Context, o *options, t tools, mc *memcached, px *proxyProc, rep *report) error {
-	direct, proxied := mc.addr, px.addr
-	live := []int{mc.pid(), px.pid()}
+// runThroughput runs memcaslap directly against memcached, through
+// kvthrottle and through the bare forwarder, one after the other, the order
+// rotating every round so drift favours no side.
+func runThroughput(ctx context.Context, o *options, t tools, mc *memcached, px, bare *proxyProc, rep *report) error {
+	var addrs, fwdPids [numSides]string
+	addrs[sideDirect], addrs[sideProxy], addrs[sideBare] = mc.addr, px.addr, bare.addr
+	fwdPids[sideProxy], fwdPids[sideBare] = strconv.Itoa(px.pid()), strconv.Itoa(bare.pid())
+	mcPid := strconv.Itoa(mc.pid())
+	live := []int{mc.pid(), px.pid(), bare.pid()}
 	section := takeCPU(live...)
 	timeout := o.duration + 60*time.Second
 	// Warm-up: one short run each way, not counted.
 	wo := *o
 	wo.duration = time.Second
-	for _, addr := range []string{direct, proxied} {
+	for _, addr := range addrs {
 		if _, err := memaslap(ctx, t.memaslap, memaslapArgs(&wo, addr, tpCase{100, 32}), timeout); err != nil {
 			return err
 		}
@@ -105,49 +125,41 @@ func runThroughput(ctx context.Context, o *options, t tools, mc *memcached, px *
 	for _, c := range tpCases {
 		res := &tpResult{tpCase: c}
 		caseStart := takeCPU(live...)
-		for i := 0; i < o.pairs; i++ {
-			order := []bool{false, true} // proxy?
-			if i%2 == 1 {
-				order = []bool{true, false}
-			}
-			for _, viaProxy := range order {
-				addr := direct
-				if viaProxy {
-					addr = proxied
-				}
+		for i := 0; i < o.rounds; i++ {
+			for k := range numSides {
+				side := (i + k) % numSides
 				before := takeCPU(live...)
-				mc0, _ := procCPU(strconv.Itoa(mc.pid()), false)
-				px0, _ := procCPU(strconv.Itoa(px.pid()), false)
-				r, err := memaslap(ctx, t.memaslap, memaslapArgs(o, addr, c), timeout)
+				mc0, _ := procCPU(mcPid, false)
+				var fwd0, fwd1 int64
+				if fwdPids[side] != "" {
+					fwd0, _ = procCPU(fwdPids[side], false)
+				}
+				r, err := memaslap(ctx, t.memaslap, memaslapArgs(o, addrs[side], c), timeout)
 				if err != nil {
 					return err
 				}
-				mc1, _ := procCPU(strconv.Itoa(mc.pid()), false)
-				px1, _ := procCPU(strconv.Itoa(px.pid()), false)
-				side := 0
-				if viaProxy {
-					side = 1
+				mc1, _ := procCPU(mcPid, false)
+				if fwdPids[side] != "" {
+					fwd1, _ = procCPU(fwdPids[side], false)
 				}
 				res.mcCPU[side] += mc1 - mc0
-				res.pxCPU[side] += px1 - px0
+				res.fwdCPU[side] += fwd1 - fwd0
+				res.lgCPU[side] += r.cpu
 				res.ops[side] += r.gets + r.sets
 				if l := loadBetween(before, takeCPU(live...)); l.ok {
 					res.maxForeign = max(res.maxForeign, l.foreignPct)
 				}
 				res.gets += r.gets
 				res.sets += r.sets
-				if viaProxy {
-					res.proxy = append(res.proxy, r.tps)
-					res.getMisses[1] += r.getMiss
-				} else {
-					res.direct = append(res.direct, r.tps)
-					res.getMisses[0] += r.getMiss
-				}
+				res.tps[side] = append(res.tps[side], r.tps)
+				res.getMisses[side] += r.getMiss
 			}
 		}
 		res.load = loadBetween(caseStart, takeCPU(live...))
-		logf("throughput %s, %d conns: direct %.0f, proxy %.0f ops/s (medians of %d): %.2fx; other processes' CPU %s (at most %.0f%% in one run)",
-			sizeName(c.value), c.conns, median(res.direct), median(res.proxy), o.pairs, median(res.proxy)/median(res.direct), res.load, res.maxForeign)
+		d := median(res.tps[sideDirect])
+		logf("throughput %s, %d conns (medians of %d): direct %.0f, kvthrottle %.0f (%.2fx), bare forwarder %.0f (%.2fx) ops/s; other processes' CPU %s (at most %.0f%% in one run)",
+			sizeName(c.value), c.conns, o.rounds, d, median(res.tps[sideProxy]), median(res.tps[sideProxy])/d,
+			median(res.tps[sideBare]), median(res.tps[sideBare])/d, res.load, res.maxForeign)
 		rep.throughput = append(rep.throughput, res)
 	}
 	rep.tpLoad = loadBetween(section, takeCPU(live...))
