@@ -35,19 +35,20 @@ func (l latResult) pct(p float64) time.Duration {
 func latKey(i int) []byte { return []byte("benchtable:lat:" + strconv.Itoa(i)) }
 
 // runLatency measures the latency of a fixed, moderate request rate,
-// directly and through the proxy.
-func runLatency(ctx context.Context, o *options, mc *memcached, px *proxyProc, rep *report) error {
-	direct, proxied := mc.addr, px.addr
-	section := takeCPU(mc.pid(), px.pid())
-	defer func() { rep.latLoad = loadBetween(section, takeCPU(mc.pid(), px.pid())) }()
+// directly, through the proxy and through the bare forwarder.
+func runLatency(ctx context.Context, o *options, mc *memcached, px, bare *proxyProc, rep *report) error {
+	live := []int{mc.pid(), px.pid(), bare.pid()}
+	section := takeCPU(live...)
+	defer func() { rep.latLoad = loadBetween(section, takeCPU(live...)) }()
 	warm := time.Second
 	if o.quick {
 		warm = 500 * time.Millisecond
 	}
 	for _, side := range []struct {
-		addr  string
-		proxy bool
-	}{{direct, false}, {proxied, true}} {
+		name string
+		addr string
+		res  *latResult
+	}{{"direct", mc.addr, &rep.latDirect}, {"proxy", px.addr, &rep.latProxy}, {"bare forwarder", bare.addr, &rep.latBare}} {
 		if err := populate(side.addr); err != nil {
 			return fmt.Errorf("latency: populate %s: %w", side.addr, err)
 		}
@@ -55,14 +56,8 @@ func runLatency(ctx context.Context, o *options, mc *memcached, px *proxyProc, r
 		if err != nil {
 			return fmt.Errorf("latency via %s: %w", side.addr, err)
 		}
-		name := "direct"
-		if side.proxy {
-			name = "proxy"
-			rep.latProxy = res
-		} else {
-			rep.latDirect = res
-		}
-		logf("latency %s: %d requests at %.0f/s, p50 %v, p99 %v", name, len(res.samples),
+		*side.res = res
+		logf("latency %s: %d requests at %.0f/s, p50 %v, p99 %v", side.name, len(res.samples),
 			float64(res.requests)/res.elapsed.Seconds(), res.pct(0.50), res.pct(0.99))
 	}
 	return nil

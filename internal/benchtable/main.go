@@ -229,24 +229,24 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 				return err
 			}
 			rep.proxyConfig = px.config
+			bare, err := startBareForwarder(ctx, cl, mc.addr)
+			if err != nil {
+				return err
+			}
 			if o.has('1') {
-				bare, err := startBareForwarder(ctx, cl, mc.addr)
-				if err != nil {
-					return err
-				}
 				if err := runThroughput(ctx, o, tools, mc, px, bare, rep); err != nil {
 					return err
 				}
-				if err := bare.ensureAlive(); err != nil {
-					return err
-				}
-				bare.stop()
 			}
 			if o.has('2') {
-				if err := runLatency(ctx, o, mc, px, rep); err != nil {
+				if err := runLatency(ctx, o, mc, px, bare, rep); err != nil {
 					return err
 				}
 			}
+			if err := bare.ensureAlive(); err != nil {
+				return err
+			}
+			bare.stop()
 			if err := px.ensureAlive(); err != nil {
 				return err
 			}

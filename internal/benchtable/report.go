@@ -26,6 +26,7 @@ type report struct {
 
 	throughput          []*tpResult
 	latDirect, latProxy latResult
+	latBare             latResult // through the bare forwarder
 	gobench             *goBench
 	mem                 *memResult
 
@@ -204,14 +205,24 @@ func (r *report) markdown() string {
 	}
 
 	// 2. Latency.
+	added := func(d, p time.Duration) string {
+		if p >= d {
+			return "+" + micros(p-d)
+		}
+		return micros(p - d)
+	}
 	for _, q := range r.latRows() {
 		d, p := r.latDirect.pct(q.p), r.latProxy.pct(q.p)
-		diff := micros(p - d)
-		if p >= d {
-			diff = "+" + diff
-		}
 		row("2", fmt.Sprintf("latency %s at %d req/s, %d connections, 100 B GET/SET 9:1", q.name, o.latRate, o.latConns),
-			micros(d), micros(p), diff, "—", "info")
+			micros(d), micros(p), added(d, p), "—", "info")
+	}
+	for _, q := range r.latRows() {
+		if len(r.latBare.samples) == 0 {
+			break
+		}
+		d, b := r.latDirect.pct(q.p), r.latBare.pct(q.p)
+		row("2", fmt.Sprintf("reference: latency %s through the bare forwarder (not kvthrottle), same load", q.name),
+			micros(d), micros(b), added(d, b), "—", "info")
 	}
 
 	// 3. Go benchmarks.
@@ -296,7 +307,7 @@ func (r *report) markdown() string {
 	}
 	if o.has('2') {
 		w("2. **Latency**: this program's own load generator (binary protocol, Go): %d connections, each sending one request every %v (%d req/s in all, well below saturation) and waiting for its response; "+
-			"100-byte values, GET:SET = 9:1 over %d keys set beforehand; %s of warm-up, then %s measured, first directly, then through the same proxy as section 1; "+
+			"100-byte values, GET:SET = 9:1 over %d keys set beforehand; %s of warm-up, then %s measured, first directly, then through the same proxy as section 1, then through the bare forwarder; "+
 			"latency = from just before the request's write to the end of its response (%s samples direct, %s through the proxy).\n",
 			o.latConns, time.Duration(float64(time.Second)*float64(o.latConns)/float64(o.latRate)), o.latRate, latKeys,
 			map[bool]string{true: "0.5 s", false: "1 s"}[o.quick], o.latDur, thousands(float64(len(r.latDirect.samples))), thousands(float64(len(r.latProxy.samples))))
