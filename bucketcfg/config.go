@@ -213,6 +213,15 @@ type Bucket struct {
 func (c *Config) Path() string { return c.path }
 
 // Bucket returns the bucket called name, or nil when there is none. The
+// BucketNames returns the names of the configured buckets, in file order.
+func (c *Config) BucketNames() []string {
+	names := make([]string, len(c.Buckets))
+	for i, b := range c.Buckets {
+		names[i] = b.Name
+	}
+	return names
+}
+
 // result points into c and must not be modified.
 func (c *Config) Bucket(name string) *Bucket {
 	if i, ok := c.bucketIndex[name]; ok {

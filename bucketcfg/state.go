@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 )
 
@@ -38,11 +39,15 @@ const maxStateBytes = 64 << 20
 //	  "capacity": 25000,
 //	  "default_throttle_reserved_units": 0,
 //	  "default_throttle_hard_limit": "unlimited",
-//	  "buckets": {"b1": {"reserved": 100, "hard_limit": 1000}}
+//	  "buckets": {"b1": {"reserved": 100, "hard_limit": 1000}},
+//	  "epochs": {"b1": 0, "b2": 3, "old": 1},
+//	  "retired": ["old"]
 //	}
 //
 // where capacity and the two defaults are optional (the defaults go
-// together) and null means absent.
+// together) and null means absent; epochs and retired are the key
+// namespaces (see Epochs, Retired), written by the proxy, absent in files
+// written before they existed.
 type State struct {
 	// Capacity overrides throttle.capacity when not nil.
 	Capacity *Limit
@@ -54,14 +59,57 @@ type State struct {
 	Buckets map[string]BucketThrottle
 	// Epochs are the buckets' key-namespace generations: a FLUSH, or a
 	// bucket removed and created again, moves the bucket to a fresh, empty
-	// namespace by raising its epoch. A missing entry is epoch 0. Never nil
+	// namespace by raising its epoch. Every bucket that has been in service
+	// has an entry (see TrackBuckets); a missing entry is epoch 0. Never nil
 	// in a State from this package.
 	Epochs map[string]uint64
+	// Retired holds the buckets of Epochs that are out of service: removed
+	// from the configuration, their epoch already raised for when the name
+	// comes back. Never nil in a State from this package.
+	Retired map[string]bool
 }
 
 // NewState returns an empty State: nothing overridden.
 func NewState() *State {
-	return &State{Buckets: map[string]BucketThrottle{}, Epochs: map[string]uint64{}}
+	return &State{Buckets: map[string]BucketThrottle{}, Epochs: map[string]uint64{}, Retired: map[string]bool{}}
+}
+
+// TrackBuckets records that exactly the buckets named inService are in
+// service, whether the configuration changed by a reload or while the
+// proxy was down. A bucket in service for the first time gets an epoch 0
+// entry. A bucket that was in service and no longer is gets its epoch
+// raised, once, and is marked retired: if the name comes back, perhaps for
+// another tenant, it starts in a fresh, empty namespace instead of finding
+// the old keys. It returns s itself when nothing changes, else a changed
+// copy to Save before the new configuration takes effect.
+func (s *State) TrackBuckets(inService []string) (next *State, changed bool) {
+	live := make(map[string]bool, len(inService))
+	for _, name := range inService {
+		live[name] = true
+	}
+	next = s
+	edit := func() *State {
+		if !changed {
+			next, changed = s.Clone(), true
+		}
+		return next
+	}
+	for _, name := range inService {
+		if _, ok := s.Epochs[name]; !ok {
+			edit().Epochs[name] = 0
+		}
+		if s.Retired[name] {
+			delete(edit().Retired, name)
+		}
+	}
+	for name := range s.Epochs {
+		if !live[name] && !s.Retired[name] {
+			n := edit()
+			n.BumpEpoch(name)
+			n.Retired[name] = true
+		}
+	}
+	return next, changed
 }
 
 // BumpEpoch raises bucket name's namespace epoch and returns the new value.
@@ -92,6 +140,9 @@ func (s *State) Clone() *State {
 	}
 	for k, v := range s.Epochs {
 		n.Epochs[k] = v
+	}
+	for k, v := range s.Retired {
+		n.Retired[k] = v
 	}
 	return n
 }
@@ -179,6 +230,7 @@ type stateJSON struct {
 	DefaultHardLimit *Limit                     `json:"default_throttle_hard_limit,omitempty"`
 	Buckets          map[string]stateBucketJSON `json:"buckets"`
 	Epochs           map[string]uint64          `json:"epochs,omitempty"`
+	Retired          []string                   `json:"retired,omitempty"`
 }
 
 type stateBucketJSON struct {
@@ -198,6 +250,12 @@ func (s State) MarshalJSON() ([]byte, error) {
 		r, h := v.Reserved, v.HardLimit
 		j.Buckets[k] = stateBucketJSON{Reserved: &r, HardLimit: &h}
 	}
+	for name, ok := range s.Retired {
+		if ok {
+			j.Retired = append(j.Retired, name)
+		}
+	}
+	slices.Sort(j.Retired)
 	return json.Marshal(j)
 }
 
@@ -236,6 +294,12 @@ func (s *State) UnmarshalJSON(data []byte) error {
 			return fmt.Errorf("epochs: %w", err)
 		}
 		n.Epochs[name] = e
+	}
+	for _, name := range j.Retired {
+		if _, ok := j.Epochs[name]; !ok {
+			return fmt.Errorf("retired: bucket %q has no epoch", name)
+		}
+		n.Retired[name] = true
 	}
 	if err := n.Validate(); err != nil {
 		return err

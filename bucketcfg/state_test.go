@@ -16,6 +16,8 @@ func sampleState() *State {
 	s.Defaults = &BucketThrottle{lim(5), Unlimited()}
 	s.Buckets["b1"] = BucketThrottle{lim(100), lim(1000)}
 	s.Buckets["b2"] = BucketThrottle{Unlimited(), Unlimited()}
+	s.Epochs["b1"], s.Epochs["b2"], s.Epochs["old"] = 0, 3, 1
+	s.Retired["old"] = true
 	return s
 }
 
@@ -45,7 +47,7 @@ func TestStateSaveLoadRoundTrip(t *testing.T) {
 	}
 	data, _ := os.ReadFile(path)
 	for _, want := range []string{`"version": 1`, `"capacity": 30000`, `"default_throttle_reserved_units": 5`,
-		`"default_throttle_hard_limit": "unlimited"`, `"b1": {`, `"hard_limit": 1000`} {
+		`"default_throttle_hard_limit": "unlimited"`, `"b1": {`, `"hard_limit": 1000`, `"old": 1`, `"retired": [`} {
 		if !strings.Contains(string(data), want) {
 			t.Errorf("state file lacks %s:\n%s", want, data)
 		}
@@ -72,6 +74,8 @@ func TestLoadStateRejectsCorruptFiles(t *testing.T) {
 		"entry unknown key": `{"version": 1, "buckets": {"b1": {"reserved": 1, "hard_limit": 1, "x": 0}}}`,
 		"trailing data":     `{"version": 1, "buckets": {}} {}`,
 		"array":             `[]`,
+		"retired no epoch":  `{"version": 1, "epochs": {"a": 1}, "retired": ["b"]}`,
+		"epoch bad name":    `{"version": 1, "epochs": {"a b": 1}}`,
 	}
 	dir := t.TempDir()
 	for name, content := range cases {
@@ -428,5 +432,40 @@ func TestSetNodePinsExistingBuckets(t *testing.T) {
 	st2 := NewState()
 	if err := st2.SetNode(NodeThrottle{Capacity: &c}, current); err != nil || len(st2.Buckets) != 0 || st2.Defaults != nil {
 		t.Fatalf("capacity-only SetNode: %+v, %v", st2, err)
+	}
+}
+
+// TrackBuckets raises the epoch of a bucket once when it goes out of
+// service, whether by reload or while the proxy was down, and records new
+// buckets, so that a name coming back never finds the old keys.
+func TestTrackBuckets(t *testing.T) {
+	s := NewState()
+	s.Epochs["flushed"] = 2
+	s1, changed := s.TrackBuckets([]string{"a", "flushed"})
+	if !changed || !reflect.DeepEqual(s1.Epochs, map[string]uint64{"a": 0, "flushed": 2}) || len(s1.Retired) != 0 {
+		t.Fatalf("first start: changed %v, epochs %v, retired %v", changed, s1.Epochs, s1.Retired)
+	}
+	if len(s.Epochs) != 1 {
+		t.Fatalf("TrackBuckets changed its receiver: %v", s.Epochs)
+	}
+	if s2, changed := s1.TrackBuckets([]string{"flushed", "a"}); changed || s2 != s1 {
+		t.Fatalf("same buckets again: changed %v", changed)
+	}
+	// "a" removed: raised once, however many restarts or reloads follow.
+	s3, changed := s1.TrackBuckets([]string{"flushed"})
+	if !changed || s3.Epochs["a"] != 1 || !s3.Retired["a"] {
+		t.Fatalf("removed: changed %v, epochs %v, retired %v", changed, s3.Epochs, s3.Retired)
+	}
+	if s4, changed := s3.TrackBuckets([]string{"flushed"}); changed || s4.Epochs["a"] != 1 {
+		t.Fatalf("still removed: changed %v, epochs %v", changed, s4.Epochs)
+	}
+	// Back in service: the raised epoch, no longer retired.
+	s5, changed := s3.TrackBuckets([]string{"flushed", "a"})
+	if !changed || s5.Epochs["a"] != 1 || s5.Retired["a"] {
+		t.Fatalf("back: changed %v, epochs %v, retired %v", changed, s5.Epochs, s5.Retired)
+	}
+	// Removed again: a third namespace.
+	if s6, _ := s5.TrackBuckets(nil); s6.Epochs["a"] != 2 || s6.Epochs["flushed"] != 3 {
+		t.Fatalf("removed again: epochs %v", s6.Epochs)
 	}
 }

@@ -183,32 +183,27 @@ func (srv *Server) warnOvercommit(eff *bucketcfg.Config) {
 func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	srv.adminMu.Lock()
 	defer srv.adminMu.Unlock()
+	// Everything that can refuse the file is checked before anything is
+	// persisted or applied: a refused reload leaves no trace.
+	next, changed := srv.state.TrackBuckets(cfg.BucketNames())
+	eff, err := bucketcfg.Effective(cfg, next)
+	if err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
+	rt, err := srv.newRoutingFor(cfg)
+	if err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
 	// A removed bucket that comes back later must not find its old keys
 	// (maybe another tenant's by then): its namespace epoch moves on,
 	// persisted before the removal takes effect.
-	var gone []string
-	for name := range srv.ten.Load().buckets {
-		if cfg.Bucket(name) == nil {
-			gone = append(gone, name)
-		}
-	}
-	if len(gone) > 0 {
-		next := srv.state.Clone()
-		for _, name := range gone {
-			next.BumpEpoch(name)
-		}
+	if changed {
 		if err := next.Save(srv.opts.statePath); err != nil {
 			return fmt.Errorf("reload: persist namespace epochs: %w", err)
 		}
 		srv.state = next
 	}
-	eff, err := bucketcfg.Effective(cfg, srv.state)
-	if err != nil {
-		return fmt.Errorf("reload: %w", err)
-	}
-	if err := srv.reroute(cfg); err != nil {
-		return fmt.Errorf("reload: %w", err)
-	}
+	srv.reroute(cfg, rt)
 	srv.file = cfg
 	if err := srv.apply(eff); err != nil {
 		return fmt.Errorf("reload: %w", err)
@@ -218,23 +213,30 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	return nil
 }
 
-// reroute publishes a new routing when the server list or weights changed;
-// each loop adopts it at its next tick, keeping connections to servers
-// that stay and letting removed ones finish their requests. The caller
-// holds adminMu.
-func (srv *Server) reroute(cfg *bucketcfg.Config) error {
+// newRoutingFor returns the routing for cfg's server list, or nil when
+// the servers, weights and ejection settings in force stay. The routing's
+// prober is not started. The caller holds adminMu.
+func (srv *Server) newRoutingFor(cfg *bucketcfg.Config) (*routing, error) {
 	cur := srv.routing.Load()
 	if slices.Equal(cur.servers, cfg.Upstream.Servers) && slices.Equal(srv.file.Upstream.Weights, cfg.Upstream.Weights) &&
 		srv.file.Upstream.EjectAfterFailures == cfg.Upstream.EjectAfterFailures && srv.file.Upstream.EjectRetry == cfg.Upstream.EjectRetry {
-		return nil
+		return nil, nil
 	}
 	hc := srv.healthCfg
 	hc.ejectAfter, hc.ejectRetry = cfg.Upstream.EjectAfterFailures, cfg.Upstream.EjectRetry
-	rt, err := newRouting(cfg.Upstream.Servers, cfg.Upstream.Weights, hc, srv.log)
-	if err != nil {
-		return err
+	return newRouting(cfg.Upstream.Servers, cfg.Upstream.Weights, hc, srv.log)
+}
+
+// reroute publishes rt (from newRoutingFor; nil changes nothing); each
+// loop adopts it at its next tick, keeping connections to servers that
+// stay and letting removed ones finish their requests. The caller holds
+// adminMu.
+func (srv *Server) reroute(cfg *bucketcfg.Config, rt *routing) {
+	if rt == nil {
+		return
 	}
-	srv.healthCfg = hc
+	cur := srv.routing.Load()
+	srv.healthCfg.ejectAfter, srv.healthCfg.ejectRetry = cfg.Upstream.EjectAfterFailures, cfg.Upstream.EjectRetry
 	rt.health.start()
 	srv.routing.Store(rt)
 	cur.health.close()
@@ -246,7 +248,6 @@ func (srv *Server) reroute(cfg *bucketcfg.Config) error {
 		}
 	}
 	srv.log.Info().Strs("servers", rt.servers).Ints("weights", cfg.Upstream.Weights).Msg("upstream servers changed")
-	return nil
 }
 
 // recheckSessions applies a new configuration to open sessions; on the

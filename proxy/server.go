@@ -118,6 +118,15 @@ func New(opts Options) (*Server, error) {
 	if st == nil {
 		st = bucketcfg.NewState()
 	}
+	// Buckets removed while the proxy was down move to fresh namespaces,
+	// and new ones are recorded, before anything is served: a name that
+	// comes back must not find the old keys (State.TrackBuckets).
+	if next, changed := st.TrackBuckets(cfg.BucketNames()); changed {
+		if err := next.Save(cfg.Throttle.StateFile); err != nil {
+			return nil, fmt.Errorf("proxy: record the buckets in service: %w", err)
+		}
+		st = next
+	}
 	eff, err := bucketcfg.Effective(cfg, st)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: apply runtime state: %w", err)

@@ -476,3 +476,65 @@ func TestReloadRevokes(t *testing.T) {
 		return err != nil
 	})
 }
+
+// A bucket removed from the file while the proxy is down (restart rather
+// than SIGHUP) and created again later must start empty, as it does when
+// removed and re-added by reload (TestFlushSurvivesRestart): the name may
+// have gone to another tenant by then.
+func TestBucketRemovedWhileDownStartsEmpty(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t)})
+	bob := login(t, p.Addr, "bob")
+	if r, err := bob.Set([]byte("secret"), []byte("old tenant's data")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	bob.Close()
+	p.stop(t)
+
+	without := strings.Replace(tenantTail(t), "[[bucket]]\nname = \"bob\"\n", "", 1)
+	without = strings.Replace(without, `buckets = ["bob"]`, `buckets = []`, 1)
+	q := startProxyTo(t, p.MC, testConfig{tail: without, statePath: p.StatePath})
+	q.stop(t)
+
+	r2 := startProxyTo(t, p.MC, testConfig{tail: tenantTail(t), statePath: p.StatePath})
+	if r, err := login(t, r2.Addr, "bob").Get([]byte("secret")); status(t, r, err) != mc.StatusKeyEnoent {
+		t.Fatalf("re-created bucket sees the removed bucket's keys: %s %q", r.Status(), r.Value)
+	}
+}
+
+// A reload that is refused leaves no trace: in particular it must not
+// persist new namespace epochs for the buckets it would have removed, which
+// stay in service and would otherwise lose their keys at the next restart
+// (an unrequested FLUSH).
+func TestRefusedReloadPersistsNothing(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t)})
+	admin := login(t, p.Addr, "admin")
+	if r := adminDo(t, admin, mc.OpSetNodeThrottleProperties, "", `{"default_throttle_reserved_units":0,"default_throttle_hard_limit":50}`); r.Status() != mc.StatusSuccess {
+		t.Fatalf("set defaults: %s %q", r.Status(), r.Value)
+	}
+	bob := login(t, p.Addr, "bob")
+	if r, err := bob.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	// New file: bob removed, and a new bucket carol whose reserved = 100
+	// does not fit the runtime default hard limit of 50: Effective fails.
+	tail := strings.Replace(tenantTail(t), "[[bucket]]\nname = \"bob\"\n", "[[bucket]]\nname = \"carol\"\nreserved = 100\n", 1)
+	tail = strings.Replace(tail, `buckets = ["bob"]`, `buckets = []`, 1)
+	cfg, err := bucketcfg.Parse([]byte(testConfig{tail: tail}.render(p.opts.listen, []string{p.MC.Addr}, p.StatePath)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Reload(cfg); err == nil {
+		t.Fatal("reload unexpectedly accepted")
+	}
+	// bob is still served, with its key.
+	if r, err := bob.Get([]byte("k")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("bob after the refused reload: %s", r.Status())
+	}
+	bob.Close()
+	admin.Close()
+	p.stop(t)
+	q := startProxyTo(t, p.MC, testConfig{tail: tenantTail(t), statePath: p.StatePath})
+	if r, err := login(t, q.Addr, "bob").Get([]byte("k")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("bob's key after a restart with the same file, following a refused reload: %s", r.Status())
+	}
+}

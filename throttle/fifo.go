@@ -5,11 +5,13 @@ import "time"
 // The FIFO line of a bucket is two counters: tail, the places handed out,
 // and served, the places admitted or given back. A held Blocking caller
 // takes place k = ++tail; its position is p = k - served - 1, the number of
-// places still ahead of it. It is admitted once the gauges have room for
-// p+1 commands of the bucket's average size, so the room of the places ahead
-// stays theirs: with room for one command only the first place runs, with
-// more room the next ones may run in the same instant. The waits handed out
-// follow the same formula, so places are woken in order. Being counters,
+// places still ahead of it. It is admitted once the gauges hold room for p
+// commands of the bucket's average size and still admit, so the room of the
+// places ahead stays theirs: with room for one command only the first place
+// runs, with more room the next ones may run in the same instant. The room
+// is read from the gauges as they are (another tenant may have taken the
+// free pool); the waits handed out assume the bucket's fastest rate, so a
+// place may wake early and wait again, but places are woken in order. Being counters,
 // positions are exact while places are given up from the front; a place
 // given back from further back moves every place up by one, so the place
 // just ahead of it may tie with the one before.
@@ -72,51 +74,94 @@ func (b *Bucket) queue(w *Waiter, now int64, d Domain, at int64, lim *bucketLimi
 	}
 	served := b.served.Load()
 	k := w.place
+	taken := false // the place was taken by this call
 	if k == 0 {
 		if d != Held && served >= b.tail.Load() {
 			return 0, false // nobody waits and there is room
 		}
 		k = b.tail.Add(1)
 		w.b, w.place = b, k
-		b.held.Add(1)
+		taken = true
 	}
 	if k <= served+1 { // first in line
 		if d != Held {
 			return 0, false
 		}
-		return until(now, at), true
+		return b.hold(taken, until(now, at))
 	}
 	if at == never {
-		return InfDuration, true
+		return b.hold(taken, InfDuration)
 	}
-	// Room builds up for at most burst: the gauges have room for the
-	// places ahead and this one at max(at, now-burst) + (their cost).
-	from := max(at, now-b.e.burst)
-	step := unitCost(lim, node)
-	t := b.ahead(from, step, k-served-1)
-	if t > now && at <= now-abandonAfter && b.lastServed.Load() <= now-abandonAfter {
+	// Behind others: admitted once the gauges hold, now, the room of the
+	// places ahead (at the bucket's average command size) and still admit.
+	ahead := k - served - 1
+	room := b.room(now, lim, node)
+	if room < b.need(ahead) && at <= now-abandonAfter && b.lastServed.Load() <= now-abandonAfter {
 		b.serve(now) // room unclaimed for too long: forgive a lost place
-		t = b.ahead(from, step, k-min(b.served.Load(), k-1)-1)
+		ahead = k - min(b.served.Load(), k-1) - 1
 	}
-	if t <= now {
+	need := b.need(ahead)
+	if room >= need {
 		return 0, false
 	}
-	return until(now, t), true
+	// From when the gauges admit again (at), the room builds up at the
+	// bucket's fastest rate at best: the wait handed out is the earliest
+	// the place can go, and grows with the position, so places are woken
+	// in order.
+	step := unitCost(lim, node)
+	wait := maxDebt
+	if deficit := need - max(room, 0); step != 0 && deficit < maxDebt/step {
+		wait = max(at-now, 0) + deficit*step
+	}
+	return b.hold(taken, time.Duration(max(wait, 1)))
 }
 
-// ahead returns from plus the time n commands of the bucket's average size
-// take at step nanoseconds per unit.
-func (b *Bucket) ahead(from, step int64, n uint64) int64 {
-	if n == 0 || step == 0 {
-		return from
+// hold counts a command held for the first time (its place taken by this
+// Admit) and returns wait, true.
+func (b *Bucket) hold(taken bool, wait time.Duration) (time.Duration, bool) {
+	if taken {
+		b.held.Add(1)
 	}
+	return wait, true
+}
+
+// maxRoom stands for the room of a gauge without a limit.
+const maxRoom = int64(1) << 40
+
+// room returns the units the bucket's gauges can take at now and still
+// admit: what its reservation and the free pool hold, bounded by its hard
+// limit (negative when in debt, at most maxRoom).
+func (b *Bucket) room(now int64, lim *bucketLimits, node *nodeLimits) int64 {
+	burst := b.e.burst
+	units := func(g *gauge, r *rate) int64 {
+		return (now + burst - max(g.tat.Load(), now)) / r.one
+	}
+	var shared int64
+	if lim.res.cost != 0 {
+		shared = max(units(&b.res, &lim.res), 0)
+	}
+	switch {
+	case node.pool.limit == Unlimited:
+		shared = maxRoom
+	case node.pool.cost != 0:
+		shared += max(units(&b.e.pool, &node.pool), 0)
+	}
+	switch {
+	case lim.hrd.limit == Unlimited:
+		return shared
+	case lim.hrd.cost == 0:
+		return 0
+	default:
+		return min(shared, units(&b.hard, &lim.hrd))
+	}
+}
+
+// need returns the units n commands of the bucket's average size take
+// (at most maxRoom).
+func (b *Bucket) need(n uint64) int64 {
 	avg := int64(1)
 	if c := b.commands.Load(); c > 0 {
 		avg = int64((c + b.extra.Load()) / c)
 	}
-	u := int64(min(n, 1<<20)) * avg
-	if u >= maxDebt/step {
-		return from + maxDebt
-	}
-	return from + u*step
+	return min(int64(min(n, 1<<20))*avg, maxRoom)
 }

@@ -72,7 +72,7 @@
 // time). Admit and Charge take no lock and do not allocate. Configuration
 // changes (SetCapacity, AddBucket, SetLimits, RemoveBucket) take an
 // engine-wide mutex, apply at once, and keep every gauge's debt (rescaled to
-// the new rate). Nothing in this package panics on bad input: invalid limits
+// the new rate; a change to or from Unlimited or 0 forgives it). Nothing in this package panics on bad input: invalid limits
 // are errors, out-of-range units are clamped.
 package throttle
 
@@ -311,7 +311,8 @@ func (e *Engine) Capacity() Limit { return e.node.Load().capacity }
 func (e *Engine) FreePool() Limit { return e.node.Load().pool.limit }
 
 // SetCapacity changes the node capacity at once; the free pool keeps its
-// debt (rescaled to the new rate). It fails with ErrInvalidLimit.
+// debt (rescaled to the new rate; forgiven when the free pool's rate
+// becomes or was Unlimited or 0). It fails with ErrInvalidLimit.
 func (e *Engine) SetCapacity(c Limit) error {
 	if !c.Valid() {
 		return ErrInvalidLimit
@@ -461,7 +462,8 @@ func (b *Bucket) Limits() (reserved, hard Limit) {
 }
 
 // SetLimits changes the bucket's reservation and hard limit at once; both
-// gauges keep their debt (rescaled to the new rates) and the free pool is
+// gauges keep their debt (rescaled to the new rates; forgiven by a change
+// to or from Unlimited or 0) and the free pool is
 // recomputed. It fails with ErrInvalidLimit, ErrReservedOverHard, or
 // ErrUnknownBucket after RemoveBucket. Callers should re-try held commands
 // afterwards: their waits may have become shorter.
@@ -776,9 +778,16 @@ func (g *gauge) add(cost int64) {
 }
 
 // rescale keeps the units owed when the gauge's rate changes from one
-// finite rate to another.
+// finite rate to another. A change to or from a rate without a cost
+// ("unlimited", or 0) forgives the debt instead: there is no rate to keep
+// it at, and left as it is it would be read at the next finite rate as if
+// it had been billed at that one.
 func (g *gauge) rescale(now int64, from, to *rate) {
-	if from.cost == 0 || to.cost == 0 || from.cost == to.cost {
+	if from.cost == to.cost {
+		return
+	}
+	if from.cost == 0 || to.cost == 0 {
+		g.forgive(now)
 		return
 	}
 	f := float64(to.cost) / float64(from.cost)
@@ -789,6 +798,17 @@ func (g *gauge) rescale(now int64, from, to *rate) {
 		}
 		d := min(float64(old-now)*f, float64(maxDebt))
 		if g.tat.CompareAndSwap(old, now+int64(d)) {
+			return
+		}
+	}
+}
+
+// forgive drops what the gauge owes beyond now (its burst allowance
+// builds up again from now).
+func (g *gauge) forgive(now int64) {
+	for {
+		old := g.tat.Load()
+		if old <= now || g.tat.CompareAndSwap(old, now) {
 			return
 		}
 	}

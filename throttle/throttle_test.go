@@ -703,3 +703,123 @@ func TestNoAllocs(t *testing.T) {
 		t.Error("never held: the test does not cover the held path")
 	}
 }
+
+// A limit change through "unlimited" (or 0) forgives the gauge's debt: kept
+// as it was, in nanoseconds of the old, slow rate, it would be read at the
+// new, fast rate and hold the bucket for as long as the old rate needed.
+func TestLimitChangeThroughUnlimitedForgivesDebt(t *testing.T) {
+	e, _ := newEngine(t, Unlimited, 0)
+	b := addBucket(t, e, "a", 0, 10)
+	wantAdmit(t, b, Blocking, 256, FreePool) // a 1 MiB value: 25.6 s of debt at 10/s
+
+	// Direct change 10 -> 100000: the debt is rescaled (2.56 ms).
+	ref := addBucket(t, e, "ref", 0, 10)
+	wantAdmit(t, ref, Blocking, 256, FreePool)
+	if err := ref.SetLimits(0, 100000); err != nil {
+		t.Fatal(err)
+	}
+	_, refWait := ref.Admit(nil, Blocking)
+
+	// Same change, via "unlimited" in between.
+	if err := b.SetLimits(0, Unlimited); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetLimits(0, 100000); err != nil {
+		t.Fatal(err)
+	}
+	d, wait := b.Admit(nil, Blocking)
+	t.Logf("direct: wait %v; via unlimited: %v %v", refWait, d, wait)
+	if d == Held && wait > 100*time.Millisecond {
+		t.Fatalf("hard limit 100000/s after 10 -> unlimited -> 100000: held for %v (stale debt of the 10/s rate); direct change waits %v", wait, refWait)
+	}
+}
+
+// The same for a reservation going 10 -> 0 -> 10000: the new reservation
+// is honoured at once, not after the old debt's 25.6 s at 10/s.
+func TestReservationChangeThroughZeroForgivesDebt(t *testing.T) {
+	e, _ := newEngine(t, 10000, 0)
+	b := addBucket(t, e, "a", 10, 10)
+	wantAdmit(t, b, Blocking, 256, Reserved) // 25.6 s of debt at 10/s
+	if err := b.SetLimits(0, Unlimited); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetLimits(10000, 10000); err != nil { // the whole node reserved for a
+		t.Fatal(err)
+	}
+	d, wait := b.Admit(nil, Blocking)
+	if d == Held && wait > 100*time.Millisecond {
+		t.Fatalf("reservation 10000/s: held for %v (stale debt of the old 10/s reservation)", wait)
+	}
+}
+
+// And for the free pool, via capacity "unlimited".
+func TestCapacityChangeThroughUnlimitedForgivesDebt(t *testing.T) {
+	e, _ := newEngine(t, 10, 0)
+	b := addBucket(t, e, "a", 0, Unlimited)
+	wantAdmit(t, b, Blocking, 256, FreePool) // 25.6 s of pool debt at 10/s
+	if err := e.SetCapacity(Unlimited); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetCapacity(100000); err != nil {
+		t.Fatal(err)
+	}
+	d, wait := b.Admit(nil, Blocking)
+	if d == Held && wait > 100*time.Millisecond {
+		t.Fatalf("capacity 100000/s after 10 -> unlimited -> 100000: held for %v", wait)
+	}
+}
+
+// Stats.Held ("commands held at least once", kvthrottle_throttled_total)
+// does not count a command that takes a place behind a waiter and is
+// admitted by the same Admit, the gauges having room for both.
+func TestHeldCountsOnlyHeldCommands(t *testing.T) {
+	e, clk := newEngine(t, 1000, 100*time.Millisecond)
+	b := addBucket(t, e, "a", 0, Unlimited)
+	wantAdmit(t, b, Blocking, 110, FreePool) // use up the burst: held for 10 ms
+	var first Waiter
+	if d, _ := b.Admit(&first, Blocking); d != Held {
+		t.Fatal("first not held")
+	}
+	clk.Advance(50 * time.Millisecond) // room for ~40 commands; first has not re-tried yet
+	var newcomer Waiter
+	d, _ := b.Admit(&newcomer, Blocking)
+	if d == Held {
+		t.Skip("newcomer held")
+	}
+	if s := b.Stats(); s.Held != 1 {
+		t.Fatalf("newcomer admitted at once, yet Held = %d (want 1: only the first was held)", s.Held)
+	}
+}
+
+// FIFO holds when the reservation is what limits the bucket: with the free
+// pool taken by another tenant, the bucket's room grows at its reservation's
+// rate only, and a place behind another must not take the room of the place
+// ahead, even when that one re-tries a little late.
+func TestFIFOWhileAnotherTenantTakesThePool(t *testing.T) {
+	e, clk := newEngine(t, 11000, 20*time.Millisecond)
+	a := addBucket(t, e, "a", 1000, Unlimited) // free pool: 10000/s
+	other := addBucket(t, e, "other", 0, Unlimited)
+	wantAdmit(t, other, Blocking, 10000, FreePool) // the pool is busy for 1 s
+	for i := 0; ; i++ {                            // a runs on its reservation until held
+		if d, _ := run(a, nil, Blocking, 1); d == Held {
+			break
+		}
+		if i > 1000 {
+			t.Fatal("never held")
+		}
+	}
+	var conns []*fifoConn
+	for i := range 3 {
+		c := &fifoConn{id: i}
+		d, wait := a.Admit(&c.w, Blocking)
+		if d != Held {
+			t.Fatalf("conn %d not held", i)
+		}
+		c.wake = clk.Now() + wait
+		conns = append(conns, c)
+	}
+	conns[0].wake += 500 * time.Microsecond // late, well within the wake-up tolerance
+	if order := drive(t, clk, a, conns, 1); !equalOrder(order, []int{0, 1, 2}) {
+		t.Fatalf("order %v, want [0 1 2]", order)
+	}
+}
