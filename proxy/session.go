@@ -63,6 +63,7 @@ type slot struct {
 	strip  int    // bytes of key prefix to strip from responses
 	bkt    *bucket
 	domain throttle.Domain // where the command's units are charged; Held: not metered
+	units  bool            // ReportUnitUsage was on when the command was sent
 	sentKV int             // key+value bytes the client sent (write units)
 	gotKV  int             // key+value bytes returned (read units)
 }
@@ -243,11 +244,14 @@ func (s *session) dispatch(f *binary.Frame) bool {
 	case binary.OpVersion:
 		return s.forward(f, nil)
 	case binary.OpVerbosity:
+		// Not forwarded: memcached (1.6) has no binary VERBOSITY and, after
+		// its UnknownCommand, swallows the first bytes of the next request
+		// on the connection, which every tenant of the loop shares.
 		if !s.isAdmin() {
 			s.localStatus(f, binary.StatusEaccess, "VERBOSITY needs the admin privilege")
 			return true
 		}
-		return s.forward(f, nil)
+		s.localStatus(f, binary.StatusNotSupported, "VERBOSITY is not supported through kvthrottle")
 	case binary.OpFlush, binary.OpFlushQ:
 		s.flushBucket(f)
 	default:
@@ -362,6 +366,7 @@ func (s *session) forward(f *binary.Frame, b *bucket) bool {
 	sl.strip = len(prefix)
 	sl.bkt = b
 	sl.domain = domain
+	sl.units = s.reportUnits
 	sl.sentKV = len(key) + len(f.Value())
 	s.enqueue(sl)
 	s.lp.srv.inflight.Add(1)
@@ -638,10 +643,12 @@ func units16(u int64) []byte {
 }
 
 // appendResponse appends the client's view of an upstream response: the
-// client's opaque, and the key without the bucket prefix.
+// client's opaque, the key without the bucket prefix, and the units used
+// when the client had asked for them (HELLO ReportUnitUsage) before it
+// sent the command.
 func (sl *slot) appendResponse(dst []byte, f *binary.Frame) []byte {
 	n := len(dst)
-	if sl.s.reportUnits && sl.domain != throttle.Held {
+	if sl.units && sl.domain != throttle.Held {
 		return sl.appendWithUnits(dst, f)
 	}
 	if sl.strip == 0 || f.KeyLen == 0 {

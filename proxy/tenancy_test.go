@@ -538,3 +538,54 @@ func TestRefusedReloadPersistsNothing(t *testing.T) {
 		t.Fatalf("bob's key after a restart with the same file, following a refused reload: %s", r.Status())
 	}
 }
+
+// VERBOSITY is answered by the proxy: memcached's binary VERBOSITY (1.6)
+// answers UnknownCommand and then swallows the first bytes of the next
+// request on the connection, which every tenant of the event loop shares,
+// so forwarding it failed the next tenant's request and everything in
+// flight with it.
+func TestVerbosityAnsweredLocally(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t), loops: 1})
+	admin := login(t, p.Addr, "admin")
+	alice := login(t, p.Addr, "alice")
+	verbosity := mcclient.Request{Opcode: mc.OpVerbosity, Extras: []byte{0, 0, 0, 1}}
+	if r, err := alice.Do(verbosity); status(t, r, err) != mc.StatusEaccess {
+		t.Fatalf("tenant VERBOSITY: %s, want Eaccess", r.Status())
+	}
+	if r, err := admin.Do(verbosity); status(t, r, err) != mc.StatusNotSupported {
+		t.Fatalf("admin VERBOSITY: %s %q, want NotSupported", r.Status(), r.Value)
+	}
+	for i := range 3 {
+		if r, err := alice.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
+			t.Fatalf("SET %d after VERBOSITY: %s %q", i, r.Status(), r.Value)
+		}
+	}
+}
+
+// A GET pipelined before a HELLO that turns ReportUnitUsage on was sent
+// before the feature was negotiated: its response keeps the classic magic
+// 0x81 (the framing is decided when the command is sent, not when its
+// response arrives).
+func TestHelloAppliesToLaterCommandsOnly(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	c := dial(t, p.Addr)
+	if r, err := c.Set([]byte("hk"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	g := c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("hk")})
+	feat := []byte{byte(mc.FeatureReportUnitUsage >> 8), byte(mc.FeatureReportUnitUsage)}
+	h := c.Send(mcclient.Request{Opcode: mc.OpHello, Value: feat})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Read()
+	if err != nil || r.Opaque != g {
+		t.Fatalf("first response: %v %+v", err, r)
+	}
+	if r.Magic != mc.MagicResponse {
+		t.Errorf("GET sent before HELLO answered with magic 0x%02x, want 0x81 (feature not negotiated yet)", uint8(r.Magic))
+	}
+	if r, err := c.Read(); err != nil || r.Opaque != h {
+		t.Fatalf("HELLO response: %v %+v", err, r)
+	}
+}
