@@ -98,7 +98,8 @@ type Conn struct {
 	failures  int       // consecutive failed connects / deaths
 	retryAt   time.Time // while down: when the next connect may start
 	closed    bool
-	dialGen   uint64 // incremented per dial, so stale results are ignored
+	dialGen   uint64    // incremented per dial, so stale results are ignored
+	dialedAt  time.Time // when the current dial started
 	lastErr   error
 	now       int64        // unix ns at the start of the current read batch
 	frame     binary.Frame // the response being delivered (a field: waiters get a pointer to it)
@@ -244,13 +245,20 @@ func (c *Conn) Flush() {
 		c.lastErr = err
 	}
 	c.out = c.out[:0]
+	if cap(c.out) > maxKeptOut {
+		c.out = nil // one huge request must not pin its size for good
+	}
 }
+
+// maxKeptOut is the largest request buffer kept between batches.
+const maxKeptOut = 1 << 20
 
 // connect starts a dial in a goroutine. The result comes back on the loop:
 // success through the engine's OnOpen (HandleOpen), failure through
 // Execute.
 func (c *Conn) connect() {
 	c.state = stateConnecting
+	c.dialedAt = time.Now()
 	c.dialGen++
 	gen := c.dialGen
 	addr, timeout, loop := c.cfg.Addr, c.cfg.Timeout, c.loop
@@ -356,10 +364,21 @@ func (c *Conn) Close() {
 	c.closed = true
 }
 
+// connectDeadline is how long a connect may take in all: the dial's own
+// timeout and as much again for handing the socket to the loop.
+func connectDeadline(timeout time.Duration) time.Duration { return 2 * timeout }
+
 // CheckTimeout fails the connection when its oldest flushed request has
 // waited longer than the timeout, or a connect has taken longer. Call it
 // periodically on the loop.
 func (c *Conn) CheckTimeout(now time.Time) {
+	if c.state == stateConnecting && now.Sub(c.dialedAt) > connectDeadline(c.cfg.Timeout) {
+		// The dial is bounded by the timeout; what follows it (registering
+		// the socket with the loop) takes no time, unless it failed without
+		// a word: do not let requests queue behind it forever.
+		c.down(fmt.Errorf("connect %s: not established after %v", c.cfg.Addr, connectDeadline(c.cfg.Timeout)))
+		return
+	}
 	if c.state != stateUp || c.n == 0 {
 		return
 	}
