@@ -15,10 +15,13 @@
 // in one write(2), per epoll pass. No throttling, no tenants, no bounds, no
 // reconnection.
 //
-// It is a benchmark instrument, not a product: every request must get
-// exactly one response (quiet opcodes and STAT are refused by closing the
-// client), an upstream failure stops Serve, and a short write waits for the
-// socket with poll(2), holding up the whole loop.
+// It is a benchmark instrument, not a product: it forwards only the
+// commands memcached answers exactly once and without closing the
+// connection (GET, SET, DELETE and the like; a client sending anything
+// else, QUIT included, is closed), an upstream failure stops Serve, and a
+// full socket is waited for with poll(2), holding up the whole loop
+// (reading memcached's responses meanwhile when the socket is memcached's,
+// so that neither side waits for the other for ever).
 package bareforward
 
 import (
@@ -110,6 +113,7 @@ type loop struct {
 	clients map[int]*client
 	dirty   []*client
 
+	buf       []byte // what each read(2) reads into
 	uin, uout []byte
 	fifo      []*client // whose requests are upstream, in order; head is the oldest
 	head      int
@@ -200,7 +204,7 @@ var errUpstreamClosed = errors.New("bareforward: upstream closed the connection"
 
 func (l *loop) run() error {
 	events := make([]unix.EpollEvent, 512)
-	buf := make([]byte, 64<<10)
+	l.buf = make([]byte, 64<<10)
 	timeout := -1
 	for !l.stopped {
 		n, err := unix.EpollWait(l.ep, events, timeout)
@@ -223,9 +227,9 @@ func (l *loop) run() error {
 			case l.lfd:
 				err = l.accept()
 			case l.ufd:
-				err = l.readUpstream(buf)
+				err = l.readUpstream()
 			default:
-				l.readClient(fd, buf)
+				l.readClient(fd)
 			}
 			if err != nil {
 				return err
@@ -261,12 +265,12 @@ func (l *loop) accept() error {
 
 // readClient reads what a client sent and queues its complete requests
 // for the upstream write at the end of the pass.
-func (l *loop) readClient(fd int, buf []byte) {
+func (l *loop) readClient(fd int) {
 	c := l.clients[fd]
 	if c == nil {
 		return
 	}
-	n, err := unix.Read(fd, buf)
+	n, err := unix.Read(fd, l.buf)
 	if err == unix.EAGAIN {
 		return
 	}
@@ -274,15 +278,14 @@ func (l *loop) readClient(fd int, buf []byte) {
 		l.drop(c)
 		return
 	}
-	data := joined(&c.in, buf[:n])
+	data := joined(&c.in, l.buf[:n])
 	for {
 		frame, rest, ok := nextFrame(data)
 		if !ok {
 			break
 		}
-		op := mc.Opcode(frame[1])
-		if frame[0] != byte(mc.MagicRequest) || op.Quiet() || op == mc.OpStat {
-			l.drop(c) // more or fewer than one response: not forwardable here
+		if frame[0] != byte(mc.MagicRequest) || !forwardable(mc.Opcode(frame[1])) {
+			l.drop(c)
 			return
 		}
 		l.fifo = append(l.fifo, c)
@@ -290,6 +293,21 @@ func (l *loop) readClient(fd int, buf []byte) {
 		data = rest
 	}
 	c.in = append(c.in[:0], data...)
+}
+
+// forwardable reports whether memcached answers op exactly once and keeps
+// the connection open, so that forwarding it on the connection every client
+// of the loop shares routes every response right. Quiet commands (no
+// response, or several), STAT (several), QUIT (closes) and what memcached
+// does not implement in the binary protocol (its answer comes after it has
+// swallowed part of the next request) are not.
+func forwardable(op mc.Opcode) bool {
+	switch op {
+	case mc.OpGet, mc.OpGetK, mc.OpSet, mc.OpAdd, mc.OpReplace, mc.OpDelete, mc.OpIncrement,
+		mc.OpDecrement, mc.OpAppend, mc.OpPrepend, mc.OpNoop, mc.OpVersion, mc.OpTouch, mc.OpGAT:
+		return true
+	}
+	return false
 }
 
 // joined returns the bytes to parse: the partial frame kept from the last
@@ -324,8 +342,8 @@ func (l *loop) drop(c *client) {
 }
 
 // readUpstream reads responses and appends each to its client's output.
-func (l *loop) readUpstream(buf []byte) error {
-	n, err := unix.Read(l.ufd, buf)
+func (l *loop) readUpstream() error {
+	n, err := unix.Read(l.ufd, l.buf)
 	if err == unix.EAGAIN {
 		return nil
 	}
@@ -335,7 +353,7 @@ func (l *loop) readUpstream(buf []byte) error {
 		}
 		return fmt.Errorf("bareforward: upstream read: %w", err)
 	}
-	data := joined(&l.uin, buf[:n])
+	data := joined(&l.uin, l.buf[:n])
 	for {
 		frame, rest, ok := nextFrame(data)
 		if !ok {
@@ -366,7 +384,7 @@ func (l *loop) readUpstream(buf []byte) error {
 // flush writes the pass's requests upstream and each client's responses.
 func (l *loop) flush() error {
 	if len(l.uout) > 0 {
-		if err := writeAll(l.ufd, l.uout); err != nil {
+		if err := l.writeUpstream(); err != nil {
 			return fmt.Errorf("bareforward: upstream write: %w", err)
 		}
 		l.uout = l.uout[:0]
@@ -374,7 +392,7 @@ func (l *loop) flush() error {
 	for i, c := range l.dirty {
 		l.dirty[i] = nil
 		c.dirty = false
-		if c.fd >= 0 && writeAll(c.fd, c.out) != nil {
+		if c.fd >= 0 && !l.stopped && l.writeClient(c) != nil {
 			l.drop(c)
 		}
 		c.out = c.out[:0]
@@ -383,15 +401,42 @@ func (l *loop) flush() error {
 	return nil
 }
 
-// writeAll writes b to the non-blocking fd, waiting with poll(2) when the
-// socket is full.
-func writeAll(fd int, b []byte) error {
-	for len(b) > 0 {
-		n, err := unix.Write(fd, b)
+// writeUpstream writes the pass's requests. While memcached's socket is
+// full, it reads memcached's responses: memcached may be waiting for its
+// own writes to drain before it reads more.
+func (l *loop) writeUpstream() error {
+	b := l.uout
+	for len(b) > 0 && !l.stopped {
+		n, err := unix.Write(l.ufd, b)
 		switch {
 		case err == unix.EAGAIN:
-			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-			if _, err := unix.Poll(pfd, -1); err != nil && err != unix.EINTR {
+			readable, err := l.await(l.ufd, unix.POLLOUT|unix.POLLIN)
+			if err != nil {
+				return err
+			}
+			if readable {
+				if err := l.readUpstream(); err != nil {
+					return err
+				}
+			}
+		case err != nil:
+			return err
+		default:
+			b = b[n:]
+		}
+	}
+	return nil
+}
+
+// writeClient writes a client's responses, waiting while its socket is
+// full.
+func (l *loop) writeClient(c *client) error {
+	b := c.out
+	for len(b) > 0 && !l.stopped {
+		n, err := unix.Write(c.fd, b)
+		switch {
+		case err == unix.EAGAIN:
+			if _, err := l.await(c.fd, unix.POLLOUT); err != nil {
 				return err
 			}
 		case err != nil:
@@ -401,4 +446,17 @@ func writeAll(fd int, b []byte) error {
 		}
 	}
 	return nil
+}
+
+// await waits with poll(2) for events on fd, or for stop (then l.stopped
+// is set). It reports whether fd is readable.
+func (l *loop) await(fd int, events int16) (readable bool, err error) {
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: events}, {Fd: int32(l.efd), Events: unix.POLLIN}}
+	if _, err := unix.Poll(pfd, -1); err != nil && err != unix.EINTR {
+		return false, fmt.Errorf("poll: %w", err)
+	}
+	if pfd[1].Revents != 0 {
+		l.stopped = true
+	}
+	return pfd[0].Revents&unix.POLLIN != 0, nil
 }

@@ -3,6 +3,7 @@
 package bareforward
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -87,29 +88,94 @@ func TestForwardsInOrderToTheRightClient(t *testing.T) {
 	}
 }
 
-// A quiet request, which gets no response of its own, closes the client
-// instead of desynchronising the routing of everyone else's responses.
-func TestRefusesQuietRequests(t *testing.T) {
+// Commands that do not get exactly one response on a connection memcached
+// keeps open close their client instead of being forwarded on the upstream
+// connection every client of the loop shares: a quiet GET (no response), a
+// QUIT (memcached closes the connection), VERBOSITY (memcached answers
+// after swallowing the start of the next request, whoever sent it). The
+// other clients go on.
+func TestRefusesWhatWouldBreakTheSharedConnection(t *testing.T) {
 	addr := start(t, 1)
-	c, err := mcclient.Dial(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.Send(mcclient.Request{Opcode: mc.OpGetQ, Key: []byte("k")})
-	if err := c.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.Conn().SetReadDeadline(time.Now().Add(5 * time.Second))
-	if r, err := c.Read(); err == nil {
-		t.Fatalf("got a response %v to a quiet request; want the connection closed", r.Header)
-	}
 	other, err := mcclient.Dial(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	if r, err := other.Get([]byte("k")); err != nil || r.Status() != mc.StatusKeyEnoent {
-		t.Fatalf("another client afterwards: %v, %v", r, err)
+	other.Timeout = 5 * time.Second
+	if r, err := other.Set([]byte("k"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("SET: %v, %v", r, err)
+	}
+	for _, req := range []mcclient.Request{
+		{Opcode: mc.OpGetQ, Key: []byte("k")},
+		{Opcode: mc.OpQuit},
+		{Opcode: mc.OpVerbosity, Extras: []byte{0, 0, 0, 0}},
+	} {
+		c, err := mcclient.Dial(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Timeout = 5 * time.Second
+		c.Send(req)
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := c.Read(); err == nil {
+			t.Errorf("%s: got a response %v; want the connection closed", req.Opcode, r.Header)
+		}
+		c.Close()
+		if r, err := other.Get([]byte("k")); err != nil || string(r.Value) != "v" {
+			t.Fatalf("another client after a %s: %v, %v", req.Opcode, r, err)
+		}
+	}
+}
+
+// Clients pipelining large values: more requests arrive per pass than
+// memcached's responses fit in one read, and memcached stops reading while
+// its responses are not read. The forwarder reads them while it waits to
+// write, so neither side waits for the other for ever.
+func TestPipelinedLargeValues(t *testing.T) {
+	addr := start(t, 1)
+	const clients, pairs = 8, 40
+	val := bytes.Repeat([]byte("v"), 256<<10)
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*clients)
+	for i := range clients {
+		c, err := mcclient.Dial(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Timeout = 20 * time.Second
+		wg.Add(2)
+		go func() { // writer
+			defer wg.Done()
+			for j := range pairs {
+				key := fmt.Appendf(nil, "c%d-%d", i, j)
+				c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(0, 0), Key: key, Value: val})
+				c.Send(mcclient.Request{Opcode: mc.OpGet, Key: key})
+			}
+			if err := c.Flush(); err != nil {
+				errs <- err
+			}
+		}()
+		go func() { // reader
+			defer wg.Done()
+			for j := range 2 * pairs {
+				r, err := c.Read()
+				if err != nil {
+					errs <- fmt.Errorf("client %d: response %d of %d: %v", i, j, 2*pairs, err)
+					return
+				}
+				if r.Status() != mc.StatusSuccess || (r.Opcode == mc.OpGet && len(r.Value) != len(val)) {
+					errs <- fmt.Errorf("client %d: response %d: %s %s, %d bytes", i, j, r.Opcode, r.Status(), len(r.Value))
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
