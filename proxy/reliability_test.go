@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
@@ -411,4 +412,35 @@ func TestResponseBytesBounded(t *testing.T) {
 		t.Fatalf("heap in use %d MB with a non-reading client: unbounded", ms.HeapInuse>>20)
 	}
 	t.Logf("heap in use %d MB", ms.HeapInuse>>20)
+}
+
+// A stop requested while the proxy is starting returns once Serve has
+// failed to listen, instead of waiting for a start that never comes
+// (kvthrottle serve got SIGTERM and hung).
+func TestShutdownWhenServeCannotListen(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg, err := bucketcfg.Parse([]byte(testConfig{}.render(taken.Addr().String(), []string{"127.0.0.1:1"}, filepath.Join(t.TempDir(), "state.json"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Options{Config: cfg, Logger: testLogger(t), NoMetrics: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stopped <- srv.Shutdown(ctx)
+	}()
+	if err := srv.Serve(); err == nil {
+		t.Fatal("Serve on a taken address succeeded")
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Shutdown: %v; want nil at once (nothing to drain)", err)
+	}
 }

@@ -79,7 +79,8 @@ type Server struct {
 	mu    sync.Mutex
 	loops map[gnet.EventLoop]*loop
 
-	booted   chan struct{}
+	booted   chan struct{} // closed when gnet has started (OnBoot)
+	served   chan struct{} // closed when Serve returns
 	draining atomic.Bool
 	conns    atomic.Int64 // open client connections
 	inflight atomic.Int64 // client commands accepted and not yet answered
@@ -160,6 +161,7 @@ func New(opts Options) (*Server, error) {
 		log:      opts.Logger,
 		loops:    make(map[gnet.EventLoop]*loop),
 		booted:   make(chan struct{}),
+		served:   make(chan struct{}),
 		started:  time.Now(),
 		version:  opts.Version,
 		throttle: eng,
@@ -200,6 +202,7 @@ func (s *Server) Engine() *throttle.Engine { return s.throttle }
 // Serve listens and serves until Shutdown is called or the engine fails.
 // It returns nil after a clean Shutdown.
 func (s *Server) Serve() error {
+	defer close(s.served)
 	s.routing.Load().health.start()
 	defer func() { s.routing.Load().health.close() }()
 	err := gnet.Run(s, "tcp://"+s.opts.listen,
@@ -227,9 +230,21 @@ func (s *Server) Connections() int64 { return s.conns.Load() }
 // serving the commands clients have already sent, closes each connection
 // once it has nothing in flight and no input left, and when every
 // connection is closed (or ctx is done) stops the engine. Safe to call from
-// any goroutine, once.
+// any goroutine, once. If Serve has returned without ever accepting
+// connections (it could not listen), there is nothing to drain: it returns
+// nil at once.
 func (s *Server) Shutdown(ctx context.Context) error {
-	<-s.booted
+	select {
+	case <-s.booted:
+	case <-s.served:
+		select {
+		case <-s.booted:
+		default:
+			return nil
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("proxy: shutdown before the proxy started: %w", ctx.Err())
+	}
 	s.draining.Store(true)
 	s.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.drainIdle))

@@ -89,18 +89,20 @@ func serve(cfg *bucketcfg.Config, log zerolog.Logger) error {
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve() }()
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	defer signal.Stop(sigs)
+	// Separate channels: a SIGHUP arriving during a reload must not take
+	// the place of a SIGTERM (a full channel drops the signal).
+	hup, stop := make(chan os.Signal, 1), make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(hup)
+	defer signal.Stop(stop)
 	for {
 		select {
 		case err := <-done:
 			return err
-		case sig := <-sigs:
-			if sig == syscall.SIGHUP {
-				reload(srv, cfg.Path(), log)
-				continue
-			}
+		case <-hup:
+			reload(srv, cfg.Path(), log)
+		case sig := <-stop:
 			log.Info().Str("signal", sig.String()).Msg("draining: no new connections, answering what clients already sent")
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.Upstream.Timeout+5*time.Second)
 			defer cancel()
