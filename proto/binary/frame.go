@@ -229,11 +229,13 @@ type FrameInfo struct {
 	Data []byte
 }
 
-// Framing-info IDs used by kvthrottle in responses (Couchbase numbering).
+// Framing-info IDs of responses, as Couchbase numbers them (response IDs
+// are not request IDs: 1 in a request is a durability requirement).
 const (
-	FrameInfoReadUnits  uint16 = 0x03 // response: read units used, uint16
-	FrameInfoWriteUnits uint16 = 0x04 // response: write units used, uint16
-	FrameInfoThrottled  uint16 = 0x05 // response: microseconds the command was throttled, uint32
+	FrameInfoServerDuration uint16 = 0x00 // response: server time, 2-byte encoded (not sent by kvthrottle)
+	FrameInfoReadUnits      uint16 = 0x01 // response: read units used, uint16
+	FrameInfoWriteUnits     uint16 = 0x02 // response: write units used, uint16
+	FrameInfoThrottled      uint16 = 0x03 // response: microseconds the command was throttled (not sent by kvthrottle)
 )
 
 // ErrBadFramingExtras: flexible framing extras that do not parse.
