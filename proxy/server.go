@@ -134,7 +134,7 @@ func New(opts Options) (*Server, error) {
 	}
 	eng, err := throttle.New(throttle.Config{
 		Capacity: throttleLimit(eff.Throttle.Capacity),
-		Burst:    eff.Throttle.Burst,
+		Burst:    engineBurst(eff.Throttle.Burst),
 		Clock:    opts.Clock,
 	})
 	if err != nil {
@@ -190,6 +190,15 @@ func New(opts Options) (*Server, error) {
 	s.ten.Store(ten)
 	s.warnOvercommit(eff)
 	return s, nil
+}
+
+// engineBurst maps throttle.burst_ms to the engine's Burst, where 0 means
+// "the default": burst_ms = 0 means no banking.
+func engineBurst(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // Metrics returns the proxy's metrics (nil with Options.NoMetrics); serve

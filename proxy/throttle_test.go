@@ -245,3 +245,16 @@ func TestReportUnitUsage(t *testing.T) {
 		t.Fatalf("classic client: %v magic 0x%02x", err, uint8(r.Magic))
 	}
 }
+
+// throttle.burst_ms = 0 means no banking, not the engine's default burst.
+func TestBurstZeroMeansNoBanking(t *testing.T) {
+	for _, c := range []struct {
+		setting string
+		want    time.Duration
+	}{{"burst_ms = 0", 0}, {"burst_ms = 35", 35 * time.Millisecond}, {"", 100 * time.Millisecond}} {
+		p := startProxy(t, testConfig{throttle: c.setting})
+		if got := p.Engine().Burst(); got != c.want {
+			t.Errorf("%q: engine burst %v, want %v", c.setting, got, c.want)
+		}
+	}
+}

@@ -19,7 +19,9 @@ import "time"
 // If room stays unclaimed for abandonAfter while places wait, one place is
 // presumed lost (a Waiter dropped without Cancel) and forgiven, so a lost
 // Waiter stalls its bucket only briefly; the forgiven place, if it comes
-// back after all, is first in line.
+// back after all, is first in line. Places that are not first are told to
+// re-try after at most a few milliseconds per place ahead (see queue), so
+// a live place never looks lost.
 const abandonAfter = int64(20 * time.Millisecond)
 
 // Waiter is a Blocking connection's place in its bucket's FIFO line. The
@@ -47,8 +49,11 @@ func (w *Waiter) Cancel() {
 }
 
 func (w *Waiter) release(now int64) {
-	b := w.b
+	b, k := w.b, w.place
 	w.b, w.place = nil, 0
+	if b.forgiven.CompareAndSwap(k, 0) {
+		return // counted as served when it was forgiven
+	}
 	b.serve(now)
 }
 
@@ -97,23 +102,54 @@ func (b *Bucket) queue(w *Waiter, now int64, d Domain, at int64, lim *bucketLimi
 	ahead := k - served - 1
 	room := b.room(now, lim, node)
 	if room < b.need(ahead) && at <= now-abandonAfter && b.lastServed.Load() <= now-abandonAfter {
-		b.serve(now) // room unclaimed for too long: forgive a lost place
+		b.forgive(now) // room unclaimed for too long: forgive a lost place
 		ahead = k - min(b.served.Load(), k-1) - 1
 	}
+	if ahead == 0 { // first in line now
+		if d != Held {
+			return 0, false
+		}
+		return b.hold(taken, until(now, at))
+	}
 	need := b.need(ahead)
-	if room >= need {
+	if d != Held && room >= need {
 		return 0, false
 	}
 	// From when the gauges admit again (at), the room builds up at the
 	// bucket's fastest rate at best: the wait handed out is the earliest
 	// the place can go, and grows with the position, so places are woken
-	// in order.
+	// in order. It is an estimate (the places ahead may run smaller
+	// commands than the average, or give their places back), so it is
+	// capped: a place re-tries at most recheckBase + ahead *
+	// recheckPerPlace after the gauges admit again, within 5 ms when one
+	// place is ahead, and well within abandonAfter once it is next.
 	step := unitCost(lim, node)
 	wait := maxDebt
 	if deficit := need - max(room, 0); step != 0 && deficit < maxDebt/step {
 		wait = max(at-now, 0) + deficit*step
 	}
+	wait = min(wait, max(at-now, 0)+recheckBase+int64(min(ahead, 1<<20))*recheckPerPlace)
 	return b.hold(taken, time.Duration(max(wait, 1)))
+}
+
+// The longest wait handed to a place behind others: recheckBase plus
+// recheckPerPlace for each place ahead of it. The places near the front
+// re-check often, deep ones rarely, so a line of n places costs about
+// 1/recheckPerPlace * ln(n) re-tries per second in all.
+const (
+	recheckBase     = int64(time.Millisecond)
+	recheckPerPlace = int64(500 * time.Microsecond)
+)
+
+// forgive counts the first place in line as served, presumed lost (its
+// Waiter dropped without Cancel), and remembers it: should it come back
+// after all, it is admitted without being counted a second time.
+func (b *Bucket) forgive(now int64) {
+	s := b.served.Load()
+	if s < b.tail.Load() && b.served.CompareAndSwap(s, s+1) {
+		b.lastServed.Store(now)
+		b.forgiven.Store(s + 1)
+	}
 }
 
 // hold counts a command held for the first time (its place taken by this
@@ -159,9 +195,16 @@ func (b *Bucket) room(now int64, lim *bucketLimits, node *nodeLimits) int64 {
 // need returns the units n commands of the bucket's average size take
 // (at most maxRoom).
 func (b *Bucket) need(n uint64) int64 {
+	if n == 0 {
+		return 0
+	}
 	avg := int64(1)
 	if c := b.commands.Load(); c > 0 {
-		avg = int64((c + b.extra.Load()) / c)
+		avg = int64(min((c+b.extra.Load())/c, uint64(maxRoom)))
 	}
-	return min(int64(min(n, 1<<20))*avg, maxRoom)
+	places := int64(min(n, 1<<20))
+	if avg > maxRoom/places {
+		return maxRoom
+	}
+	return places * avg
 }

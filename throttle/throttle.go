@@ -438,6 +438,7 @@ type Bucket struct {
 	tail       atomic.Uint64 // places handed out
 	served     atomic.Uint64 // places admitted or given back
 	lastServed atomic.Int64  // when served last moved
+	forgiven   atomic.Uint64 // the last place forgiven as lost, until it comes back
 	held       atomic.Uint64
 	rejected   atomic.Uint64
 }
