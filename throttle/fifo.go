@@ -11,10 +11,10 @@ import "time"
 // runs, with more room the next ones may run in the same instant. The room
 // is read from the gauges as they are (another tenant may have taken the
 // free pool); the waits handed out assume the bucket's fastest rate, so a
-// place may wake early and wait again, but places are woken in order. Being counters,
-// positions are exact while places are given up from the front; a place
-// given back from further back moves every place up by one, so the place
-// just ahead of it may tie with the one before.
+// place may wake early and wait again, but places are woken in order.
+// Being counters, positions are exact while places are given up from the
+// front; a place given back from further back moves every place up by
+// one, so the place just ahead of it may tie with the one before.
 //
 // If room stays unclaimed for abandonAfter while places wait, one place is
 // presumed lost (a Waiter dropped without Cancel) and forgiven, so a lost
