@@ -319,7 +319,7 @@ func (o *ctlOptions) describe(err error) string {
 
 // statusMessage explains a failure status of the server.
 func (o *ctlOptions) statusMessage(se *mcclient.StatusError) string {
-	reason := strings.TrimSpace(se.Reason)
+	reason := sanitize(strings.TrimSpace(se.Reason))
 	withReason := func(msg string) string {
 		if reason == "" {
 			return msg

@@ -606,3 +606,12 @@ func TestTopHuman(t *testing.T) {
 		}
 	}
 }
+
+// A reason sent by the server cannot drive the terminal.
+func TestCtlStatusReasonSanitized(t *testing.T) {
+	o := &ctlOptions{cmd: "stats"}
+	msg := o.statusMessage(&mcclient.StatusError{Op: mc.OpStat, Status: mc.StatusEinval, Reason: "bad\x1b]0;owned\x07 value\r\n"})
+	if strings.ContainsAny(msg, "\x1b\x07\r\n") || !strings.HasPrefix(msg, "invalid request: bad?]0;owned? value") {
+		t.Fatalf("message %q", msg)
+	}
+}
