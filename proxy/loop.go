@@ -198,7 +198,7 @@ func (lp *loop) tick(context.Context) error {
 // left; busy sessions close themselves when they become idle (flush).
 func (lp *loop) drainIdle(context.Context) error {
 	for s := range lp.sessions {
-		if s.pending() == 0 && s.c.InboundBuffered() == 0 {
+		if s.pending() == 0 && s.drained() {
 			_ = s.c.Close()
 		}
 	}

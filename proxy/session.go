@@ -460,9 +460,16 @@ func (s *session) flush() {
 			s.out = s.out[:0]
 		}
 	}
-	if s.pending() == 0 && (s.quitting || s.lp.srv.draining.Load() && !s.held && s.c.InboundBuffered() == 0) {
+	if s.pending() == 0 && (s.quitting || s.lp.srv.draining.Load() && !s.held && s.drained()) {
 		_ = s.c.Close()
 	}
+}
+
+// drained reports whether the client has nothing more to say for now: no
+// input buffered by gnet, nor any still in the socket (sent while this
+// event-loop pass ran; it is read, answered, and the session closed then).
+func (s *session) drained() bool {
+	return s.c.InboundBuffered() == 0 && unreadBytes(s.c.Fd()) == 0
 }
 
 // close is called when the client connection is gone. Slots still in
