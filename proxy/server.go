@@ -120,14 +120,11 @@ func New(opts Options) (*Server, error) {
 		st = bucketcfg.NewState()
 	}
 	// Buckets removed while the proxy was down move to fresh namespaces,
-	// and new ones are recorded, before anything is served: a name that
-	// comes back must not find the old keys (State.TrackBuckets).
-	if next, changed := st.TrackBuckets(cfg.BucketNames()); changed {
-		if err := next.Save(cfg.Throttle.StateFile); err != nil {
-			return nil, fmt.Errorf("proxy: record the buckets in service: %w", err)
-		}
-		st = next
-	}
+	// and new ones are recorded (State.TrackBuckets): a name that comes
+	// back must not find the old keys. Saved once everything else has
+	// been checked, before anything is served: a refused start leaves the
+	// state file as it was.
+	st, tracked := st.TrackBuckets(cfg.BucketNames())
 	eff, err := bucketcfg.Effective(cfg, st)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: apply runtime state: %w", err)
@@ -188,6 +185,11 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: buckets: %w", err)
 	}
 	s.ten.Store(ten)
+	if tracked {
+		if err := st.Save(cfg.Throttle.StateFile); err != nil {
+			return nil, fmt.Errorf("proxy: record the buckets in service: %w", err)
+		}
+	}
 	s.warnOvercommit(eff)
 	return s, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -587,5 +588,66 @@ func TestHelloAppliesToLaterCommandsOnly(t *testing.T) {
 	}
 	if r, err := c.Read(); err != nil || r.Opaque != h {
 		t.Fatalf("HELLO response: %v %+v", err, r)
+	}
+}
+
+// A start that is refused leaves the state file as it was: it must not
+// retire the buckets the refused file lacks, or, when the operator puts the
+// previous file back, they would come back in fresh, empty namespaces, as
+// with a refused reload (TestRefusedReloadPersistsNothing).
+func TestRefusedStartPersistsNothing(t *testing.T) {
+	dir := t.TempDir()
+	statePath := filepath.Join(dir, "state.json")
+	conf := func(buckets string) *bucketcfg.Config {
+		t.Helper()
+		cfg, err := bucketcfg.Parse([]byte(fmt.Sprintf(`
+[proxy]
+listen = "127.0.0.1:0"
+default_bucket = ""
+[upstream]
+servers = ["127.0.0.1:1"]
+[throttle]
+capacity = "unlimited"
+state_file = %q
+%s`, statePath, buckets)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	good := conf("[[bucket]]\nname = \"old\"\n")
+	// Runtime state: the default hard limit was set to 50 by 0x2c.
+	st := bucketcfg.NewState()
+	zero, _ := bucketcfg.NewLimit(0)
+	fifty, _ := bucketcfg.NewLimit(50)
+	st.Defaults = &bucketcfg.BucketThrottle{Reserved: zero, HardLimit: fifty}
+	if err := st.Save(statePath); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Options{Config: good, State: st, NoMetrics: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if srv == nil {
+		t.Fatal("no server")
+	}
+	st1, _ := bucketcfg.LoadState(statePath)
+	epoch := st1.Epochs["old"]
+
+	// The edited file drops "old" and adds a bucket whose reservation does
+	// not fit the state's default hard limit: the start is refused.
+	bad := conf("[[bucket]]\nname = \"new\"\nreserved = 100\n")
+	if _, err := New(Options{Config: bad, State: st1, NoMetrics: true}); err == nil {
+		t.Fatal("start with the bad file accepted")
+	} else {
+		t.Logf("refused: %v", err)
+	}
+	st2, err := bucketcfg.LoadState(statePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.Retired["old"] || st2.Epochs["old"] != epoch {
+		t.Errorf("a refused start retired %q (epoch %d -> %d, retired %v): back with the previous file, its keys are gone",
+			"old", epoch, st2.Epochs["old"], st2.Retired["old"])
 	}
 }

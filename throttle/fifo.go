@@ -19,10 +19,11 @@ import "time"
 // If room stays unclaimed for abandonAfter while places wait, one place is
 // presumed lost (a Waiter dropped without Cancel) and forgiven, so a lost
 // Waiter stalls its bucket only briefly; the forgiven place, if it comes
-// back after all, is first in line. Places that are not first are told to
-// re-try after at most a few milliseconds per place ahead (see queue), so
-// a live place never looks lost.
-const abandonAfter = int64(20 * time.Millisecond)
+// back after all, is first in line. No place is told to wait more than
+// maxRecheck past the time its bucket has room again (see queue), so a
+// live place never looks lost (unless its caller re-tries later than
+// abandonAfter - maxRecheck after the time it was given).
+const abandonAfter = int64(100 * time.Millisecond)
 
 // Waiter is a Blocking connection's place in its bucket's FIFO line. The
 // zero value holds no place. A Waiter belongs to one connection and must
@@ -51,7 +52,7 @@ func (w *Waiter) Cancel() {
 func (w *Waiter) release(now int64) {
 	b, k := w.b, w.place
 	w.b, w.place = nil, 0
-	if b.forgiven.CompareAndSwap(k, 0) {
+	if b.forgiven[k%uint64(len(b.forgiven))].CompareAndSwap(k, 0) {
 		return // counted as served when it was forgiven
 	}
 	b.serve(now)
@@ -101,9 +102,11 @@ func (b *Bucket) queue(w *Waiter, now int64, d Domain, at int64, lim *bucketLimi
 	// places ahead (at the bucket's average command size) and still admit.
 	ahead := k - served - 1
 	room := b.room(now, lim, node)
-	if room < b.need(ahead) && at <= now-abandonAfter && b.lastServed.Load() <= now-abandonAfter {
-		b.forgive(now) // room unclaimed for too long: forgive a lost place
-		ahead = k - min(b.served.Load(), k-1) - 1
+	if room < b.need(ahead) && at <= now-abandonAfter {
+		if last := b.lastServed.Load(); last <= now-abandonAfter && b.lastServed.CompareAndSwap(last, now) {
+			b.forgive() // room unclaimed for too long: forgive a lost place
+			ahead = k - min(b.served.Load(), k-1) - 1
+		}
 	}
 	if ahead == 0 { // first in line now
 		if d != Held {
@@ -120,35 +123,46 @@ func (b *Bucket) queue(w *Waiter, now int64, d Domain, at int64, lim *bucketLimi
 	// the place can go, and grows with the position, so places are woken
 	// in order. It is an estimate (the places ahead may run smaller
 	// commands than the average, or give their places back), so it is
-	// capped: a place re-tries at most recheckBase + ahead *
-	// recheckPerPlace after the gauges admit again, within 5 ms when one
-	// place is ahead, and well within abandonAfter once it is next.
+	// capped: a place re-tries at most min(recheckBase + ahead *
+	// recheckPerPlace, maxRecheck) after the gauges admit again, within
+	// 5 ms when one place is ahead.
 	step := unitCost(lim, node)
 	wait := maxDebt
 	if deficit := need - max(room, 0); step != 0 && deficit < maxDebt/step {
 		wait = max(at-now, 0) + deficit*step
 	}
-	wait = min(wait, max(at-now, 0)+recheckBase+int64(min(ahead, 1<<20))*recheckPerPlace)
+	recheck := min(recheckBase+int64(min(ahead, 1<<20))*recheckPerPlace, maxRecheck)
+	wait = min(wait, max(at-now, 0)+recheck)
 	return b.hold(taken, time.Duration(max(wait, 1)))
 }
 
-// The longest wait handed to a place behind others: recheckBase plus
-// recheckPerPlace for each place ahead of it. The places near the front
-// re-check often, deep ones rarely, so a line of n places costs about
-// 1/recheckPerPlace * ln(n) re-tries per second in all.
+// The longest wait handed to a place behind others, past the time the
+// gauges admit again: recheckBase plus recheckPerPlace for each place
+// ahead of it, at most maxRecheck. The places near the front re-check
+// often, deep ones rarely: a line of n places costs about
+// 2000 * ln(n) re-tries per second up to 100 places, plus 20 per second
+// for each place beyond.
 const (
 	recheckBase     = int64(time.Millisecond)
 	recheckPerPlace = int64(500 * time.Microsecond)
+	maxRecheck      = abandonAfter / 2
 )
 
 // forgive counts the first place in line as served, presumed lost (its
 // Waiter dropped without Cancel), and remembers it: should it come back
-// after all, it is admitted without being counted a second time.
-func (b *Bucket) forgive(now int64) {
-	s := b.served.Load()
-	if s < b.tail.Load() && b.served.CompareAndSwap(s, s+1) {
-		b.lastServed.Store(now)
-		b.forgiven.Store(s + 1)
+// after all, it is admitted without being counted a second time. The
+// caller has claimed the forgiveness (moved lastServed), so that two
+// callers do not forgive two places for the same unclaimed room.
+func (b *Bucket) forgive() {
+	for {
+		s := b.served.Load()
+		if s >= b.tail.Load() {
+			return
+		}
+		if b.served.CompareAndSwap(s, s+1) {
+			b.forgiven[(s+1)%uint64(len(b.forgiven))].Store(s + 1)
+			return
+		}
 	}
 }
 

@@ -435,10 +435,10 @@ type Bucket struct {
 	_      [cacheLine]byte
 
 	// the FIFO line, written only when somebody is held
-	tail       atomic.Uint64 // places handed out
-	served     atomic.Uint64 // places admitted or given back
-	lastServed atomic.Int64  // when served last moved
-	forgiven   atomic.Uint64 // the last place forgiven as lost, until it comes back
+	tail       atomic.Uint64    // places handed out
+	served     atomic.Uint64    // places admitted or given back
+	lastServed atomic.Int64     // when served last moved
+	forgiven   [8]atomic.Uint64 // places forgiven as lost, by place number mod 8, until they come back
 	held       atomic.Uint64
 	rejected   atomic.Uint64
 }
@@ -512,7 +512,7 @@ func (b *Bucket) SetLimits(reserved, hard Limit) error {
 //   - when admitted, the place is given up;
 //   - a connection that stops waiting (closed, or its command dropped) must
 //     call w.Cancel, or its place delays the places behind it (room left
-//     unclaimed for 20 ms forgives one lost place).
+//     unclaimed for 100 ms forgives one lost place).
 //
 // A Blocking caller with a nil w is held without a place.
 //
@@ -804,8 +804,8 @@ func (g *gauge) rescale(now int64, from, to *rate) {
 	}
 }
 
-// forgive drops what the gauge owes beyond now (its burst allowance
-// builds up again from now).
+// forgive drops what the gauge owes beyond now: the gauge is as if it had
+// been idle, its whole burst available at once.
 func (g *gauge) forgive(now int64) {
 	for {
 		old := g.tat.Load()
