@@ -356,7 +356,6 @@ func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
 	case *upstream.Conn:
 		x.HandleClose(c, err)
 	case *session:
-		println("DEBUG OnClose session", err != nil)
 		x.close()
 		s.conns.Add(-1)
 	}

@@ -153,8 +153,7 @@ func (s *session) overCap() bool {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("response_bytes", n).Int("limit", maxResponseBytes).
 			Msg("client does not read its responses; closing connection")
 		s.quitting = true
-		err := s.c.Close()
-		println("DEBUG overCap close", err == nil)
+		_ = s.c.Close()
 		return true
 	}
 	return false
