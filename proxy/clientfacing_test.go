@@ -2,22 +2,25 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
 // Answers that real clients must be able to read: refused STAT groups,
-// text-protocol clients, bad magic, upstream timeouts; and VERSION, which
-// no tenant may use to load the shared server unmetered.
+// text-protocol clients, bad magic, upstream timeouts; and FLUSH and
+// VERSION, which no tenant may use to load the shared server unmetered.
 
 // TestStatRefusedGroups: a STAT group a tenant may not see is answered in
 // a shape every binary client reads to its end: a well-formed group holding
@@ -199,6 +202,143 @@ func TestTimedOutCommandMayHaveRun(t *testing.T) {
 	r, err := c.Set([]byte("k"), []byte("v"))
 	if err != nil || r.Status() != mc.StatusEtmpfail || string(r.Value) != "upstream timed out; the command may have run" {
 		t.Fatalf("SET to a silent server: %v %+v (%q)", err, r, r.Value)
+	}
+}
+
+// flushDelayed is a FLUSH request with a delay of sec seconds.
+func flushDelayed(op mc.Opcode, sec uint32) mcclient.Request {
+	return mcclient.Request{Opcode: op, Extras: []byte{byte(sec >> 24), byte(sec >> 16), byte(sec >> 8), byte(sec)}}
+}
+
+// TestFlushDelayRefused: a FLUSH with a delay is refused NotSupported and
+// flushes nothing; a zero delay flushes at once.
+func TestFlushDelayRefused(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	c := dial(t, p.Addr)
+	if r, err := c.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	for _, op := range []mc.Opcode{mc.OpFlush, mc.OpFlushQ} {
+		r, err := c.Do(flushDelayed(op, 30))
+		if status(t, r, err) != mc.StatusNotSupported || !strings.Contains(string(r.Value), "delay") {
+			t.Fatalf("%s with a delay: %s %q, want NotSupported with the reason", op, r.Status(), r.Value)
+		}
+	}
+	if r, err := c.Get([]byte("k")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("key after refused FLUSHes: %s", r.Status())
+	}
+	if r, err := c.Do(flushDelayed(mc.OpFlush, 0)); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("FLUSH with delay 0: %s", r.Status())
+	}
+	if r, err := c.Get([]byte("k")); status(t, r, err) != mc.StatusKeyEnoent {
+		t.Fatalf("key after FLUSH: %s", r.Status())
+	}
+}
+
+// TestFlushMetered: a FLUSH costs its bucket one write unit and is
+// admitted like a write: refused EWouldThrottle in non-blocking mode, held
+// otherwise, when the bucket is at its hard limit.
+func TestFlushMetered(t *testing.T) {
+	p := startProxy(t, testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 100",
+		tail: "[[bucket]]\nname = \"default\"\nflush_enabled = true\nhard_limit = 2\n"})
+	nb := dial(t, p.Addr)
+	hello(t, nb, mc.FeatureNonBlockingThrottlingMode)
+	done, refused := 0, 0
+	for i := 0; i < 50 && refused == 0; i++ {
+		r, err := nb.Do(mcclient.Request{Opcode: mc.OpFlush})
+		switch status(t, r, err) {
+		case mc.StatusSuccess:
+			done++
+		case mc.StatusEWouldThrottle:
+			refused++
+		default:
+			t.Fatalf("FLUSH: %s %q", r.Status(), r.Value)
+		}
+	}
+	if refused == 0 || done > 5 {
+		t.Fatalf("%d FLUSHes done before the first EWouldThrottle at 2 units/s", done)
+	}
+	// A blocking connection waits for the budget instead.
+	c := dial(t, p.Addr)
+	if r, err := c.Do(mcclient.Request{Opcode: mc.OpFlush}); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("blocking FLUSH: %s", r.Status())
+	}
+	done++
+	st := p.Engine().Bucket("default").Stats()
+	if st.Held == 0 || st.Commands != uint64(done) || st.Units != uint64(done) {
+		t.Fatalf("engine: held %d, commands %d, units %d; want held > 0 and %d commands of one unit", st.Held, st.Commands, st.Units, done)
+	}
+	kv, err := c.Stats("throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range kv {
+		if p[0] == "bucket:default:write_units_total" && p[1] != strconv.Itoa(done) {
+			t.Fatalf("write_units_total %s, want %d", p[1], done)
+		}
+	}
+}
+
+// TestFlushesShareStateWrites: FLUSHes that arrive while the state file is
+// being written share the next write (one epoch step, one fsync), and each
+// is answered only once the write it depends on is done.
+func TestFlushesShareStateWrites(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	const n = 8
+	conns := make([]*mcclient.Client, n)
+	for i := range conns {
+		conns[i] = dial(t, p.Addr)
+	}
+	queue := func() (pending int, running bool) {
+		q := &p.flushes
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return len(q.pending), q.running
+	}
+	// Block state writes, as a slow disk would.
+	p.adminMu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			p.adminMu.Unlock()
+		}
+	}()
+	send := func(c *mcclient.Client) {
+		c.Send(mcclient.Request{Opcode: mc.OpFlush})
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(conns[0])
+	eventually(t, 5*time.Second, "the first FLUSH's write to start", func() bool {
+		pending, running := queue()
+		return running && pending == 0
+	})
+	for _, c := range conns[1:] {
+		send(c)
+	}
+	eventually(t, 5*time.Second, "the other FLUSHes to queue", func() bool {
+		pending, _ := queue()
+		return pending == n-1
+	})
+	// Nobody is answered before the write is done.
+	_ = conns[0].Conn().SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := conns[0].Conn().Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read before the state file write: %v, want nothing", err)
+	}
+	p.adminMu.Unlock()
+	locked = false
+	for i, c := range conns {
+		if r, err := c.Read(); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("FLUSH %d: %v %+v", i, err, r)
+		}
+	}
+	st, err := bucketcfg.LoadState(p.StatePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := st.Epochs["default"]; e != 2 {
+		t.Fatalf("epoch %d after %d FLUSHes in two state writes, want 2", e, n)
 	}
 }
 

@@ -269,7 +269,7 @@ func (s *session) dispatch(f *binary.Frame) bool {
 		}
 		s.localStatus(f, binary.StatusNotSupported, "VERBOSITY is not supported through kvthrottle")
 	case binary.OpFlush, binary.OpFlushQ:
-		s.flushBucket(f)
+		return s.flushBucket(f)
 	default:
 		if !op.Memcached() {
 			s.localStatus(f, binary.StatusUnknownCommand, "unknown command "+op.String())
