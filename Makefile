@@ -16,11 +16,11 @@ build:
 deps:
 	@scripts/deps.sh
 
-## run: build, make sure memcached runs on 127.0.0.1:11211, start the proxy.
+## run: build, make sure memcached runs on 127.0.0.1:11211 (one started
+## here runs unprivileged and stops with the proxy), run the proxy.
 run: build
 	@scripts/deps.sh --server-only
-	@scripts/memcached-up.sh
-	$(BIN) serve --config $(CONFIG)
+	@scripts/run.sh $(BIN) $(CONFIG)
 
 ## test: install what the tests need, then vet, gofmt and every test with -race.
 test: deps vet

@@ -2,14 +2,17 @@ package proxy
 
 import (
 	"context"
+	be "encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // adminError is an admin change refused with a status and a reason.
@@ -291,29 +294,53 @@ func (lp *loop) recheckSessions(context.Context) error {
 // flushBucket handles FLUSH/FLUSHQ: only for buckets with flush_enabled,
 // and only that bucket's keys: the bucket moves to a fresh namespace, whose
 // epoch is persisted (off the loop) before the response, so flushed keys
-// stay gone across restarts.
-func (s *session) flushBucket(f *binary.Frame) {
+// stay gone across restarts. A FLUSH is metered as a write of one unit and
+// admitted like any metered command: held, or answered EWouldThrottle, when
+// its bucket has no room. A delay (non-zero 4-byte extras) is refused with
+// NotSupported. It returns false when the session is held and f must be
+// dispatched again.
+func (s *session) flushBucket(f *binary.Frame) bool {
 	if err := binary.ValidateRequest(f); err != nil {
 		s.localStatus(f, binary.StatusEinval, err.Error())
-		return
+		return true
 	}
 	b := s.bkt
 	if b == nil {
 		s.noBucket(f)
-		return
+		return true
 	}
 	if !b.flushEnabled.Load() {
 		s.localStatus(f, binary.StatusEaccess, "FLUSH is disabled for bucket "+b.name)
-		return
+		return true
+	}
+	if f.ExtLen == 4 && be.BigEndian.Uint32(f.Extras()) != 0 {
+		// memcached empties the cache when the delay has passed; here that
+		// would be a timer per bucket that has to survive restarts (a
+		// delay that ends while the proxy is down must still flush), for a
+		// feature clients rarely use: refuse it, the client can send the
+		// FLUSH when the time comes.
+		s.localStatus(f, binary.StatusNotSupported, "FLUSH with a delay is not supported; send it when the bucket should be emptied")
+		return true
 	}
 	srv := s.lp.srv
+	d, wait := b.tb.Admit(&s.waiter, s.mode())
+	if d == throttle.Held {
+		if s.nonBlocking && s.mode() == throttle.NonBlocking {
+			s.wouldThrottle(f, wait)
+			return true
+		}
+		s.hold(wait)
+		return false
+	}
+	if s.heldAt != 0 {
+		srv.throttleWait(b, srv.throttle.Now()-s.heldAt)
+		s.heldAt = 0
+	}
+	b.writeUnits.Add(1) // the one unit, which Admit has charged
 	quiet := f.Opcode == binary.OpFlushQ
 	sl := s.later(f)
 	s.waiting = true
-	srv.jobs.Add(1)
-	go func() {
-		defer srv.jobs.Done()
-		err := srv.flushBucket(b)
+	srv.queueFlush(b, func(err error) {
 		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
 			s.waiting = false
 			s.completeLater(sl, func(out []byte) []byte {
@@ -329,24 +356,93 @@ func (s *session) flushBucket(f *binary.Frame) {
 			s.resume()
 			return nil
 		}))
-	}()
+	})
+	return true
 }
 
-// flushBucket moves b to a new namespace epoch, persisted first.
-func (srv *Server) flushBucket(b *bucket) error {
+// flushQueue batches the state file writes of FLUSHes (group commit): the
+// FLUSHes queued while one write runs share the next, so a burst of them,
+// from any number of connections and buckets, costs one fsync per write
+// time instead of one each. The zero value is ready.
+type flushQueue struct {
+	mu      sync.Mutex
+	pending []flushReq
+	running bool // a goroutine (counted in Server.jobs) is writing batches
+}
+
+// flushReq is one admitted FLUSH of bucket b; done receives the outcome of
+// the state file write, off the loop.
+type flushReq struct {
+	b    *bucket
+	done func(error)
+}
+
+// queueFlush moves b to a fresh namespace with the next batched state file
+// write and then calls done (from another goroutine) with its error. Safe
+// from any goroutine.
+func (srv *Server) queueFlush(b *bucket, done func(error)) {
+	q := &srv.flushes
+	q.mu.Lock()
+	q.pending = append(q.pending, flushReq{b: b, done: done})
+	start := !q.running
+	q.running = true
+	q.mu.Unlock()
+	if start {
+		srv.jobs.Add(1)
+		go srv.runFlushes()
+	}
+}
+
+// runFlushes writes batches until none is pending.
+func (srv *Server) runFlushes() {
+	defer srv.jobs.Done()
+	q := &srv.flushes
+	for {
+		q.mu.Lock()
+		batch := q.pending
+		q.pending = nil
+		if len(batch) == 0 {
+			q.running = false
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		err := srv.flushBuckets(batch)
+		for _, r := range batch {
+			r.done(err)
+		}
+	}
+}
+
+// flushBuckets moves every bucket of batch to a new namespace epoch (one
+// per bucket, however many of its FLUSHes the batch holds: they all arrived
+// before the move) with one state file write. The new epochs take effect
+// only once persisted: were the epoch raised first, writes acknowledged in
+// the new namespace before a crash would be there again after the next
+// FLUSH following the restart.
+func (srv *Server) flushBuckets(batch []flushReq) error {
 	srv.adminMu.Lock()
 	defer srv.adminMu.Unlock()
 	next := srv.state.Clone()
-	if cur := b.gen.Load(); next.Epochs[b.name] < cur {
-		next.Epochs[b.name] = cur
+	epochs := make(map[*bucket]uint64, len(batch))
+	for _, r := range batch {
+		b := r.b
+		if _, ok := epochs[b]; ok {
+			continue
+		}
+		if cur := b.gen.Load(); next.Epochs[b.name] < cur {
+			next.Epochs[b.name] = cur
+		}
+		epochs[b] = next.BumpEpoch(b.name)
 	}
-	e := next.BumpEpoch(b.name)
 	if err := next.Save(srv.opts.statePath); err != nil {
-		srv.log.Error().Err(err).Str("bucket", b.name).Msg("could not persist a flush; bucket not flushed")
+		srv.log.Error().Err(err).Int("flushes", len(batch)).Msg("could not persist a flush; buckets not flushed")
 		return err
 	}
 	srv.state = next
-	b.setEpoch(e)
-	srv.log.Info().Str("bucket", b.name).Uint64("epoch", e).Msg("bucket flushed")
+	for b, e := range epochs {
+		b.setEpoch(e)
+		srv.log.Info().Str("bucket", b.name).Uint64("epoch", e).Msg("bucket flushed")
+	}
 	return nil
 }

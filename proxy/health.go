@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"sync"
@@ -60,6 +61,8 @@ type health struct {
 	ejected []atomic.Bool
 	alive   atomic.Pointer[[]bool] // nil while no server is ejected
 
+	versions []atomic.Pointer[[]byte] // each server's VERSION answer, from its last good probe
+
 	kick chan struct{} // a loop saw a connection fail: probe now
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -74,13 +77,14 @@ func newHealth(servers []string, cfg healthConfig, log zerolog.Logger) *health {
 		cfg.interval = time.Second
 	}
 	return &health{
-		servers: servers,
-		cfg:     cfg,
-		log:     log,
-		up:      make([]atomic.Bool, len(servers)),
-		ejected: make([]atomic.Bool, len(servers)),
-		kick:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
+		servers:  servers,
+		cfg:      cfg,
+		log:      log,
+		up:       make([]atomic.Bool, len(servers)),
+		ejected:  make([]atomic.Bool, len(servers)),
+		versions: make([]atomic.Pointer[[]byte], len(servers)),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 	}
 }
 
@@ -126,7 +130,12 @@ func (h *health) probeAll(fails []int, retryAt []time.Time) {
 		if h.ejected[i].Load() && now.Before(retryAt[i]) {
 			continue
 		}
-		err := probe(addr, h.cfg.timeout)
+		v, err := probe(addr, h.cfg.timeout)
+		if err == nil {
+			if old := h.versions[i].Load(); old == nil || !bytes.Equal(*old, v) {
+				h.versions[i].Store(&v)
+			}
+		}
 		was := h.up[i].Swap(err == nil)
 		switch {
 		case err != nil && was:
@@ -182,30 +191,55 @@ func (h *health) anyUp() bool {
 	return false
 }
 
-// probe sends a NOOP to addr and waits for its response.
-func probe(addr string, timeout time.Duration) error {
-	c, err := net.DialTimeout("tcp", addr, timeout)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(timeout))
-	req := binary.AppendFrame(nil, binary.Header{Magic: binary.MagicRequest, Opcode: binary.OpNoop, Opaque: 0x6b767468}, nil, nil, nil, nil)
-	if _, err := c.Write(req); err != nil {
-		return err
-	}
-	var resp [binary.HeaderLen]byte
-	if _, err := io.ReadFull(c, resp[:]); err != nil {
-		return err
-	}
-	h, _ := binary.ParseHeader(resp[:])
-	if h.Magic != binary.MagicResponse || h.Opcode != binary.OpNoop {
-		return errBadProbe
+// version returns the VERSION answer of the first server that answered
+// its last probe, or nil when none did. The slice must not be modified.
+// Safe from any goroutine.
+func (h *health) version() []byte {
+	for i := range h.up {
+		if h.up[i].Load() {
+			if v := h.versions[i].Load(); v != nil {
+				return *v
+			}
+		}
 	}
 	return nil
 }
 
-var errBadProbe = errorString("unexpected response to NOOP")
+// maxVersionLen bounds the VERSION answer a probe accepts (memcached's is
+// a few bytes, such as "1.6.18").
+const maxVersionLen = 64
+
+// probe sends a VERSION to addr and returns its answer. VERSION costs
+// memcached no more than a NOOP, and the proxy answers its clients'
+// VERSION with it (session.version).
+func probe(addr string, timeout time.Duration) ([]byte, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	req := binary.AppendFrame(nil, binary.Header{Magic: binary.MagicRequest, Opcode: binary.OpVersion, Opaque: 0x6b767468}, nil, nil, nil, nil)
+	if _, err := c.Write(req); err != nil {
+		return nil, err
+	}
+	var resp [binary.HeaderLen]byte
+	if _, err := io.ReadFull(c, resp[:]); err != nil {
+		return nil, err
+	}
+	h, _ := binary.ParseHeader(resp[:])
+	if h.Magic != binary.MagicResponse || h.Opcode != binary.OpVersion || h.Status() != binary.StatusSuccess ||
+		h.BodyLen == 0 || h.BodyLen > maxVersionLen || h.ExtLen != 0 || h.KeyLen != 0 {
+		return nil, errBadProbe
+	}
+	v := make([]byte, h.BodyLen)
+	if _, err := io.ReadFull(c, v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+var errBadProbe = errorString("unexpected response to VERSION")
 
 type errorString string
 

@@ -102,6 +102,7 @@ type Server struct {
 	wakeDelay delayHist // how late held sessions are woken
 
 	jobs       sync.WaitGroup // off-loop work: password checks, state writes
+	flushes    flushQueue     // FLUSHes waiting for their state file write
 	authSem    chan struct{}  // bounds concurrent password checks
 	authQueued atomic.Int64   // password checks running or waiting
 }

@@ -29,6 +29,7 @@ type session struct {
 	waiting   bool   // paused: an upstream connection is full, or a password check or admin change runs
 	outPaused bool   // paused: too many responses pending or unsent (lp.paused)
 	slotBytes int    // response bytes waiting in slots behind an earlier command
+	framed    bool   // a binary request magic has arrived: bad input gets Einval, not a text line
 
 	user        *bucketcfg.User // nil until SASL succeeds
 	bkt         *bucket         // selected bucket; nil: none
@@ -83,7 +84,18 @@ func (s *session) onTraffic() gnet.Action {
 	maxBody := s.lp.srv.opts.maxBodyBytes
 	// While a large request is still arriving, do nothing: peeking the
 	// whole buffer on every read would copy it again and again.
-	if hdr, err := s.c.Peek(binary.HeaderLen); err != nil {
+	hdr, err := s.c.Peek(binary.HeaderLen)
+	if err != nil {
+		hdr, _ = s.c.Peek(-1) // less than a header
+	}
+	if len(hdr) > 0 && !binary.Magic(hdr[0]).IsRequest() {
+		// No binary request is coming: answer now, not when a header or
+		// a body has arrived.
+		s.notRequest(hdr)
+		s.flush()
+		return gnet.None
+	}
+	if err != nil {
 		return gnet.None
 	} else if n := binary.PendingFrameLen(hdr, maxBody); n > s.c.InboundBuffered() {
 		return s.checkBuffered()
@@ -91,6 +103,11 @@ func (s *session) onTraffic() gnet.Action {
 	buf, _ := s.c.Peek(-1)
 	off := 0
 	for off < len(buf) {
+		if !binary.Magic(buf[off]).IsRequest() {
+			s.notRequest(buf[off:])
+			break
+		}
+		s.framed = true
 		f, n, err := binary.Decode(buf[off:], maxBody)
 		if err != nil {
 			s.badFrame(&f, err)
@@ -191,13 +208,12 @@ func (s *session) checkBuffered() gnet.Action {
 	return gnet.None
 }
 
-// badFrame answers an invalid header with Einval when a response is
-// possible, then closes the connection once earlier responses are out.
+// badFrame answers an invalid header (bad magic, body too large,
+// inconsistent lengths) with Einval, then closes the connection once
+// earlier responses are out.
 func (s *session) badFrame(f *binary.Frame, err error) {
 	s.lp.srv.log.Info().Str("remote", s.remote).Err(err).Msg("invalid frame from client; closing connection")
-	if f.Magic.Valid() {
-		s.localStatus(f, binary.StatusEinval, err.Error())
-	}
+	s.localStatus(f, binary.StatusEinval, err.Error())
 	s.quit()
 }
 
@@ -242,7 +258,7 @@ func (s *session) dispatch(f *binary.Frame) bool {
 	case binary.OpStat:
 		return s.stat(f)
 	case binary.OpVersion:
-		return s.forward(f, nil)
+		return s.version(f)
 	case binary.OpVerbosity:
 		// Not forwarded: memcached (1.6) has no binary VERBOSITY and, after
 		// its UnknownCommand, swallows the first bytes of the next request
@@ -253,7 +269,7 @@ func (s *session) dispatch(f *binary.Frame) bool {
 		}
 		s.localStatus(f, binary.StatusNotSupported, "VERBOSITY is not supported through kvthrottle")
 	case binary.OpFlush, binary.OpFlushQ:
-		s.flushBucket(f)
+		return s.flushBucket(f)
 	default:
 		if !op.Memcached() {
 			s.localStatus(f, binary.StatusUnknownCommand, "unknown command "+op.String())

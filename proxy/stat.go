@@ -4,6 +4,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
@@ -13,7 +14,7 @@ import (
 // stat answers STAT. The general group and the "throttle" group are
 // answered by the proxy and show a tenant only its own bucket; other
 // groups are memcached's and, since they describe every tenant, are
-// forwarded for admins only.
+// forwarded for admins only (statRefused answers the others).
 func (s *session) stat(f *binary.Frame) bool {
 	group := string(f.Key())
 	switch group {
@@ -23,12 +24,33 @@ func (s *session) stat(f *binary.Frame) bool {
 		s.statReply(f, s.throttleStats())
 	default:
 		if !s.isAdmin() {
-			s.localStatus(f, binary.StatusEaccess, "STAT "+group+" needs the admin privilege")
+			s.statRefused(f, group)
 			return true
 		}
 		return s.forward(f, nil)
 	}
 	return true
+}
+
+// statRefused answers a STAT group the session may not see, in a shape
+// every binary client reads to its end. Clients read a STAT answer in one
+// of two ways: as a stream of stats up to a success frame with no key and
+// no body (dalli, python-binary-memcached, libmemcached, spymemcached,
+// memjs; dalli skips error frames and the python client any frame with a
+// body, so an error frame leaves both waiting for their timeout, as it does
+// against memcached itself), or, for the groups memcached answers with a
+// single frame (reset, detail ...), as one frame (dalli's reset_stats).
+// So the streamed groups get a well-formed, empty group holding one stat,
+// "error", whose value is the reason; the single-frame groups get what
+// memcached answers for a group it does not know: KeyEnoent (0x01), the
+// reason as the body, and no terminator.
+func (s *session) statRefused(f *binary.Frame, group string) {
+	reason := "STAT " + group + " needs the admin privilege"
+	if strings.HasPrefix(group, "reset") || strings.HasPrefix(group, "detail") {
+		s.localStatus(f, binary.StatusKeyEnoent, reason)
+		return
+	}
+	s.statReply(f, [][2]string{{"error", reason}})
 }
 
 // statReply queues one STAT response per pair, then the terminator.

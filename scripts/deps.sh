@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Makes sure the tools kvthrottle's tests and `make run` need are present:
-# memcached (the server) and libmemcached-tools (memccapable, memccp,
-# memccat, memcaslap). Installs Debian's packages when missing and running
-# as root; otherwise says exactly what to install and fails.
+# memcached (the server), libmemcached-tools (memccapable, memccp, memccat,
+# memcstat, memcaslap), and the independent clients the tests drive: memjs
+# (Node.js), dalli (Ruby) and pymemcache (Python). Installs Debian's packages
+# when missing and running as root; otherwise says exactly what to install
+# and fails.
 set -euo pipefail
 
 missing=()
@@ -10,6 +12,9 @@ command -v memcached >/dev/null 2>&1 || missing+=(memcached)
 if [ "${1:-}" != "--server-only" ]; then
   { command -v memccapable >/dev/null 2>&1 && command -v memcaslap >/dev/null 2>&1; } || missing+=(libmemcached-tools)
   { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; } || missing+=(nodejs npm)
+  # Debian's ruby-dalli does not pull in ruby itself.
+  ruby -e 'require "dalli"' >/dev/null 2>&1 || missing+=(ruby ruby-dalli)
+  /usr/bin/python3 -c 'import pymemcache' >/dev/null 2>&1 || missing+=(python3-pymemcache)
 fi
 
 # memjs (an independent Node.js client) for the integration tests.

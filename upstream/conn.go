@@ -38,7 +38,8 @@ type Waiter interface {
 	Silent()
 	// Fail: the request will get no response from memcached (the
 	// connection is down, died or timed out); reason is short and
-	// human-readable.
+	// human-readable, and says so when the request had been written to
+	// the server and so may have run.
 	Fail(status binary.Status, reason string)
 }
 
@@ -320,8 +321,20 @@ func (c *Conn) HandleClose(gc gnet.Conn, err error) {
 	c.down(fmt.Errorf("connection to %s lost: %w", c.cfg.Addr, err))
 }
 
+// Reasons given with Etmpfail to requests that had been written to the
+// server when the connection failed: memcached may have run them.
+const (
+	reasonTimedOut = "upstream timed out; the command may have run"
+	reasonLost     = "upstream connection lost; the command may have run"
+)
+
+// errTimedOut is wrapped by the error CheckTimeout brings the connection
+// down with.
+var errTimedOut = errors.New("timed out")
+
 // down marks the connection failed: every request in flight fails with
-// Etmpfail, new requests fail until a jittered backoff elapses.
+// Etmpfail (the reason says whether it may have run), new requests fail
+// until a jittered backoff elapses.
 func (c *Conn) down(err error) {
 	wasUp := c.state == stateUp
 	if c.gc != nil {
@@ -339,10 +352,20 @@ func (c *Conn) down(err error) {
 	c.retryAt = time.Now().Add(backoff)
 	c.out = c.out[:0]
 	c.lastQuiet = false
-	reason := c.unavailableReason()
+	unsent, sent := c.unavailableReason(), reasonLost
+	if errors.Is(err, errTimedOut) {
+		sent = reasonTimedOut
+	}
 	for c.n > 0 {
-		if e := c.pop(); e.w != nil {
-			e.w.Fail(binary.StatusEtmpfail, reason)
+		e := c.pop()
+		switch {
+		case e.w == nil:
+		case e.sent != 0:
+			// Written to the server: it may have run (a write may be
+			// applied); the client must not take Etmpfail for "not done".
+			e.w.Fail(binary.StatusEtmpfail, sent)
+		default:
+			e.w.Fail(binary.StatusEtmpfail, unsent)
 		}
 	}
 	c.wakeWaiters()
@@ -383,7 +406,7 @@ func (c *Conn) CheckTimeout(now time.Time) {
 		return
 	}
 	if s := c.front().sent; s != 0 && now.UnixNano()-s > int64(c.cfg.Timeout) {
-		c.down(fmt.Errorf("request to %s timed out after %v", c.cfg.Addr, c.cfg.Timeout))
+		c.down(fmt.Errorf("request to %s %w after %v", c.cfg.Addr, errTimedOut, c.cfg.Timeout))
 	}
 }
 

@@ -1,0 +1,391 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// Answers that real clients must be able to read: refused STAT groups,
+// text-protocol clients, bad magic, upstream timeouts; and FLUSH and
+// VERSION, which no tenant may use to load the shared server unmetered.
+
+// TestStatRefusedGroups: a STAT group a tenant may not see is answered in
+// a shape every binary client reads to its end: a well-formed group holding
+// only the reason, or, for the groups memcached answers with one frame
+// (reset, detail), one KeyEnoent frame with the reason. Either way the
+// next command's response is the next frame.
+func TestStatRefusedGroups(t *testing.T) {
+	p := startProxy(t, testConfig{tail: tenantTail(t)})
+	c := dial(t, p.Addr)
+	for _, group := range []string{"slabs", "items", "settings", "nosuchgroup"} {
+		kv, err := c.Stats(group)
+		if err != nil {
+			t.Fatalf("STAT %s: %v", group, err)
+		}
+		want := [][2]string{{"error", "STAT " + group + " needs the admin privilege"}}
+		if len(kv) != 1 || kv[0] != want[0] {
+			t.Fatalf("STAT %s: %q, want %q", group, kv, want)
+		}
+	}
+	for _, group := range []string{"reset", "detail on", "detail dump"} {
+		stat := c.Send(mcclient.Request{Opcode: mc.OpStat, Key: []byte(group)})
+		noop := c.Send(mcclient.Request{Opcode: mc.OpNoop})
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := c.Read()
+		if err != nil || r.Opaque != stat || r.Status() != mc.StatusKeyEnoent || len(r.Key) != 0 ||
+			string(r.Value) != "STAT "+group+" needs the admin privilege" {
+			t.Fatalf("STAT %s: %v %+v, want one KeyEnoent frame with the reason", group, err, r)
+		}
+		if r, err := c.Read(); err != nil || r.Opaque != noop || r.Opcode != mc.OpNoop {
+			t.Fatalf("after STAT %s: %v %+v, want the NOOP's response", group, err, r)
+		}
+	}
+	// The general group is still the tenant's own.
+	if kv, err := c.Stats(""); err != nil || len(kv) == 0 {
+		t.Fatalf("STAT: %v %q", err, kv)
+	}
+	// Admins still get memcached's groups, and memcached's own answer to a
+	// group it does not know.
+	a := login(t, p.Addr, "admin")
+	if kv, err := a.Stats("settings"); err != nil || len(kv) < 10 {
+		t.Fatalf("admin STAT settings: %v, %d stats", err, len(kv))
+	}
+	if r, err := a.Do(mcclient.Request{Opcode: mc.OpStat, Key: []byte("nosuchgroup")}); err != nil || r.Status() != mc.StatusKeyEnoent {
+		t.Fatalf("admin STAT nosuchgroup: %v %+v, want memcached's KeyEnoent", err, r)
+	}
+	if r, err := a.Do(mcclient.Request{Opcode: mc.OpNoop}); err != nil || r.Opcode != mc.OpNoop {
+		t.Fatalf("admin NOOP after STAT nosuchgroup: %v %+v", err, r)
+	}
+}
+
+// readAll reads what the proxy sends until it closes the connection; it
+// fails the test if the connection is still open after 3 s.
+func readAll(t *testing.T, c net.Conn) []byte {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("after %q: %v (want the connection closed at once)", b, err)
+	}
+	return b
+}
+
+func rawDial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestTextClientAnsweredAtOnce: a connection whose first byte is not a
+// binary magic speaks the text protocol: it gets one SERVER_ERROR line at
+// once, however short or long its first line, and is closed.
+func TestTextClientAnsweredAtOnce(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	for _, in := range []string{"get foo\r\n", "g", "version\r\n", "get " + strings.Repeat("k", 200) + "\r\n", "set a 0 0 1\r\nx\r\n"} {
+		c := rawDial(t, p.Addr)
+		if _, err := c.Write([]byte(in)); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(readAll(t, c)); got != textProtocolError {
+			t.Fatalf("after %q: %q, want %q", in, got, textProtocolError)
+		}
+		if !strings.HasPrefix(textProtocolError, "SERVER_ERROR ") || !strings.HasSuffix(textProtocolError, "\r\n") ||
+			strings.Count(textProtocolError, "\n") != 1 {
+			t.Fatalf("%q is not one SERVER_ERROR line", textProtocolError)
+		}
+	}
+}
+
+// TestBadMagicEinvalAtOnce: a response magic from a client, or bytes that
+// are no request after binary requests, get Einval at once (without
+// waiting for a whole header or the body the header announces), then the
+// connection closes.
+func TestBadMagicEinvalAtOnce(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	noop := mc.AppendFrame(nil, mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpNoop, Opaque: 5}, nil, nil, nil, nil)
+	respHdr := make([]byte, mc.HeaderLen)
+	(&mc.Header{Magic: mc.MagicResponse, Opcode: mc.OpGet, BodyLen: 1000, Opaque: 77}).Put(respHdr)
+	for name, tc := range map[string]struct {
+		in    []byte
+		first []byte // expected before the Einval
+		op    mc.Opcode
+	}{
+		"response magic, body announced": {in: respHdr, op: mc.OpGet},
+		"alt response magic alone":       {in: []byte{0x18}},
+		"text after a request":           {in: append(append([]byte{}, noop...), "get foo\r\n"...), first: noop, op: 'e'},
+		"garbage after a request":        {in: append(append([]byte{}, noop...), 0x42), first: noop},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := rawDial(t, p.Addr)
+			if _, err := c.Write(tc.in); err != nil {
+				t.Fatal(err)
+			}
+			out := readAll(t, c)
+			if tc.first != nil {
+				h, err := mc.ParseHeader(out)
+				if err != nil || h.Opcode != mc.OpNoop || h.Opaque != 5 {
+					t.Fatalf("first response %x: %v, want the NOOP's", out, err)
+				}
+				out = out[mc.HeaderLen:]
+			}
+			f, n, err := mc.Decode(out, 0)
+			if err != nil || n != len(out) || f.Magic != mc.MagicResponse || f.Status() != mc.StatusEinval ||
+				f.Opcode != tc.op || len(f.Value()) == 0 {
+				t.Fatalf("got %x (%v), want exactly one Einval response with a reason", out, err)
+			}
+		})
+	}
+}
+
+// silentUpstream accepts connections and reads them, but never answers.
+func silentUpstream(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() { defer wg.Done(); _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// TestTimedOutCommandMayHaveRun: a command that reached memcached and timed
+// out gets Etmpfail saying it may have run (a write may have been applied).
+func TestTimedOutCommandMayHaveRun(t *testing.T) {
+	up := silentUpstream(t)
+	p := startProxyTo(t, &testmc.Server{Addr: up}, testConfig{upstream: `timeout = "200ms"`})
+	c := dial(t, p.Addr)
+	r, err := c.Set([]byte("k"), []byte("v"))
+	if err != nil || r.Status() != mc.StatusEtmpfail || string(r.Value) != "upstream timed out; the command may have run" {
+		t.Fatalf("SET to a silent server: %v %+v (%q)", err, r, r.Value)
+	}
+}
+
+// flushDelayed is a FLUSH request with a delay of sec seconds.
+func flushDelayed(op mc.Opcode, sec uint32) mcclient.Request {
+	return mcclient.Request{Opcode: op, Extras: []byte{byte(sec >> 24), byte(sec >> 16), byte(sec >> 8), byte(sec)}}
+}
+
+// TestFlushDelayRefused: a FLUSH with a delay is refused NotSupported and
+// flushes nothing; a zero delay flushes at once.
+func TestFlushDelayRefused(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	c := dial(t, p.Addr)
+	if r, err := c.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	for _, op := range []mc.Opcode{mc.OpFlush, mc.OpFlushQ} {
+		r, err := c.Do(flushDelayed(op, 30))
+		if status(t, r, err) != mc.StatusNotSupported || !strings.Contains(string(r.Value), "delay") {
+			t.Fatalf("%s with a delay: %s %q, want NotSupported with the reason", op, r.Status(), r.Value)
+		}
+	}
+	if r, err := c.Get([]byte("k")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("key after refused FLUSHes: %s", r.Status())
+	}
+	if r, err := c.Do(flushDelayed(mc.OpFlush, 0)); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("FLUSH with delay 0: %s", r.Status())
+	}
+	if r, err := c.Get([]byte("k")); status(t, r, err) != mc.StatusKeyEnoent {
+		t.Fatalf("key after FLUSH: %s", r.Status())
+	}
+}
+
+// TestFlushMetered: a FLUSH costs its bucket one write unit and is
+// admitted like a write: refused EWouldThrottle in non-blocking mode, held
+// otherwise, when the bucket is at its hard limit.
+func TestFlushMetered(t *testing.T) {
+	p := startProxy(t, testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 100",
+		tail: "[[bucket]]\nname = \"default\"\nflush_enabled = true\nhard_limit = 2\n"})
+	nb := dial(t, p.Addr)
+	hello(t, nb, mc.FeatureNonBlockingThrottlingMode)
+	done, refused := 0, 0
+	for i := 0; i < 50 && refused == 0; i++ {
+		r, err := nb.Do(mcclient.Request{Opcode: mc.OpFlush})
+		switch status(t, r, err) {
+		case mc.StatusSuccess:
+			done++
+		case mc.StatusEWouldThrottle:
+			refused++
+		default:
+			t.Fatalf("FLUSH: %s %q", r.Status(), r.Value)
+		}
+	}
+	if refused == 0 || done > 5 {
+		t.Fatalf("%d FLUSHes done before the first EWouldThrottle at 2 units/s", done)
+	}
+	// A blocking connection waits for the budget instead.
+	c := dial(t, p.Addr)
+	if r, err := c.Do(mcclient.Request{Opcode: mc.OpFlush}); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("blocking FLUSH: %s", r.Status())
+	}
+	done++
+	st := p.Engine().Bucket("default").Stats()
+	if st.Held == 0 || st.Commands != uint64(done) || st.Units != uint64(done) {
+		t.Fatalf("engine: held %d, commands %d, units %d; want held > 0 and %d commands of one unit", st.Held, st.Commands, st.Units, done)
+	}
+	kv, err := c.Stats("throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range kv {
+		if p[0] == "bucket:default:write_units_total" && p[1] != strconv.Itoa(done) {
+			t.Fatalf("write_units_total %s, want %d", p[1], done)
+		}
+	}
+}
+
+// TestFlushesShareStateWrites: FLUSHes that arrive while the state file is
+// being written share the next write (one epoch step, one fsync), and each
+// is answered only once the write it depends on is done.
+func TestFlushesShareStateWrites(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	const n = 8
+	conns := make([]*mcclient.Client, n)
+	for i := range conns {
+		conns[i] = dial(t, p.Addr)
+	}
+	queue := func() (pending int, running bool) {
+		q := &p.flushes
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return len(q.pending), q.running
+	}
+	// Block state writes, as a slow disk would.
+	p.adminMu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			p.adminMu.Unlock()
+		}
+	}()
+	send := func(c *mcclient.Client) {
+		c.Send(mcclient.Request{Opcode: mc.OpFlush})
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(conns[0])
+	eventually(t, 5*time.Second, "the first FLUSH's write to start", func() bool {
+		pending, running := queue()
+		return running && pending == 0
+	})
+	for _, c := range conns[1:] {
+		send(c)
+	}
+	eventually(t, 5*time.Second, "the other FLUSHes to queue", func() bool {
+		pending, _ := queue()
+		return pending == n-1
+	})
+	// Nobody is answered before the write is done.
+	_ = conns[0].Conn().SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := conns[0].Conn().Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read before the state file write: %v, want nothing", err)
+	}
+	p.adminMu.Unlock()
+	locked = false
+	for i, c := range conns {
+		if r, err := c.Read(); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("FLUSH %d: %v %+v", i, err, r)
+		}
+	}
+	st, err := bucketcfg.LoadState(p.StatePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := st.Epochs["default"]; e != 2 {
+		t.Fatalf("epoch %d after %d FLUSHes in two state writes, want 2", e, n)
+	}
+}
+
+// TestVersionAnsweredLocally: VERSION, unmetered and allowed before
+// authentication, is answered by the proxy with memcached's version (as
+// its health probe read it), so a flood of it never reaches memcached.
+func TestVersionAnsweredLocally(t *testing.T) {
+	p := startProxy(t, testConfig{proxy: `default_bucket = ""`})
+	direct := dial(t, p.MC.Addr)
+	r, err := direct.Do(mcclient.Request{Opcode: mc.OpVersion})
+	if status(t, r, err) != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	want := r.Value
+	eventually(t, 5*time.Second, "the health probe to read the version", func() bool {
+		return p.routing.Load().health.version() != nil
+	})
+	bytesRead := func() int {
+		kv, err := direct.Stats("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range kv {
+			if p[0] == "bytes_read" {
+				n, _ := strconv.Atoi(p[1])
+				return n
+			}
+		}
+		t.Fatal("memcached has no bytes_read stat")
+		return 0
+	}
+	before := bytesRead()
+	c := dial(t, p.Addr) // never authenticates
+	const n = 1000
+	for i := 0; i < n; i++ {
+		c.Send(mcclient.Request{Opcode: mc.OpVersion})
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		r, err := c.Read()
+		if err != nil || r.Status() != mc.StatusSuccess || !bytes.Equal(r.Value, want) {
+			t.Fatalf("VERSION %d: %v %+v, want %q", i, err, r, want)
+		}
+	}
+	if d := bytesRead() - before; d > n*mc.HeaderLen/10 {
+		t.Fatalf("memcached read %d bytes during %d VERSIONs through the proxy: they were forwarded", d, n)
+	}
+}
