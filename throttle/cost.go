@@ -170,11 +170,12 @@ func (b *Bucket) unknownFull(open int64, lim *bucketLimits, node *nodeLimits) bo
 // itself, and other buckets drawing on the free pool wait at most one
 // burst for it.
 //
-// Every Grant must be settled exactly once, also when the command failed
-// or never ran (with units 1, the least a metered command costs), from any
-// goroutine: an unsettled read keeps its part of the budget for reads of
-// unknown cost. Settle of the zero Grant does nothing. Settle takes no lock
-// and does not allocate.
+// A Grant must be settled at most once, from any goroutine. A read's must
+// be settled, also when the command failed or never ran (with units 1, the
+// least a metered command costs): an unsettled read keeps its part of the
+// budget for reads of unknown cost. A Grant without Read whose command
+// cost exactly its Known units needs no settling. Settle of the zero Grant
+// does nothing. Settle takes no lock and does not allocate.
 func (b *Bucket) Settle(g Grant, units int64) { b.settle(g, units, g.read) }
 
 // settle is Settle; spill says whether free-pool units beyond the bill may
