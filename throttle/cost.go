@@ -1,6 +1,9 @@
 package throttle
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Cost is what a command is expected to cost, given to [Bucket.AdmitCost].
 type Cost struct {
@@ -135,11 +138,12 @@ func (b *Bucket) ReadEstimate() int64 {
 func (b *Bucket) learn(units int64) {
 	x := min(max(units, 1)<<estShift, estMax)
 	est := b.est.Load()
-	if est < 0 {
+	switch {
+	case est < 0:
 		b.est.Store(x)
-		return
+	case x != est:
+		b.est.Store(est + (x-est)/estWeight)
 	}
-	b.est.Store(est + (x-est)/estWeight)
 }
 
 // unknownFull reports whether a read holding open more units of the
@@ -149,11 +153,12 @@ func (b *Bucket) unknownFull(open int64, lim *bucketLimits, node *nodeLimits) bo
 	if u <= 0 {
 		return false // one read always has room
 	}
-	step := unitCost(lim, node)
-	if step == 0 {
+	r := fastest(lim, node)
+	if r == Unlimited {
 		return false // no finite rate to protect
 	}
-	return u+open > max(b.e.maxRead, unknownWindow/step)
+	budget := min(int64(r), math.MaxInt64/unknownWindow) * unknownWindow / int64(time.Second)
+	return u+open > max(b.e.maxRead, budget)
 }
 
 // Settle bills what an admitted command really cost, units in all (at
@@ -259,8 +264,8 @@ func (b *Bucket) refund(d Domain, units int64, lim *bucketLimits) {
 		if node := b.e.node.Load(); node.pool.cost != 0 {
 			c := node.pool.ns(units)
 			b.e.pool.add(-c)
-			if b.owe.tat.Load() > b.e.now() {
-				b.owe.add(-c)
+			if b.owe.tat.Load() > b.e.pool.tat.Load() {
+				b.owe.add(-c) // overdrawn: the bucket's own timeline too
 			}
 		}
 	}

@@ -646,16 +646,22 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 	return Held, min(tRes, tFree)
 }
 
-// unitCost returns the nanoseconds per unit at the highest rate the bucket
-// can run at: its hard limit, or its reservation plus the free pool if that
-// is lower; 0 when that rate is unlimited.
-func unitCost(lim *bucketLimits, node *nodeLimits) int64 {
+// fastest returns the highest rate the bucket can run at: its hard limit,
+// or its reservation plus the free pool if that is lower.
+func fastest(lim *bucketLimits, node *nodeLimits) Limit {
 	r := lim.hard
 	if node.pool.limit != Unlimited {
 		if most := addLimits(lim.reserved, node.pool.limit); r == Unlimited || most < r {
 			r = most
 		}
 	}
+	return r
+}
+
+// unitCost returns the nanoseconds per unit at the bucket's fastest rate;
+// 0 when that rate is unlimited.
+func unitCost(lim *bucketLimits, node *nodeLimits) int64 {
+	r := fastest(lim, node)
 	if r == Unlimited {
 		return 0
 	}
