@@ -47,8 +47,12 @@ type Waiter interface {
 type Config struct {
 	// Addr is the memcached server as host:port.
 	Addr string
-	// Timeout bounds a connect and the wait for the oldest in-flight
-	// response. Zero means 2 s.
+	// Timeout bounds a connect, and how long the oldest request written
+	// to the server may wait for its response, counted from when it was
+	// written or, if later, from when the server last answered (a server
+	// answers in order: a request waits only once those before it are
+	// answered, and a long pipeline of large responses that keeps
+	// arriving is not a dead server). Zero means 2 s.
 	Timeout time.Duration
 	// MaxInflight bounds the requests in flight on the connection (sent
 	// or buffered). Zero means 4096.
@@ -105,6 +109,10 @@ type Conn struct {
 	now       int64        // unix ns at the start of the current read batch
 	frame     binary.Frame // the response being delivered (a field: waiters get a pointer to it)
 	waitingUp []func()     // callbacks to run when room frees up
+
+	answered   uint64 // response frames matched, ever
+	seenAnswer uint64 // answered as of the last CheckTimeout
+	answerAt   int64  // unix ns: the CheckTimeout that first saw answered at its current value
 }
 
 // New returns a Conn for cfg owned by loop. It does not connect until the
@@ -392,8 +400,11 @@ func (c *Conn) Close() {
 func connectDeadline(timeout time.Duration) time.Duration { return 2 * timeout }
 
 // CheckTimeout fails the connection when its oldest flushed request has
-// waited longer than the timeout, or a connect has taken longer. Call it
-// periodically on the loop.
+// waited longer than the timeout (Config.Timeout: since it was written, or
+// since the server last answered, as seen by an earlier call), or a
+// connect has taken longer. Call it periodically on the loop: answers are
+// noticed at the call after they arrive, so the period adds to the
+// timeout.
 func (c *Conn) CheckTimeout(now time.Time) {
 	if c.state == stateConnecting && now.Sub(c.dialedAt) > connectDeadline(c.cfg.Timeout) {
 		// The dial is bounded by the timeout; what follows it (registering
@@ -402,10 +413,18 @@ func (c *Conn) CheckTimeout(now time.Time) {
 		c.down(fmt.Errorf("connect %s: not established after %v", c.cfg.Addr, connectDeadline(c.cfg.Timeout)))
 		return
 	}
-	if c.state != stateUp || c.n == 0 {
+	if c.state != stateUp {
 		return
 	}
-	if s := c.front().sent; s != 0 && now.UnixNano()-s > int64(c.cfg.Timeout) {
+	if c.answered != c.seenAnswer {
+		// The server answered since the last check: the request oldest
+		// now has waited for its own response only since then.
+		c.seenAnswer, c.answerAt = c.answered, now.UnixNano()
+	}
+	if c.n == 0 {
+		return
+	}
+	if s := c.front().sent; s != 0 && now.UnixNano()-max(s, c.answerAt) > int64(c.cfg.Timeout) {
 		c.down(fmt.Errorf("request to %s %w after %v", c.cfg.Addr, errTimedOut, c.cfg.Timeout))
 	}
 }
@@ -468,6 +487,7 @@ func (c *Conn) match(f *binary.Frame) error {
 	if !f.Magic.IsResponse() {
 		return fmt.Errorf("request magic from server %s", c.cfg.Addr)
 	}
+	c.answered++
 	for c.n > 0 {
 		e := c.front()
 		if e.opaque == f.Opaque {
