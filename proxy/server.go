@@ -68,6 +68,7 @@ type settings struct {
 	eventLoops     int
 	statePath      string
 	maxHold        time.Duration // throttle.max_hold; 0: hold as long as needed
+	maxReadResp    int           // the largest response a read can bring (throttle.max_item_bytes with key and framing)
 }
 
 // Server is a running proxy. Create it with New, run it with Serve, stop it
@@ -160,6 +161,7 @@ func New(opts Options) (*Server, error) {
 			eventLoops:     loops,
 			statePath:      cfg.Throttle.StateFile,
 			maxHold:        cfg.Throttle.MaxHold,
+			maxReadResp:    maxReadResponse(cfg.Throttle.MaxItemBytes),
 		},
 		log:      opts.Logger,
 		loops:    make(map[gnet.EventLoop]*loop),

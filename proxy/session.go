@@ -29,6 +29,8 @@ type session struct {
 	waiting   bool   // paused: an upstream connection is full, or a password check or admin change runs
 	outPaused bool   // paused: too many responses pending or unsent (lp.paused)
 	slotBytes int    // response bytes waiting in slots behind an earlier command
+	readsOut  int    // reads in flight (slot.reserved)
+	readSize  int    // response bytes a read is expected to bring; 0: none answered yet (unreserve)
 	framed    bool   // a binary request magic has arrived: bad input gets Einval, not a text line
 
 	user        *bucketcfg.User // nil until SASL succeeds
@@ -67,6 +69,8 @@ type slot struct {
 	units  bool           // ReportUnitUsage was on when the command was sent
 	sentKV int            // key+value bytes the client sent (write units)
 	gotKV  int            // key+value bytes returned (read units)
+
+	reserved bool // counted in session.readsOut until finished
 }
 
 func (s *session) pending() int { return len(s.q) - s.qh }
@@ -116,7 +120,7 @@ func (s *session) onTraffic() gnet.Action {
 		if n == 0 {
 			break
 		}
-		if s.pending() >= maxPending || s.unsent() > maxUnsentOutput {
+		if s.mustPause(&f) {
 			// The client is not reading its responses (or pipelines
 			// without bound): stop reading its requests until they drain.
 			s.outPaused = true
@@ -151,17 +155,93 @@ const (
 )
 
 // maxResponseBytes is the hard cap on one client's response bytes held by
-// the proxy (unsent, or waiting for an earlier response): a client that
-// pipelines large reads and does not read is disconnected past it.
+// the proxy (unsent, or waiting for an earlier response): a client holding
+// more is disconnected (overCap).
+//
+// Reads are paced to stay under it (readRoom): a read (GET, GAT and their
+// variants) is dispatched only while the bytes held plus the expected
+// responses of the reads in flight, its own included, fit (one read always
+// may run). A read is expected to be as large as the client's recent reads
+// (readSize), and as large as any read can be (throttle.max_item_bytes)
+// until one has been answered. So a client that pipelines large reads and
+// stops reading is paused, holding at most this much, with at most this
+// much of its responses ahead of its neighbours' on the upstream connection
+// they share. One whose reads were small and turn large can have more in
+// flight: it is disconnected at the cap, and the rest of its responses are
+// dropped as they arrive (in a throttled bucket, the throttle's budget for
+// reads of unknown cost bounds them too).
 const maxResponseBytes = 64 << 20
 
 // unsent is the response bytes the client has not been sent or has not
 // read: in the session's output and in gnet's outbound buffer.
 func (s *session) unsent() int { return len(s.out) + s.c.OutboundBuffered() + s.slotBytes }
 
+// maxReadResponse is the largest response a read can bring when memcached
+// stores items of up to maxItem bytes: the header, the flags, the key, the
+// value, and the framing extras that report its units.
+func maxReadResponse(maxItem int) int {
+	return binary.HeaderLen + 4 + binary.MaxKeyLen + maxItem + 8
+}
+
+// isRead reports whether op's response may carry a value.
+func isRead(op binary.Opcode) bool {
+	cls := op.Class()
+	return cls == binary.ClassRead || cls == binary.ClassReadWrite
+}
+
+// reserve counts a slot just queued among the session's reads in flight
+// when it is a read still to be answered.
+func (s *session) reserve(sl *slot) {
+	if !sl.done && isRead(sl.req.Opcode) {
+		sl.reserved = true
+		s.readsOut++
+	}
+}
+
+// unreserve stops counting a finished slot among the reads in flight, and
+// learns the size of its response: readSize follows a larger response at
+// once and a smaller one by an eighth of the difference per read.
+func (s *session) unreserve(sl *slot) {
+	if !sl.reserved {
+		return
+	}
+	sl.reserved = false
+	s.readsOut--
+	n := binary.HeaderLen + 4 + sl.gotKV
+	if n >= s.readSize {
+		s.readSize = n
+	} else {
+		s.readSize -= (s.readSize - n) >> 3
+	}
+}
+
+// readRoom reports whether one more read fits under limit with the
+// response bytes held and the expected responses of the reads in flight.
+func (s *session) readRoom(limit int) bool {
+	if s.readsOut == 0 {
+		return true
+	}
+	est := s.readSize
+	if est == 0 {
+		est = s.lp.srv.opts.maxReadResp
+	}
+	return s.unsent()+(s.readsOut+1)*est <= limit
+}
+
+// mustPause reports whether the session must stop dispatching before the
+// client's next frame f: too many commands pending, too many response
+// bytes unsent, or, f being a read, no room for its response.
+func (s *session) mustPause(f *binary.Frame) bool {
+	return s.pending() >= maxPending || s.unsent() > maxUnsentOutput ||
+		isRead(f.Opcode) && !s.readRoom(maxResponseBytes)
+}
+
 // canResume reports whether an output-paused session may dispatch again.
+// Room for a read is enough: responses arrive in batches, each batch
+// resumes the session at most once (loop.resumePaused), and a client
+// pipelining more reads than fit keeps as many in flight as fit.
 func (s *session) canResume() bool {
-	return s.pending() <= maxPending/2 && s.unsent() <= maxUnsentOutput/2
+	return s.pending() <= maxPending/2 && s.unsent() <= maxUnsentOutput/2 && s.readRoom(maxResponseBytes)
 }
 
 // overCap closes the connection when its response bytes pass the hard cap.
@@ -397,6 +477,7 @@ func (s *session) enqueue(sl *slot) {
 		s.q, s.qh = s.q[:0], 0
 	}
 	s.q = append(s.q, sl)
+	s.reserve(sl)
 }
 
 // local queues a response produced by the proxy itself, in order.
@@ -531,6 +612,7 @@ func (s *session) advance() {
 
 // finish charges a completed command's units and recycles its slot.
 func (s *session) finish(sl *slot) {
+	s.unreserve(sl)
 	if sl.grant.Domain != throttle.Held {
 		s.lp.srv.settle(sl)
 	}

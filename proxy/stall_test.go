@@ -1,0 +1,190 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// onLoop runs fn on each event loop of p and waits for it.
+func onLoop(t *testing.T, p *testProxy, fn func(lp *loop)) {
+	t.Helper()
+	p.eachLoop(func(lp *loop) {
+		done := make(chan struct{})
+		if err := lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			defer close(done)
+			fn(lp)
+			return nil
+		})); err != nil {
+			t.Fatalf("run on the loop: %v", err)
+		}
+		<-done
+	})
+}
+
+// sessionOf returns the session of the client whose local address is
+// addr, or nil (closed, or not yet opened). On the loop.
+func sessionOf(lp *loop, addr net.Addr) *session {
+	for s := range lp.sessions {
+		if s.remote == addr.String() {
+			return s
+		}
+	}
+	return nil
+}
+
+// memcachedGetHits returns memcached's get_hits, asked directly.
+func memcachedGetHits(t *testing.T, addr string) int {
+	t.Helper()
+	c, err := mcclient.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	kv, err := c.Stats("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range kv {
+		if e[0] == "get_hits" {
+			n, err := strconv.Atoi(e[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("memcached STAT has no get_hits")
+	return 0
+}
+
+// startNonReader sets a 1,000,000-byte value "big", then sends n GETs of
+// it from a client that does not read its responses, and waits until the
+// proxy has dispatched all of them that it will (the session is paused,
+// or has taken every request). With smallBuffers, the client's receive
+// buffer and the proxy's send buffer are made small, so that what the
+// kernel holds (not counted as held by the proxy) is negligible.
+func startNonReader(t *testing.T, p *testProxy, n int, smallBuffers bool) *mcclient.Client {
+	t.Helper()
+	c := dial(t, p.Addr)
+	if r, err := c.Set([]byte("big"), bytes.Repeat([]byte("x"), 1000*1000)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	if smallBuffers {
+		_ = c.Conn().(*net.TCPConn).SetReadBuffer(4096)
+		onLoop(t, p, func(lp *loop) {
+			if s := sessionOf(lp, c.Conn().LocalAddr()); s != nil {
+				_ = s.c.SetWriteBuffer(4096)
+			}
+		})
+	}
+	for i := 0; i < n; i++ {
+		c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("big")})
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the non-reader's requests to be dispatched or its session paused", func() bool {
+		ready := false
+		onLoop(t, p, func(lp *loop) {
+			if s := sessionOf(lp, c.Conn().LocalAddr()); s != nil {
+				ready = ready || s.outPaused || s.pending() > 0 && s.drained()
+			}
+		})
+		return ready
+	})
+	return c
+}
+
+// A client that pipelines large reads and never reads its responses shares
+// its event loop's upstream connection with its neighbours: a neighbour's
+// request is answered, and waits behind at most maxResponseBytes of the
+// non-reader's responses, not behind all of them (400 MB here, which used to
+// outlast upstream.timeout: the shared connection was failed and every
+// tenant of the loop got Etmpfail). While the non-reader stays paused, its
+// neighbours are served as usual.
+func TestNonReaderDoesNotStallNeighbours(t *testing.T) {
+	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1})
+	neighbour := dial(t, p.Addr)
+	if r, err := neighbour.Set([]byte("small"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	hits0 := memcachedGetHits(t, p.MC.Addr)
+	nonReader := startNonReader(t, p, 400, true)
+
+	_ = neighbour.Conn().SetDeadline(time.Now().Add(60 * time.Second))
+	start := time.Now()
+	r, err := neighbour.Get([]byte("small"))
+	if err != nil {
+		t.Fatalf("neighbour's GET: %v", err)
+	}
+	waited := time.Since(start)
+	hits := memcachedGetHits(t, p.MC.Addr) - hits0
+	t.Logf("neighbour answered %s after %v, behind %d GETs of 1 MB", r.Status(), waited, hits-1)
+	if r.Status() != mc.StatusSuccess || string(r.Value) != "v" {
+		t.Fatalf("neighbour's GET: %s %q; want Success \"v\" (the shared upstream connection was failed?)", r.Status(), r.Value)
+	}
+	// Every GET memcached ran before the neighbour's was the non-reader's:
+	// held by the proxy, or expected (the first at the largest size a read
+	// can have, the others at their own), at most maxResponseBytes in all;
+	// the kernel's socket buffers may hold a few hundred KB more.
+	const respSize = mc.HeaderLen + 4 + 1000*1000
+	if most := (maxResponseBytes+256<<10)/respSize + 1; hits > most {
+		t.Fatalf("the neighbour's GET waited behind %d GETs of 1 MB from a client that does not read; want at most %d (maxResponseBytes)", hits-1, most-1)
+	}
+
+	for i := 0; i < 50; i++ {
+		r, err := neighbour.Get([]byte("small"))
+		if err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("neighbour's GET %d: %v %v", i, err, r)
+		}
+	}
+	onLoop(t, p, func(lp *loop) {
+		if s := sessionOf(lp, nonReader.Conn().LocalAddr()); s != nil {
+			if !s.outPaused || s.unsent() > maxResponseBytes {
+				t.Errorf("non-reader: paused %v, holding %d bytes; want paused, at most %d", s.outPaused, s.unsent(), maxResponseBytes)
+			}
+		}
+	})
+}
+
+// A client that pipelines more large reads than the proxy will hold for it
+// and reads nothing for a while (a pause, a slow consumer) is paused, not
+// disconnected, and gets every response in order once it reads. (It used
+// to be sent everything it asked for, and disconnected at 64 MiB held.)
+func TestPausedNonReaderResumesWhenItReads(t *testing.T) {
+	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1})
+	const n = 100
+	c := startNonReader(t, p, n, false)
+	eventually(t, 30*time.Second, "the proxy to have received what it asked memcached for", func() bool {
+		idle := true
+		onLoop(t, p, func(lp *loop) {
+			for _, u := range lp.ups {
+				idle = idle && u.Inflight() == 0
+			}
+		})
+		return idle
+	})
+	c.Timeout = 30 * time.Second
+	var first uint32
+	for i := 0; i < n; i++ {
+		r, err := c.Read()
+		if err != nil {
+			t.Fatalf("response %d of %d: %v (disconnected?)", i+1, n, err)
+		}
+		if i == 0 {
+			first = r.Opaque
+		}
+		if r.Status() != mc.StatusSuccess || len(r.Value) != 1000*1000 || r.Opaque != first+uint32(i) {
+			t.Fatalf("response %d: %s, %d bytes, opaque %d (first %d)", i+1, r.Status(), len(r.Value), r.Opaque, first)
+		}
+	}
+}
