@@ -30,7 +30,8 @@ type session struct {
 	outPaused bool   // paused: too many responses pending or unsent (lp.paused)
 	slotBytes int    // response bytes waiting in slots behind an earlier command
 
-	user        *bucketcfg.User // nil until SASL succeeds
+	user        *bucketcfg.User // nil until SASL succeeds, and after a failed SASL AUTH
+	authFails   uint8           // SASL AUTHs refused on this connection (auth.go)
 	bkt         *bucket         // selected bucket; nil: none
 	nonBlocking bool            // HELLO feature 0x1b
 	reportUnits bool            // HELLO feature ReportUnitUsage: responses carry their units
