@@ -19,14 +19,14 @@ const (
 	// failedAuthShare caps the share of the worker's time that one
 	// source's failed checks may use, at 1/failedAuthShare: after a failed
 	// check that took d, the source's next check waits (failedAuthShare-1)
-	// times d (at most maxFailedAuthPenalty). Even a lone source may not
-	// use an idle worker past that: a bcrypt run takes a core from the
-	// event loops for its whole duration, and with one source flooding at
-	// a tenth of a core the tenants' GET p99 still doubled (measured
-	// on 2 cores); at 2% it stays within 1.5x. With bcrypt cost 10 (about
-	// 60 ms) a source may have a wrong password checked about every 3 s,
-	// which also bounds online guessing from one place. Correct passwords
-	// cost the source nothing.
+	// times d, at most maxFailedAuthPenalty (then the share is a little
+	// higher: about 3% at bcrypt cost 10, one wrong password every 2 s,
+	// which also slows online guessing from one place). Even a lone source
+	// may not use an idle worker past that: a bcrypt run takes a core from
+	// the event loops for its whole duration, and with one source flooding
+	// at a tenth of a core the tenants' GET p99 still rose 1.6-3x (measured
+	// on 2 cores, TestAuthFloodSparesKnownUsersAndTenants); at 2%, 0.6-1.6x.
+	// Correct passwords cost the source nothing.
 	failedAuthShare = 50
 	// maxFailedAuthPenalty caps the wait after one failed check, so that
 	// a client that mistyped its password can retry within a client's
