@@ -100,7 +100,7 @@ type Server struct {
 
 	wakeDelay delayHist // how late held sessions are woken
 
-	jobs      sync.WaitGroup       // off-loop work: password checks, failure delays, state writes
+	jobs      sync.WaitGroup       // off-loop work: password checks, state writes
 	authQ     *authQueue           // password checks for the one auth worker (runs during Serve)
 	authCache *bucketcfg.AuthCache // recently verified passwords (keyed MACs, never plaintext)
 }
