@@ -100,10 +100,10 @@ type Server struct {
 
 	wakeDelay delayHist // how late held sessions are woken
 
-	jobs       sync.WaitGroup // off-loop work: password checks, state writes
-	flushes    flushQueue     // FLUSHes waiting for their state file write
-	authSem    chan struct{}  // bounds concurrent password checks
-	authQueued atomic.Int64   // password checks running or waiting
+	jobs      sync.WaitGroup       // off-loop work: password checks, state writes
+	flushes   flushQueue           // FLUSHes waiting for their state file write
+	authQ     *authQueue           // password checks for the one auth worker (runs during Serve)
+	authCache *bucketcfg.AuthCache // recently verified passwords (keyed MACs, never plaintext)
 }
 
 // New validates opts, builds the throttle engine and the bucket table, and
@@ -165,7 +165,9 @@ func New(opts Options) (*Server, error) {
 		throttle: eng,
 		file:     cfg,
 		state:    st,
-		authSem:  make(chan struct{}, 4),
+		authQ:    newAuthQueue(),
+		authCache: bucketcfg.NewAuthCache(bucketcfg.DefaultAuthCacheTTL,
+			bucketcfg.DefaultAuthCacheEntries, nil),
 	}
 	s.healthCfg = healthConfig{
 		timeout:    cfg.Upstream.Timeout,
@@ -215,6 +217,10 @@ func (s *Server) Engine() *throttle.Engine { return s.throttle }
 // It returns nil after a clean Shutdown.
 func (s *Server) Serve() error {
 	defer close(s.served)
+	// The auth worker: bcrypt runs there, one check at a time, never on an
+	// event loop. It stops when the engine has stopped.
+	stopAuth := s.authQ.start(s.checkAuth, s.dropAuth)
+	defer stopAuth()
 	s.routing.Load().health.start()
 	defer func() { s.routing.Load().health.close() }()
 	err := gnet.Run(s, "tcp://"+s.opts.listen,
@@ -258,6 +264,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return fmt.Errorf("proxy: shutdown before the proxy started: %w", ctx.Err())
 	}
 	s.draining.Store(true)
+	s.authQ.drain()
 	s.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.drainIdle))
 	})

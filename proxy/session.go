@@ -31,7 +31,8 @@ type session struct {
 	slotBytes int    // response bytes waiting in slots behind an earlier command
 	framed    bool   // a binary request magic has arrived: bad input gets Einval, not a text line
 
-	user        *bucketcfg.User // nil until SASL succeeds
+	user        *bucketcfg.User // nil until SASL succeeds, and after a failed SASL AUTH
+	authFails   uint8           // SASL AUTHs refused on this connection (auth.go)
 	bkt         *bucket         // selected bucket; nil: none
 	nonBlocking bool            // HELLO feature 0x1b
 	reportUnits bool            // HELLO feature ReportUnitUsage: responses carry their units
