@@ -275,3 +275,37 @@ name = "spare"
 		t.Errorf("node ran at %.0f units/s, want the big bucket to use about the capacity %d", rate, capacity)
 	}
 }
+
+// Small GETs pipelined by one connection reach their bucket's hard limit:
+// the budget for reads of unknown cost (one burst of the limit, here room
+// for a single read of unknown size) does not starve a pipeline, because a
+// session held for it re-tries as soon as one of its reads is in.
+func TestPipelinedSmallGetsReachTheHardLimit(t *testing.T) {
+	p := startProxy(t, testConfig{
+		throttle: "capacity = \"unlimited\"\nburst_ms = 100",
+		tail:     "[[bucket]]\nname = \"default\"\nhard_limit = 1000\n",
+	})
+	c, err := mcclient.Dial(p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.Set([]byte("small"), bytes.Repeat([]byte("s"), 100)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("set: %v %v", r, err)
+	}
+	const span = 4
+	perSec := make([]int, span+1)
+	start := time.Now()
+	stop := make(chan struct{})
+	timer := time.AfterFunc(span*time.Second, func() { close(stop) })
+	defer timer.Stop()
+	pipelineGets(t, c, "small", 100, stop, func(at time.Time) {
+		if s := int(at.Sub(start) / time.Second); s < len(perSec) {
+			perSec[s]++
+		}
+	})
+	t.Logf("GETs (1 unit each) per second: %v", perSec)
+	got := float64(perSec[1]+perSec[2]+perSec[3]) / 3
+	if got < 1000*0.95 || got > 1000*1.05 {
+		t.Errorf("%.0f units/s over seconds 1-3, want the hard limit 1000 +-5%%", got)
+	}
+}

@@ -39,6 +39,7 @@ type session struct {
 	// Throttling.
 	waiter  throttle.Waiter // place in the bucket's FIFO line while held
 	held    bool            // waiting for the throttle engine
+	onReads bool            // held until the bucket's reads in flight settle: re-try when one of ours does
 	heldAt  time.Duration   // engine time the current command was first held
 	holdSeq uint64          // identifies the current entry in lp.holds
 	remote  string
@@ -357,7 +358,7 @@ func (s *session) forward(f *binary.Frame, b *bucket) bool {
 		cost := s.lp.srv.cost(f.Opcode.Class(), len(key)+len(f.Value()))
 		g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), cost)
 		if g.Domain == throttle.Held {
-			return s.throttled(f, b, wait)
+			return s.throttled(f, b, g, wait)
 		}
 		if s.heldAt != 0 {
 			s.lp.srv.throttleWait(b, s.lp.srv.throttle.Now()-s.heldAt)
@@ -529,10 +530,16 @@ func (s *session) advance() {
 	s.markDirty()
 }
 
-// finish charges a completed command's units and recycles its slot.
+// finish charges a completed command's units and recycles its slot. A
+// session held until its bucket's reads in flight settle re-tries once
+// this loop has handled the responses at hand (lp.retry).
 func (s *session) finish(sl *slot) {
 	if sl.grant.Domain != throttle.Held {
 		s.lp.srv.settle(sl)
+		if s.held && s.onReads && !s.closed {
+			s.onReads = false
+			s.lp.retry = append(s.lp.retry, s)
+		}
 	}
 	s.lp.srv.inflight.Add(-1)
 	s.lp.putSlot(sl)
