@@ -24,7 +24,7 @@ type Grant struct {
 	// Domain is what the command was admitted against.
 	Domain Domain
 	read   bool
-	gated  bool // held by the budget for reads of unknown cost
+	gated  bool  // held by the budget for reads of unknown cost
 	known  int64 // Cost.Known
 	paid   int64 // units billed at admission
 	open   int64 // units of the budget for reads of unknown cost it holds
