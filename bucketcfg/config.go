@@ -170,6 +170,16 @@ type ThrottleConfig struct {
 	// idle, expressed as time at that rate (key burst_ms, an integer number
 	// of milliseconds, default 100, 0..MaxBurstMS). 0 means no banking.
 	Burst time.Duration
+	// MaxHold is the longest a command may be held by the throttle (key
+	// max_hold, a duration, default "0s", at most MaxMaxHold): a command
+	// whose wait would exceed it is answered Etmpfail at once. 0 holds as
+	// long as needed.
+	MaxHold time.Duration
+	// MaxItemBytes is the largest value the memcached servers store
+	// (memcached -I; key max_item_bytes, default 1048576,
+	// 1..MaxFrameBytesLimit): a read of unknown size is budgeted as this
+	// large until the bucket's reads are known.
+	MaxItemBytes int
 }
 
 // MetricsConfig is the [metrics] table.
@@ -346,6 +356,8 @@ type tomlThrottle struct {
 	WriteUnitSize    *int64  `toml:"write_unit_size"`
 	StateFile        *string `toml:"state_file"`
 	BurstMS          *int64  `toml:"burst_ms"`
+	MaxHold          *string `toml:"max_hold"`
+	MaxItemBytes     *int64  `toml:"max_item_bytes"`
 }
 
 type tomlMetrics struct {
@@ -384,7 +396,7 @@ var knownKeys = func() map[string]bool {
 		"upstream.weights", "upstream.eject_after_failures", "upstream.eject_retry",
 		"throttle", "throttle.capacity", "throttle.default_throttle_reserved_units",
 		"throttle.default_throttle_hard_limit", "throttle.read_unit_size",
-		"throttle.write_unit_size", "throttle.state_file", "throttle.burst_ms",
+		"throttle.write_unit_size", "throttle.state_file", "throttle.burst_ms", "throttle.max_hold", "throttle.max_item_bytes",
 		"metrics", "metrics.listen",
 		"log", "log.level", "log.format",
 		"bucket", "bucket.name", "bucket.reserved", "bucket.hard_limit", "bucket.flush_enabled",
@@ -611,7 +623,25 @@ func buildThrottle(t *ThrottleConfig, raw *tomlThrottle, probs *problems) {
 		probs.addf("throttle.state_file", "must not contain a NUL byte")
 	}
 	t.Burst = time.Duration(intIn("throttle.burst_ms", raw.BurstMS, defaultBurstMS, 0, MaxBurstMS, probs)) * time.Millisecond
+	if raw.MaxHold != nil {
+		d, err := time.ParseDuration(*raw.MaxHold)
+		switch {
+		case err != nil:
+			probs.addf("throttle.max_hold", `invalid duration %s (write for example "500ms"; "0s" holds as long as needed)`, quoteShort(*raw.MaxHold))
+		case d < 0 || d > MaxMaxHold:
+			probs.addf("throttle.max_hold", "must be from 0s to %s, got %s", MaxMaxHold, d)
+		default:
+			t.MaxHold = d
+		}
+	}
+	t.MaxItemBytes = intIn("throttle.max_item_bytes", raw.MaxItemBytes, defaultMaxItemBytes, 1, MaxFrameBytesLimit, probs)
 }
+
+const (
+	// MaxMaxHold is the largest accepted throttle.max_hold.
+	MaxMaxHold          = time.Hour
+	defaultMaxItemBytes = 1 << 20 // memcached's default -I
+)
 
 func buildBuckets(cfg *Config, raws []tomlBucket, probs *problems) {
 	cfg.Buckets = make([]Bucket, 0, len(raws))

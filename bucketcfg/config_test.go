@@ -53,7 +53,7 @@ func TestParseDefaults(t *testing.T) {
 			t.Errorf("Upstream = %+v", cfg.Upstream)
 		}
 		wantT := ThrottleConfig{Capacity: lim(25000), Defaults: BucketThrottle{lim(0), Unlimited()},
-			ReadUnitSize: 4096, WriteUnitSize: 4096, StateFile: "kvthrottle-state.json", Burst: 100 * time.Millisecond}
+			ReadUnitSize: 4096, WriteUnitSize: 4096, StateFile: "kvthrottle-state.json", Burst: 100 * time.Millisecond, MaxItemBytes: 1 << 20}
 		if cfg.Throttle != wantT {
 			t.Errorf("Throttle = %+v, want %+v", cfg.Throttle, wantT)
 		}
@@ -149,6 +149,8 @@ read_unit_size = 1
 write_unit_size = 1073741824
 state_file = "/var/lib/kvthrottle/state.json"
 burst_ms = 0
+max_hold = "750ms"
+max_item_bytes = 5242880
 [metrics]
 listen = ""
 [log]
@@ -163,6 +165,7 @@ buckets = ["A-z.0_9%x", "*"]
 privileges = ["unthrottled"]
 `)
 	if cfg.Upstream.Timeout != 90*time.Second || cfg.Throttle.Burst != 0 || cfg.Metrics.Listen != "" ||
+		cfg.Throttle.MaxHold != 750*time.Millisecond || cfg.Throttle.MaxItemBytes != 5<<20 ||
 		!cfg.Throttle.Capacity.IsUnlimited() || cfg.Buckets[0].Throttle.Reserved != Unlimited() {
 		t.Fatalf("unexpected %+v", cfg)
 	}
@@ -237,6 +240,9 @@ func TestParseRejects(t *testing.T) {
 		{"state file empty", "[throttle]\nstate_file = \"\"\n", "throttle.state_file: must not be empty"},
 		{"burst negative", "[throttle]\nburst_ms = -1\n", "throttle.burst_ms: must be between 0 and 60000"},
 		{"burst huge", "[throttle]\nburst_ms = 60001\n", "throttle.burst_ms: must be between 0 and 60000"},
+		{"max hold bad", "[throttle]\nmax_hold = \"soon\"\n", `throttle.max_hold: invalid duration "soon"`},
+		{"max hold negative", "[throttle]\nmax_hold = \"-1s\"\n", "throttle.max_hold: must be from 0s to 1h0m0s, got -1s"},
+		{"max item zero", "[throttle]\nmax_item_bytes = 0\n", "throttle.max_item_bytes: must be between 1"},
 
 		{"metrics listen bad", "[metrics]\nlisten = \"9150\"\n", "metrics.listen: must be host:port"},
 		{"log level", "[log]\nlevel = \"verbose\"\n", `log.level: must be one of trace, debug, info, warn, error, fatal, panic, disabled; got "verbose"`},

@@ -270,7 +270,7 @@ var (
 		"Commands of the bucket that were held by the throttle before running (count of commands).",
 		[]string{LabelBucket}, nil)
 	descRejected = prometheus.NewDesc(NameRejected,
-		"Commands of the bucket rejected with EWouldThrottle in non-blocking mode (count of commands).",
+		"Commands of the bucket refused by the throttle: EWouldThrottle in non-blocking mode, or Etmpfail past throttle.max_hold (count of commands).",
 		[]string{LabelBucket}, nil)
 	descReserved = prometheus.NewDesc(NameReserved,
 		"Guaranteed reservation of the bucket in units per second; +Inf when unlimited.",

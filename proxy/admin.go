@@ -323,20 +323,14 @@ func (s *session) flushBucket(f *binary.Frame) bool {
 		return true
 	}
 	srv := s.lp.srv
-	d, wait := b.tb.Admit(&s.waiter, s.mode())
-	if d == throttle.Held {
-		if s.nonBlocking && s.mode() == throttle.NonBlocking {
-			s.wouldThrottle(f, wait)
-			return true
-		}
-		s.hold(wait)
-		return false
+	if g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), throttle.Cost{Known: 1}); g.Domain == throttle.Held {
+		return s.throttled(f, b, g, wait)
 	}
 	if s.heldAt != 0 {
 		srv.throttleWait(b, srv.throttle.Now()-s.heldAt)
 		s.heldAt = 0
 	}
-	b.writeUnits.Add(1) // the one unit, which Admit has charged
+	b.writeUnits.Add(1) // the one unit, billed in full at admission
 	quiet := f.Opcode == binary.OpFlushQ
 	sl := s.later(f)
 	s.waiting = true

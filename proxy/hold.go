@@ -31,10 +31,41 @@ func (s *session) hold(wait time.Duration) {
 	s.lp.schedule(s, now+wait)
 }
 
-// wouldThrottle answers a non-blocking client (HELLO feature 0x1b) whose
-// bucket has no room: EWouldThrottle with the real microseconds until
-// admission, or -1 when only a change of limits can admit it.
-func (s *session) wouldThrottle(f *binary.Frame, wait time.Duration) {
+// throttled handles a metered command its bucket b may not run yet, the
+// engine asking it to wait: a non-blocking client (HELLO feature 0x1b) is
+// answered EWouldThrottle; a command whose hold would pass
+// throttle.max_hold (counted from when it was first held) is answered
+// Etmpfail at once and gives up its place; any other is held. It returns
+// whether f was consumed (answered), as dispatch does. g is the engine's
+// refusal: a session held until its bucket's reads in flight settle also
+// re-tries when one of its own commands completes (finish).
+func (s *session) throttled(f *binary.Frame, b *bucket, g throttle.Grant, wait time.Duration) bool {
+	srv := s.lp.srv
+	if s.mode() == throttle.NonBlocking {
+		s.nextTick(f, binary.StatusEWouldThrottle, wait)
+		return true
+	}
+	if limit := srv.opts.maxHold; limit > 0 {
+		var soFar time.Duration
+		if s.heldAt != 0 {
+			soFar = srv.throttle.Now() - s.heldAt
+		}
+		if wait == throttle.InfDuration || soFar+wait > limit {
+			b.tb.Refuse(&s.waiter)
+			s.heldAt = 0
+			s.nextTick(f, binary.StatusEtmpfail, wait)
+			return true
+		}
+	}
+	s.hold(wait)
+	s.onReads = g.WaitsForReads()
+	return false
+}
+
+// nextTick answers f with status st and the body {"next_tick_us":N}: the
+// real microseconds until the bucket would admit it, or -1 when only a
+// change of limits can.
+func (s *session) nextTick(f *binary.Frame, st binary.Status, wait time.Duration) {
 	us := int64(-1)
 	if wait != throttle.InfDuration {
 		us = int64((wait + time.Microsecond - 1) / time.Microsecond)
@@ -42,7 +73,7 @@ func (s *session) wouldThrottle(f *binary.Frame, wait time.Duration) {
 	h := f.Header
 	s.local(func(b []byte) []byte {
 		n := len(b)
-		b = binary.AppendResponse(b, &h, binary.StatusEWouldThrottle, nil, nil, nil)
+		b = binary.AppendResponse(b, &h, st, nil, nil, nil)
 		b = append(b, `{"next_tick_us":`...)
 		b = strconv.AppendInt(b, us, 10)
 		b = append(b, '}')

@@ -23,6 +23,7 @@ type loop struct {
 
 	sessions map[*session]struct{} // open client sessions
 	paused   []*session            // sessions waiting for their output to drain
+	retry    []*session            // held sessions to re-admit now (one of their reads settled)
 
 	holds   wakeHeap // held sessions by wake-up time
 	timer   *time.Timer
@@ -160,8 +161,25 @@ func (lp *loop) resumePaused() {
 	}
 }
 
+// retryHeld re-admits the held sessions in lp.retry.
+func (lp *loop) retryHeld() {
+	if len(lp.retry) == 0 {
+		return
+	}
+	for i := 0; i < len(lp.retry); i++ { // resume may append
+		s := lp.retry[i]
+		lp.retry[i] = nil
+		if s.held && !s.closed {
+			s.held = false
+			s.resume()
+		}
+	}
+	lp.retry = lp.retry[:0]
+}
+
 // flushClients writes the output of every session that has some.
 func (lp *loop) flushClients() {
+	lp.retryHeld()
 	lp.resumePaused()
 	for i, s := range lp.dirty {
 		lp.dirty[i] = nil

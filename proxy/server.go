@@ -67,6 +67,7 @@ type settings struct {
 	writeUnitSize  int64
 	eventLoops     int
 	statePath      string
+	maxHold        time.Duration // throttle.max_hold; 0: hold as long as needed
 }
 
 // Server is a running proxy. Create it with New, run it with Serve, stop it
@@ -134,6 +135,9 @@ func New(opts Options) (*Server, error) {
 		Capacity: throttleLimit(eff.Throttle.Capacity),
 		Burst:    engineBurst(eff.Throttle.Burst),
 		Clock:    opts.Clock,
+		// A read of unknown size may return the largest item with its
+		// key.
+		MaxReadUnits: throttle.ReadUnits(int64(cfg.Throttle.MaxItemBytes)+binary.MaxKeyLen, int64(cfg.Throttle.ReadUnitSize)),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: throttle engine: %w", err)
@@ -155,6 +159,7 @@ func New(opts Options) (*Server, error) {
 			writeUnitSize:  int64(cfg.Throttle.WriteUnitSize),
 			eventLoops:     loops,
 			statePath:      cfg.Throttle.StateFile,
+			maxHold:        cfg.Throttle.MaxHold,
 		},
 		log:      opts.Logger,
 		loops:    make(map[gnet.EventLoop]*loop),

@@ -40,6 +40,7 @@ type session struct {
 	// Throttling.
 	waiter  throttle.Waiter // place in the bucket's FIFO line while held
 	held    bool            // waiting for the throttle engine
+	onReads bool            // held until the bucket's reads in flight settle: re-try when one of ours does
 	heldAt  time.Duration   // engine time the current command was first held
 	holdSeq uint64          // identifies the current entry in lp.holds
 	remote  string
@@ -64,10 +65,10 @@ type slot struct {
 	resp   []byte // response bytes, while an earlier command is pending
 	strip  int    // bytes of key prefix to strip from responses
 	bkt    *bucket
-	domain throttle.Domain // where the command's units are charged; Held: not metered
-	units  bool            // ReportUnitUsage was on when the command was sent
-	sentKV int             // key+value bytes the client sent (write units)
-	gotKV  int             // key+value bytes returned (read units)
+	grant  throttle.Grant // the command's bill, settled when it completes; Domain Held: not metered
+	units  bool           // ReportUnitUsage was on when the command was sent
+	sentKV int            // key+value bytes the client sent (write units)
+	gotKV  int            // key+value bytes returned (read units)
 }
 
 func (s *session) pending() int { return len(s.q) - s.qh }
@@ -351,30 +352,22 @@ func (s *session) forward(f *binary.Frame, b *bucket) bool {
 		u.NotifyRoom(s.unpause)
 		return false
 	}
-	domain := throttle.Held
+	var grant throttle.Grant
 	if b != nil && f.Opcode.Class().Metered() {
-		d, wait := b.tb.Admit(&s.waiter, s.mode())
-		if d == throttle.Held {
-			if s.nonBlocking && s.mode() == throttle.NonBlocking {
-				s.wouldThrottle(f, wait)
-				return true
-			}
-			s.hold(wait)
-			return false
+		// Billed in advance: a write's units (known now), a read's
+		// expected units; settled when the response is in (finish).
+		cost := s.lp.srv.cost(f.Opcode.Class(), len(key)+len(f.Value()))
+		g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), cost)
+		if g.Domain == throttle.Held {
+			return s.throttled(f, b, g, wait)
 		}
 		if s.heldAt != 0 {
 			s.lp.srv.throttleWait(b, s.lp.srv.throttle.Now()-s.heldAt)
 			s.heldAt = 0
 		}
-		domain = d
-		if cls := f.Opcode.Class(); cls == binary.ClassWrite || cls == binary.ClassReadWrite {
-			// Write units are known now: charge them at once, so that a
-			// pipeline of large writes cannot all pass on the one unit
-			// admission charges (the limit would be overshot, and the
-			// debt would stall other tenants afterwards).
-			w := throttle.WriteUnits(int64(len(key)+len(f.Value())), s.lp.srv.opts.writeUnitSize)
-			b.tb.Charge(d, w)
-			b.writeUnits.Add(uint64(w))
+		grant = g
+		if cost.Known > 0 {
+			b.writeUnits.Add(uint64(cost.Known))
 		}
 	}
 	sl := s.lp.getSlot()
@@ -382,7 +375,7 @@ func (s *session) forward(f *binary.Frame, b *bucket) bool {
 	sl.req = f.Header
 	sl.strip = len(prefix)
 	sl.bkt = b
-	sl.domain = domain
+	sl.grant = grant
 	sl.units = s.reportUnits
 	sl.sentKV = len(key) + len(f.Value())
 	s.enqueue(sl)
@@ -417,7 +410,6 @@ func (s *session) local(appendResp func([]byte) []byte) {
 	}
 	sl := s.lp.getSlot()
 	sl.s = s
-	sl.domain = throttle.Held
 	sl.done = true
 	sl.resp = appendResp(sl.resp)
 	s.slotBytes += len(sl.resp)
@@ -431,7 +423,6 @@ func (s *session) later(f *binary.Frame) *slot {
 	sl := s.lp.getSlot()
 	sl.s = s
 	sl.req = f.Header
-	sl.domain = throttle.Held
 	s.enqueue(sl)
 	s.lp.srv.inflight.Add(1)
 	return sl
@@ -540,31 +531,51 @@ func (s *session) advance() {
 	s.markDirty()
 }
 
-// finish charges a completed command's units and recycles its slot.
+// finish charges a completed command's units and recycles its slot. A
+// session held until its bucket's reads in flight settle re-tries once
+// this loop has handled the responses at hand (lp.retry).
 func (s *session) finish(sl *slot) {
-	if sl.domain != throttle.Held {
-		s.lp.srv.charge(sl)
+	if sl.grant.Domain != throttle.Held {
+		s.lp.srv.settle(sl)
+		if s.held && s.onReads && !s.closed {
+			s.onReads = false
+			s.lp.retry = append(s.lp.retry, s)
+		}
 	}
 	s.lp.srv.inflight.Add(-1)
 	s.lp.putSlot(sl)
 }
 
-// charge charges a completed command's read units (DESIGN.md section 4)
-// to the domain chosen at admission. Write units were charged at
-// admission (forward); every command's first unit by Admit itself.
-func (srv *Server) charge(sl *slot) {
-	switch sl.req.Opcode.Class() {
+// cost is what a metered command of class cls, with kv bytes of key and
+// value sent, is known to cost before it runs (DESIGN.md section 4): a
+// write's units, and whether it reads (its read units come with the
+// response).
+func (srv *Server) cost(cls binary.Class, kv int) throttle.Cost {
+	switch cls {
 	case binary.ClassRead:
-		r := throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
-		sl.bkt.readUnits.Add(uint64(r))
-		sl.bkt.tb.Charge(sl.domain, r) // Charge counts the first unit as paid
-	case binary.ClassReadWrite:
-		// GAT: the write part and the first unit are paid; add the read
-		// units (Charge(d, n) adds n-1).
-		r := throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
-		sl.bkt.readUnits.Add(uint64(r))
-		sl.bkt.tb.Charge(sl.domain, r+1)
+		return throttle.Cost{Read: true}
+	case binary.ClassReadWrite: // GAT: both
+		return throttle.Cost{Known: throttle.WriteUnits(int64(kv), srv.opts.writeUnitSize), Read: true}
 	}
+	return throttle.Cost{Known: throttle.WriteUnits(int64(kv), srv.opts.writeUnitSize)}
+}
+
+// settle bills a completed command's units (DESIGN.md section 4) against
+// what was billed at admission: its write units, plus the read units of
+// the key and value returned. Every metered command is settled exactly
+// once, also when it failed or its client went away (at least one unit).
+func (srv *Server) settle(sl *slot) {
+	var units int64
+	cls := sl.req.Opcode.Class()
+	if cls != binary.ClassRead { // writes and GAT: the key and value sent
+		units = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
+	}
+	if cls != binary.ClassWrite { // reads and GAT: the key and value returned
+		r := throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
+		sl.bkt.readUnits.Add(uint64(r))
+		units += r
+	}
+	sl.bkt.tb.Settle(sl.grant, units)
 }
 
 func (sl *slot) isHead() bool { s := sl.s; return s.qh < len(s.q) && s.q[s.qh] == sl }
@@ -672,7 +683,7 @@ func units16(u int64) []byte {
 // sent the command.
 func (sl *slot) appendResponse(dst []byte, f *binary.Frame) []byte {
 	n := len(dst)
-	if sl.units && sl.domain != throttle.Held {
+	if sl.units && sl.grant.Domain != throttle.Held {
 		return sl.appendWithUnits(dst, f)
 	}
 	if sl.strip == 0 || f.KeyLen == 0 {

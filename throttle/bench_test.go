@@ -38,7 +38,8 @@ func runGoroutines(b *testing.B, g int, body func(id, n int)) {
 // goroutines (every gauge shared, as AllowN's limiter) with 1-unit commands
 // (values up to 4 KiB); "engine-3-units" charges 3 units per command;
 // "engine-bucket-each" gives each goroutine its own bucket (only the free
-// pool shared).
+// pool shared); "engine-read" bills reads at their estimate and settles
+// them (AdmitCost and Settle, as the proxy does for a GET).
 func BenchmarkAdmitCharge(b *testing.B) {
 	const huge = Limit(1) << 40
 	engine := func(buckets int, units int64) func(b *testing.B, g int) {
@@ -67,6 +68,19 @@ func BenchmarkAdmitCharge(b *testing.B) {
 			{"engine", engine(1, 1)},
 			{"engine-3-units", engine(1, 3)},
 			{"engine-bucket-each", engine(2, 1)},
+			{"engine-read", func(b *testing.B, g int) {
+				// A read billed at its estimate and settled at its real
+				// size: what the proxy does for every GET.
+				e, _ := New(Config{Capacity: huge})
+				bk, _ := e.AddBucket("r", 1000, huge)
+				runGoroutines(b, g, func(_, n int) {
+					var w Waiter
+					for i := 0; i < n; i++ {
+						gr, _ := bk.AdmitCost(&w, Blocking, Cost{Read: true})
+						bk.Settle(gr, 1)
+					}
+				})
+			}},
 			{"x-time-rate-AllowN", func(b *testing.B, g int) {
 				lim := xrate.NewLimiter(xrate.Limit(1e12), 1<<30)
 				runGoroutines(b, g, func(_, n int) {

@@ -183,18 +183,18 @@ const maxRoom = int64(1) << 40
 // limit (negative when in debt, at most maxRoom).
 func (b *Bucket) room(now int64, lim *bucketLimits, node *nodeLimits) int64 {
 	burst := b.e.burst
-	units := func(g *gauge, r *rate) int64 {
-		return (now + burst - max(g.tat.Load(), now)) / r.one
+	units := func(tat int64, r *rate) int64 {
+		return (now + burst - max(tat, now)) / r.one
 	}
 	var shared int64
 	if lim.res.cost != 0 {
-		shared = max(units(&b.res, &lim.res), 0)
+		shared = max(units(b.res.tat.Load(), &lim.res), 0)
 	}
 	switch {
 	case node.pool.limit == Unlimited:
 		shared = maxRoom
 	case node.pool.cost != 0:
-		shared += max(units(&b.e.pool, &node.pool), 0)
+		shared += max(units(b.e.pool.tat.Load(), &node.pool), 0)
 	}
 	switch {
 	case lim.hrd.limit == Unlimited:
@@ -202,7 +202,7 @@ func (b *Bucket) room(now int64, lim *bucketLimits, node *nodeLimits) int64 {
 	case lim.hrd.cost == 0:
 		return 0
 	default:
-		return min(shared, units(&b.hard, &lim.hrd))
+		return min(shared, units(b.hard.tat.Load(), &lim.hrd))
 	}
 }
 

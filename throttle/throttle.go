@@ -39,17 +39,37 @@
 //
 // # Charging
 //
-// Units are known only after a command ran. Admit charges the one unit every
-// metered command costs at least, at once, so commands pipelined before any
-// response still use up room; [Bucket.Charge], called with the units when
-// the response is in, bills the rest to the same domain. Gauges may go into
-// debt (a big command); the debt delays the next admission, which is how a
-// limit holds exactly over time. Over any window of length w in which the
-// limits do not change, units admitted against a gauge of rate r (counted
-// when admitted) are at most r*w + r*burst + the largest single command;
-// for a bucket's hard limit h with reservation v, at most
-// h*w + (h+v)*burst + twice the largest command, since rule 2 does not look
-// at the hard limit.
+// A command is billed when it is admitted and settled once it has run.
+// [Bucket.AdmitCost] bills what is known in advance: a write's units (its
+// key and value are in the request), and for a read the bucket's read
+// estimate, a moving average of its reads (MaxReadUnits, the largest read
+// there can be, until one read is known). [Bucket.Settle] bills the
+// difference to the same domain and the hard limit, or gives it back. So
+// commands pipelined before any response already use up room at about
+// their real size, and a pipeline of large reads is paced by its limit
+// instead of running up a debt that would silence the bucket afterwards.
+// ([Bucket.Admit] and [Bucket.Charge] are the same with one unit billed in
+// advance, for callers that know nothing of the cost.)
+//
+// What no estimate can foresee is bounded. A read in flight holds
+// MaxReadUnits minus its estimate of the bucket's budget for reads of
+// unknown cost, one burst of the bucket's highest rate (at least one read);
+// a read that would overrun the budget waits for reads in flight to settle
+// ([Grant.WaitsForReads]). So what a bucket's reads can cost beyond their
+// bills at any time, billed to its gauges when they settle, is at most one
+// burst of its rate: a neighbour within its reservation never waits for
+// it, one drawing on the free pool at most about a burst.
+//
+// Gauges may go into debt (a big command); the debt delays the next
+// admission, which is how a limit holds exactly over time. Over any window
+// of length w in which the limits do not change, units billed against a
+// gauge of rate r (counted when billed) are at most r*w + r*burst + the
+// largest single command; for a bucket's hard limit h with reservation v,
+// at most h*w + (h+v)*burst + twice the largest command, since rule 2 does
+// not look at the hard limit. Reads add at most their budget for unknown
+// cost (a burst of the bucket's highest rate, or one largest read) and one
+// read per caller admitting at the same instant: the budget is checked,
+// then taken, without a lock.
 //
 // # Waiting
 //
@@ -251,17 +271,29 @@ type Config struct {
 	Burst time.Duration
 	// Clock is the time source; nil selects NewRealClock().
 	Clock Clock
+	// MaxReadUnits is the most units one read can cost: the largest item
+	// the servers store, in read units (memcached's default item size
+	// limit, 1 MiB, is 256 units of 4 KiB). It is where a bucket's read
+	// estimate starts, and what the budget for reads of unknown cost counts
+	// each read at (see [Bucket.AdmitCost]). Zero selects
+	// DefaultMaxReadUnits; it is clamped to [1, 1<<30].
+	MaxReadUnits int64
 }
+
+// DefaultMaxReadUnits is Config.MaxReadUnits when it is zero: memcached's
+// default item size limit (1 MiB) in units of DefaultUnitSize.
+const DefaultMaxReadUnits = (1 << 20) / DefaultUnitSize
 
 // Engine is one node's throttle state: its capacity, free pool and buckets.
 // Create it with New; all methods are safe for concurrent use.
 type Engine struct {
-	clock Clock
-	burst int64
-	node  atomic.Pointer[nodeLimits]
-	_     [cacheLine]byte
-	pool  gauge
-	_     [cacheLine]byte
+	clock   Clock
+	burst   int64
+	maxRead int64 // Config.MaxReadUnits
+	node    atomic.Pointer[nodeLimits]
+	_       [cacheLine]byte
+	pool    gauge
+	_       [cacheLine]byte
 
 	mu       sync.Mutex // serialises configuration changes
 	capacity Limit
@@ -280,6 +312,10 @@ func New(cfg Config) (*Engine, error) {
 		return nil, ErrInvalidLimit
 	}
 	e := &Engine{clock: cfg.Clock, burst: int64(cfg.Burst), buckets: map[string]*Bucket{}}
+	e.maxRead = min(max(cfg.MaxReadUnits, 0), 1<<30)
+	if e.maxRead == 0 {
+		e.maxRead = DefaultMaxReadUnits
+	}
 	if e.clock == nil {
 		e.clock = NewRealClock()
 	}
@@ -365,6 +401,7 @@ func (e *Engine) AddBucket(name string, reserved, hard Limit) (*Bucket, error) {
 		return nil, ErrBucketExists
 	}
 	b := &Bucket{e: e, name: name}
+	b.est.Store(-1) // no read settled yet
 	b.lim.Store(newBucketLimits(reserved, hard, false))
 	e.buckets[name] = b
 	e.publishNode(e.now())
@@ -430,6 +467,11 @@ type Bucket struct {
 	extra     atomic.Uint64 // units charged beyond the first of each command
 	_         [cacheLine]byte
 
+	// written by reads (see cost.go)
+	est     atomic.Int64 // read estimate, units << estShift; < 0: none yet
+	unknown atomic.Int64 // units of unknown cost in flight
+	_       [cacheLine]byte
+
 	// snapshots of commands+extra, written once per window slot
 	window window
 	_      [cacheLine]byte
@@ -488,36 +530,23 @@ func (b *Bucket) SetLimits(reserved, hard Limit) error {
 	return nil
 }
 
-// Admit decides whether the bucket may run its next metered command now.
-//
-// When admitted it returns the Domain to pass to Charge once the command has
-// run, and a zero duration; the one unit every command costs at least is
-// already charged. Otherwise it returns Held and how long to wait (> 0, or
-// InfDuration); nothing is charged.
-//
-// mode selects the caller's treatment. Unthrottled callers are always
-// admitted. NonBlocking callers are refused while the gauges have no room
-// and should retry after the returned duration; they ignore the FIFO line.
-// Blocking callers pass the Waiter of their connection (one Waiter per
-// connection, used by one goroutine at a time):
-//
-//   - when held, w keeps a place in the bucket's FIFO line; the caller must
-//     call Admit again with the same w after the returned duration (waking
-//     late is fine, early only costs a wasted call);
-//   - while places are taken, a caller without one queues behind them even
-//     if the gauges have room; a place is admitted only once the gauges have
-//     room for it and for the places ahead of it (at the bucket's average
-//     command size), so places are admitted, and their waits end, in the
-//     order they were taken;
-//   - when admitted, the place is given up;
-//   - a connection that stops waiting (closed, or its command dropped) must
-//     call w.Cancel, or its place delays the places behind it (room left
-//     unclaimed for 100 ms forgives one lost place).
-//
-// A Blocking caller with a nil w is held without a place.
+// Admit decides whether the bucket may run its next metered command now,
+// charging at once the one unit every metered command costs at least; the
+// rest of its units are charged with Charge once it has run. It is
+// AdmitCost with Cost{Known: 1}: see AdmitCost for mode, w and the wait.
+// Commands whose cost is known before they run (writes), or that may cost
+// many units (reads), should use AdmitCost, which bills them in advance.
 //
 // Admit takes no lock and does not allocate.
 func (b *Bucket) Admit(w *Waiter, mode Mode) (Domain, time.Duration) {
+	g, wait := b.AdmitCost(w, mode, Cost{Known: 1})
+	return g.Domain, wait
+}
+
+// admit applies the rules, the FIFO line and the budget for reads of
+// unknown cost (open > 0) at now, and on admission bills paid units and
+// holds open units of the budget.
+func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64) (Domain, time.Duration) {
 	e := b.e
 	now := e.now()
 	if now>>slotShift != b.slot.Load() {
@@ -526,13 +555,17 @@ func (b *Bucket) Admit(w *Waiter, mode Mode) (Domain, time.Duration) {
 	lim := b.lim.Load()
 	if lim.res.limit == Unlimited {
 		b.commands.Add(1)
+		b.extra.Add(uint64(paid - 1))
 		if w != nil && w.b != nil {
 			w.release(now)
 		}
 		return Unmetered, 0
 	}
 	node := e.node.Load()
-	d, at := b.check(now, lim, node)
+	if mode == Unthrottled {
+		open = 0 // never held: nothing to gate
+	}
+	d, at := b.check(now, lim, node, open)
 	switch mode {
 	case Unthrottled:
 		if d == Held {
@@ -553,8 +586,12 @@ func (b *Bucket) Admit(w *Waiter, mode Mode) (Domain, time.Duration) {
 			return Held, wait
 		}
 	}
-	b.precharge(now, d, lim, node)
+	b.precharge(now, d, lim, node, paid)
+	if open > 0 {
+		b.unknown.Add(open)
+	}
 	b.commands.Add(1)
+	b.extra.Add(uint64(paid - 1))
 	if w != nil && w.b != nil {
 		w.release(now)
 	}
@@ -564,24 +601,29 @@ func (b *Bucket) Admit(w *Waiter, mode Mode) (Domain, time.Duration) {
 // never is the time at which a closed gauge has room.
 const never = math.MaxInt64
 
-// check applies rules 2 to 5 at now. It returns the domain (Held when there
-// is no room) and the time at which rules 2 to 5 admit (<= now when not
-// held, never when only a change of limits can).
-func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits) (d Domain, at int64) {
+// check applies rules 2 to 5 at now, for a command that would hold open
+// units of the budget for reads of unknown cost. It returns the domain
+// (Held when there is no room) and the time at which rules 2 to 5 admit
+// (<= now when not held, never when only a change of limits can).
+func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int64) (d Domain, at int64) {
 	burst := b.e.burst
+	gate := int64(math.MinInt64) // the budget for reads of unknown cost
+	if open > 0 && b.unknownFull(open, lim, node) {
+		gate = now + unknownPoll
+	}
 	tRes := int64(never)
 	if lim.res.cost != 0 {
-		if tRes = b.res.tat.Load() - burst; tRes <= now {
+		if tRes = max(b.res.tat.Load()-burst, gate); tRes <= now {
 			return Reserved, tRes
 		}
 	}
-	tFree := int64(math.MinInt64)
+	tFree := gate
 	switch {
 	case node.pool.limit == Unlimited:
 	case node.pool.cost == 0:
 		tFree = never
 	default:
-		tFree = b.e.pool.tat.Load() - burst
+		tFree = max(tFree, b.e.pool.tat.Load()-burst)
 	}
 	switch {
 	case lim.hrd.limit == Unlimited:
@@ -596,16 +638,22 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits) (d Domain
 	return Held, min(tRes, tFree)
 }
 
-// unitCost returns the nanoseconds per unit at the highest rate the bucket
-// can run at: its hard limit, or its reservation plus the free pool if that
-// is lower; 0 when that rate is unlimited.
-func unitCost(lim *bucketLimits, node *nodeLimits) int64 {
+// fastest returns the highest rate the bucket can run at: its hard limit,
+// or its reservation plus the free pool if that is lower.
+func fastest(lim *bucketLimits, node *nodeLimits) Limit {
 	r := lim.hard
 	if node.pool.limit != Unlimited {
 		if most := addLimits(lim.reserved, node.pool.limit); r == Unlimited || most < r {
 			r = most
 		}
 	}
+	return r
+}
+
+// unitCost returns the nanoseconds per unit at the bucket's fastest rate;
+// 0 when that rate is unlimited.
+func unitCost(lim *bucketLimits, node *nodeLimits) int64 {
+	r := fastest(lim, node)
 	if r == Unlimited {
 		return 0
 	}
@@ -615,56 +663,34 @@ func unitCost(lim *bucketLimits, node *nodeLimits) int64 {
 	return max(int64(time.Second)/int64(r), 1)
 }
 
-// precharge charges the first unit of an admitted command.
-func (b *Bucket) precharge(now int64, d Domain, lim *bucketLimits, node *nodeLimits) {
+// precharge bills the units an admitted command pays in advance.
+func (b *Bucket) precharge(now int64, d Domain, lim *bucketLimits, node *nodeLimits, units int64) {
 	switch d {
 	case Reserved:
-		b.res.charge(now, lim.res.one)
+		b.res.charge(now, lim.res.cost1(units))
 	case FreePool:
 		if node.pool.cost != 0 {
-			b.e.pool.charge(now, node.pool.one)
+			b.e.pool.charge(now, node.pool.cost1(units))
 		}
 	default:
 		return
 	}
 	if lim.hrd.cost != 0 {
-		b.hard.charge(now, lim.hrd.one)
+		b.hard.charge(now, lim.hrd.cost1(units))
 	}
 }
 
-// Charge charges the units a command admitted with domain d used, once it
-// has run. The first unit was charged by Admit, so Charge with units <= 1
-// costs nothing; the rest go to d's gauge (the reservation or the free
-// pool) and to the hard limit, at the rates in force at the call, and may
-// leave them in debt. They are billed right after the units already on the
-// gauges, which Admit moved to the admission time at least: the command is
-// billed from when it was admitted, and Charge needs no clock. Charge with
-// Held does nothing. Every admitted command should be charged at most once,
-// from any goroutine; a command that never ran need not be charged. Charge
-// takes no lock and does not allocate.
+// Charge charges the units a command admitted with Admit (domain d) used,
+// once it has run: it is Settle of a Grant that paid one unit. Charge with
+// units <= 1 costs nothing; Charge with Held does nothing. Every admitted
+// command should be charged at most once, from any goroutine; a command
+// that never ran need not be charged. Charge takes no lock and does not
+// allocate.
 func (b *Bucket) Charge(d Domain, units int64) {
-	if units <= 1 || d == Held || d > Unmetered {
+	if units <= 1 {
 		return
 	}
-	units--
-	b.extra.Add(uint64(units))
-	if d == Unmetered {
-		return
-	}
-	lim := b.lim.Load()
-	switch d {
-	case Reserved:
-		if lim.res.cost != 0 {
-			b.res.add(lim.res.ns(units))
-		}
-	case FreePool:
-		if node := b.e.node.Load(); node.pool.cost != 0 {
-			b.e.pool.add(node.pool.ns(units))
-		}
-	}
-	if lim.hrd.cost != 0 {
-		b.hard.add(lim.hrd.ns(units))
-	}
+	b.Settle(Grant{Domain: d, paid: 1}, units)
 }
 
 // Stats is a snapshot of a bucket's counters.
@@ -732,6 +758,14 @@ func newRate(l Limit) rate {
 		r.one = r.ns(1)
 	}
 	return r
+}
+
+// cost1 is ns(n), with the common n = 1 precomputed.
+func (r *rate) cost1(n int64) int64 {
+	if n == 1 {
+		return r.one
+	}
+	return r.ns(n)
 }
 
 // ns returns the nanoseconds n units take at this rate, rounded up, capped

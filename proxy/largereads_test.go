@@ -1,0 +1,311 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// largeValue is the issue's 1,000,000-byte value: with its key, 245 read
+// units of 4 KiB.
+const (
+	largeValueLen = 1_000_000
+	largeKey      = "large"
+	largeUnits    = (largeValueLen + len(largeKey) + 4095) / 4096
+)
+
+// pipelineGets keeps depth GETs of key in flight on c until stop is
+// closed, and reports the arrival time of each hit. At stop it closes c
+// (without waiting for the GETs still held by the throttle) and returns;
+// errors before stop fail t.
+func pipelineGets(t *testing.T, c *mcclient.Client, key string, depth int, stop <-chan struct{}, arrived func(time.Time)) {
+	slots := make(chan struct{}, depth) // taken before a GET is sent
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-stop:
+		case <-done:
+		}
+		c.Close() // ends the Read below
+	}()
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-done:
+				return
+			case slots <- struct{}{}:
+			}
+			c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte(key)})
+			if err := c.Flush(); err != nil {
+				return // closed: Read reports what matters
+			}
+		}
+	}()
+	for {
+		r, err := c.Read()
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if err != nil {
+			t.Errorf("read: %v", err)
+			return
+		}
+		if r.Status() != mc.StatusSuccess {
+			t.Errorf("GET %s: status %v %q", key, r.Status(), r.Value)
+			return
+		}
+		arrived(time.Now())
+		<-slots
+	}
+}
+
+// The issue's first scenario: one connection keeps 50 GETs of a 1 MB
+// value in flight against hard_limit 500. Billing one unit per GET at
+// admission let about 12,000 units through in the first second (24x), then
+// nothing for 10 s. Now every second after the first gets some, and the
+// 10 s windows hold the limit within 10%.
+func TestPipelinedLargeGetsHoldTheHardLimit(t *testing.T) {
+	p := startProxy(t, testConfig{
+		throttle: "capacity = \"unlimited\"\nburst_ms = 100",
+		tail:     "[[bucket]]\nname = \"default\"\nhard_limit = 500\n",
+	})
+	seed, err := mcclient.Dial(p.MC.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seed.Close()
+	if r, err := seed.Set([]byte("default:"+largeKey), bytes.Repeat([]byte("v"), largeValueLen)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("seed the value in memcached: %v %v", r, err)
+	}
+	c, err := mcclient.Dial(p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Timeout = 20 * time.Second
+
+	const span = 11 // seconds: two 10 s windows
+	perSec := make([]int, span+1)
+	start := time.Now()
+	stop := make(chan struct{})
+	timer := time.AfterFunc(span*time.Second, func() { close(stop) })
+	defer timer.Stop()
+	pipelineGets(t, c, largeKey, 50, stop, func(at time.Time) {
+		if s := int(at.Sub(start) / time.Second); s < len(perSec) {
+			perSec[s] += largeUnits
+		}
+	})
+	t.Logf("units per second: %v", perSec)
+	for i := 0; i+10 <= span; i++ {
+		sum := 0
+		for _, u := range perSec[i : i+10] {
+			sum += u
+		}
+		if sum < 4500 || sum > 5500 {
+			t.Errorf("10 s window from %d s: %d units, want 5000 +-10%%", i, sum)
+		}
+	}
+	for i, u := range perSec[1:span] {
+		if u == 0 {
+			t.Errorf("second %d got nothing", i+1)
+		}
+	}
+}
+
+// With a bucket bursting 1 MB GETs at the node's capacity, a neighbour
+// inside its reservation is never held, a neighbour drawing on the free
+// pool is not held for the burst's overdraft (billing one unit per GET
+// left the burst's debt in the free pool, and such a neighbour waited for
+// seconds), and the node stays within its capacity.
+func TestLargeReadsDoNotHoldTheReservedNeighbour(t *testing.T) {
+	const capacity = 5000
+	p := startProxy(t, testConfig{
+		throttle: fmt.Sprintf("capacity = %d\nburst_ms = 100", capacity),
+		tail: `
+[[bucket]]
+name = "default"
+[[bucket]]
+name = "calm"
+reserved = 500
+[[bucket]]
+name = "spare"
+` + func() string {
+			h := hashes(t)
+			return fmt.Sprintf("[[user]]\nname = \"alice\"\npassword_hash = %q\nbuckets = [\"calm\"]\n", h["alice"]) +
+				fmt.Sprintf("[[user]]\nname = \"bob\"\npassword_hash = %q\nbuckets = [\"spare\"]\n", h["bob"])
+		}(),
+	})
+	seed, err := mcclient.Dial(p.MC.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seed.Close()
+	if r, err := seed.Set([]byte("default:"+largeKey), bytes.Repeat([]byte("v"), largeValueLen)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("seed the value in memcached: %v %v", r, err)
+	}
+	calm, err := mcclient.Dial(p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer calm.Close()
+	if err := calm.AuthPlain("alice", "alice-pw"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := calm.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("calm")}); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("select calm: %v %v", r, err)
+	}
+	if r, err := calm.Set([]byte("small"), []byte("x")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("set small: %v %v", r, err)
+	}
+	spare, err := mcclient.Dial(p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer spare.Close()
+	if err := spare.AuthPlain("bob", "bob-pw"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := spare.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("spare")}); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("select spare: %v %v", r, err)
+	}
+	if r, err := spare.Set([]byte("small"), []byte("x")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("set small: %v %v", r, err)
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	bigUnits := 0
+	for i := 0; i < 8; i++ {
+		c, err := mcclient.Dial(p.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Timeout = 30 * time.Second
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pipelineGets(t, c, largeKey, 100, stop, func(time.Time) {
+				mu.Lock()
+				bigUnits += largeUnits
+				mu.Unlock()
+			})
+		}()
+	}
+	node := p.Engine()
+	units := func() uint64 {
+		var u uint64
+		for _, b := range node.Buckets() {
+			u += b.Stats().Units
+		}
+		return u
+	}
+	// Warm up one second, then measure the neighbour and the node.
+	time.Sleep(time.Second) // a warm-up period, not a synchronisation
+	u0, t0 := units(), time.Now()
+	// The neighbour's latency, and for comparison that of a small GET
+	// sent straight to memcached under the same load.
+	direct, err := mcclient.Dial(p.MC.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	var lat, directLat, spareLat []time.Duration
+	for time.Since(t0) < 4*time.Second {
+		s := time.Now()
+		r, err := calm.Get([]byte("small"))
+		if err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("neighbour GET: %v %v", r, err)
+		}
+		lat = append(lat, time.Since(s))
+		s = time.Now()
+		if r, err := spare.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("free-pool neighbour GET: %v %v", r, err)
+		}
+		spareLat = append(spareLat, time.Since(s))
+		s = time.Now()
+		if _, err := direct.Get([]byte("calm:small")); err != nil {
+			t.Fatal(err)
+		}
+		directLat = append(directLat, time.Since(s))
+		time.Sleep(10 * time.Millisecond) // the neighbour's own pace
+	}
+	u1, t1 := units(), time.Now()
+	close(stop)
+	wg.Wait()
+
+	q := func(ls []time.Duration, p int) time.Duration {
+		sort.Slice(ls, func(i, j int) bool { return ls[i] < ls[j] })
+		return ls[len(ls)*p/100]
+	}
+	rate := float64(u1-u0) / t1.Sub(t0).Seconds()
+	st := p.Engine().Bucket("calm").Stats()
+	// Latency is logged, not asserted: under -race on a shared machine it
+	// measures the machine (memcached itself answers slowly under this
+	// load, as the direct figures show).
+	t.Logf("node %.0f units/s (capacity %d); neighbour: %d GETs, p50 %v, p99 %v (memcached directly: p50 %v, p99 %v), held %d; "+
+		"free-pool neighbour: p50 %v, p99 %v, longest %v; big bucket got %d units",
+		rate, capacity, len(lat), q(lat, 50), q(lat, 99), q(directLat, 50), q(directLat, 99), st.Held,
+		q(spareLat, 50), q(spareLat, 99), spareLat[len(spareLat)-1], bigUnits)
+	// The free-pool neighbour competes with the big bucket first come,
+	// first served: it may wait for pool room, about one large read (49 ms
+	// of the pool) plus a burst (100 ms), never for the big bucket's debt.
+	if longest := spareLat[len(spareLat)-1]; longest > 400*time.Millisecond {
+		t.Errorf("the free-pool neighbour waited up to %v, want at most about a burst and a read", longest)
+	}
+	if st.Held != 0 {
+		t.Errorf("the neighbour inside its reservation was held %d times", st.Held)
+	}
+	if rate > capacity*1.05 {
+		t.Errorf("node ran at %.0f units/s, want at most capacity %d +5%%", rate, capacity)
+	}
+	if rate < capacity*0.8 {
+		t.Errorf("node ran at %.0f units/s, want the big bucket to use about the capacity %d", rate, capacity)
+	}
+}
+
+// Small GETs pipelined by one connection reach their bucket's hard limit:
+// the budget for reads of unknown cost (one burst of the limit, here room
+// for a single read of unknown size) does not starve a pipeline, because a
+// session held for it re-tries as soon as one of its reads is in.
+func TestPipelinedSmallGetsReachTheHardLimit(t *testing.T) {
+	p := startProxy(t, testConfig{
+		throttle: "capacity = \"unlimited\"\nburst_ms = 100",
+		tail:     "[[bucket]]\nname = \"default\"\nhard_limit = 1000\n",
+	})
+	c, err := mcclient.Dial(p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.Set([]byte("small"), bytes.Repeat([]byte("s"), 100)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("set: %v %v", r, err)
+	}
+	const span = 4
+	perSec := make([]int, span+1)
+	start := time.Now()
+	stop := make(chan struct{})
+	timer := time.AfterFunc(span*time.Second, func() { close(stop) })
+	defer timer.Stop()
+	pipelineGets(t, c, "small", 100, stop, func(at time.Time) {
+		if s := int(at.Sub(start) / time.Second); s < len(perSec) {
+			perSec[s]++
+		}
+	})
+	t.Logf("GETs (1 unit each) per second: %v", perSec)
+	got := float64(perSec[1]+perSec[2]+perSec[3]) / 3
+	if got < 1000*0.95 || got > 1000*1.05 {
+		t.Errorf("%.0f units/s over seconds 1-3, want the hard limit 1000 +-5%%", got)
+	}
+}
