@@ -85,6 +85,7 @@ func (s *session) authDone(sl *slot, name string, u *bucketcfg.User, err error) 
 			return
 		}
 		s.user = u
+		s.authenticated()
 		switch {
 		case ten.bucket(u.Name) != nil && u.CanAccess(u.Name):
 			// Clients such as libmemcached and memjs never send

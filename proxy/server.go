@@ -67,6 +67,10 @@ type settings struct {
 	writeUnitSize  int64
 	eventLoops     int
 	statePath      string
+	authTimeout    time.Duration // proxy.auth_timeout; 0: never
+	idleTimeout    time.Duration // proxy.idle_timeout; 0: never
+	unauthMax      int64         // unauthenticated connections allowed at once
+	maxUnsent      int64         // proxy.max_unsent_bytes
 }
 
 // Server is a running proxy. Create it with New, run it with Serve, stop it
@@ -87,6 +91,14 @@ type Server struct {
 	refused  atomic.Uint64
 	started  time.Time
 	version  string
+
+	// Connection limits (connlimits.go, unsent.go).
+	unauthConns   atomic.Int64  // open connections that must authenticate and have not
+	unauthEvicted atomic.Uint64 // closed to admit a newer connection
+	authTimeouts  atomic.Uint64 // closed by auth_timeout
+	idleClosed    atomic.Uint64 // closed by idle_timeout
+	unsentBytes   atomic.Int64  // response bytes held for clients, as counted by the sessions
+	unsentShed    atomic.Uint64 // connections closed by max_unsent_bytes
 
 	throttle  *throttle.Engine
 	metrics   *metrics.Metrics
@@ -154,6 +166,10 @@ func New(opts Options) (*Server, error) {
 			writeUnitSize:  int64(cfg.Throttle.WriteUnitSize),
 			eventLoops:     loops,
 			statePath:      cfg.Throttle.StateFile,
+			authTimeout:    cfg.Proxy.AuthTimeout,
+			idleTimeout:    cfg.Proxy.IdleTimeout,
+			unauthMax:      unauthLimit(cfg.Proxy.MaxConnections),
+			maxUnsent:      cfg.Proxy.MaxUnsentBytes,
 		},
 		log:      opts.Logger,
 		loops:    make(map[gnet.EventLoop]*loop),
@@ -332,7 +348,25 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.draining.Load() {
 		return nil, gnet.Close
 	}
-	if n := s.conns.Add(1); n > int64(s.opts.maxConnections) {
+	lp := s.loopOf(c.EventLoop())
+	// A connection must authenticate when there is no default bucket. Such
+	// connections may take only their share of max_connections; when that
+	// share or max_connections is full, the oldest unauthenticated
+	// connection of the loop makes room (connlimits.go). It goes away
+	// asynchronously, so s.conns may pass the limit by the connections
+	// still closing.
+	needAuth := s.ten.Load().cfg.Proxy.DefaultBucket == ""
+	full := s.conns.Add(1) > int64(s.opts.maxConnections)
+	if needAuth {
+		full = s.unauthConns.Add(1) > s.opts.unauthMax || full
+		if full && lp.evictUnauth() {
+			full = false
+		}
+		if full {
+			s.unauthConns.Add(-1)
+		}
+	}
+	if full {
 		s.conns.Add(-1)
 		if s.refused.Add(1)%1000 == 1 {
 			s.log.Warn().Int("max_connections", s.opts.maxConnections).Str("remote", c.RemoteAddr().String()).
@@ -340,8 +374,10 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		}
 		return nil, gnet.Close
 	}
-	lp := s.loopOf(c.EventLoop())
-	c.SetContext(newSession(lp, c))
+	lp.clock()
+	ss := newSession(lp, c)
+	lp.openSession(ss, needAuth)
+	c.SetContext(ss)
 	return nil, gnet.None
 }
 
@@ -351,6 +387,7 @@ func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
 	case *upstream.Conn:
 		x.HandleClose(c, err)
 	case *session:
+		x.lp.closeSession(x)
 		x.close()
 		s.conns.Add(-1)
 	}

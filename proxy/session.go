@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -41,6 +42,15 @@ type session struct {
 	heldAt  time.Duration   // engine time the current command was first held
 	holdSeq uint64          // identifies the current entry in lp.holds
 	remote  string
+
+	// Connection limits (connlimits.go, unsent.go).
+	needAuth   bool          // must authenticate and has not yet: pre-authentication bounds apply
+	openedAt   time.Duration // loop clock when the connection opened (auth_timeout)
+	lastActive time.Duration // loop clock at the last input from the client (idle_timeout)
+	links      [2]sessLink   // places in lp.unauth and lp.idle
+	accounted  int           // response bytes counted in Server.unsentBytes
+	holding    bool          // in lp.holding
+	released   bool          // closing: no longer counted in Server.unsentBytes
 }
 
 func newSession(lp *loop, c gnet.Conn) *session {
@@ -73,6 +83,7 @@ func (s *session) pending() int { return len(s.q) - s.qh }
 // onTraffic decodes and dispatches every whole frame buffered for the
 // client, unless the session is paused.
 func (s *session) onTraffic() gnet.Action {
+	s.touch()
 	if s.quitting {
 		_, _ = s.c.Discard(-1)
 		return gnet.None
@@ -80,7 +91,7 @@ func (s *session) onTraffic() gnet.Action {
 	if s.waiting || s.held || s.outPaused {
 		return s.checkBuffered()
 	}
-	maxBody := s.lp.srv.opts.maxBodyBytes
+	maxBody := s.maxBody() // small until the client authenticates
 	// While a large request is still arriving, do nothing: peeking the
 	// whole buffer on every read would copy it again and again.
 	if hdr, err := s.c.Peek(binary.HeaderLen); err != nil {
@@ -93,6 +104,9 @@ func (s *session) onTraffic() gnet.Action {
 	for off < len(buf) {
 		f, n, err := binary.Decode(buf[off:], maxBody)
 		if err != nil {
+			if s.needAuth && errors.Is(err, binary.ErrFrameTooLarge) {
+				err = fmt.Errorf("%w before authentication: authenticate first", err)
+			}
 			s.badFrame(&f, err)
 			break
 		}
@@ -147,16 +161,23 @@ func (s *session) canResume() bool {
 	return s.pending() <= maxPending/2 && s.unsent() <= maxUnsentOutput/2
 }
 
-// overCap closes the connection when its response bytes pass the hard cap.
+// overCap closes the connection when its response bytes pass the hard cap;
+// otherwise it counts them against proxy.max_unsent_bytes, which may close
+// the connections of the loop holding the most (unsent.go). It reports
+// whether this session was closed.
 func (s *session) overCap() bool {
-	if n := s.unsent(); n > maxResponseBytes {
+	n := s.unsent()
+	if n > maxResponseBytes {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("response_bytes", n).Int("limit", maxResponseBytes).
 			Msg("client does not read its responses; closing connection")
 		s.quitting = true
 		_ = s.c.Close()
 		return true
 	}
-	return false
+	if s.account(n) {
+		s.lp.shedUnsent()
+	}
+	return s.released
 }
 
 // resume re-runs dispatch on the loop outside a gnet callback (after a
@@ -170,21 +191,25 @@ func (s *session) resume() {
 	}
 }
 
-// checkBuffered enforces the bound on unprocessed input: max_held_input_bytes,
-// plus the size of the frame at the head when it is still arriving (so a
-// frame up to max_frame_bytes can always be received).
+// checkBuffered enforces the bound on unprocessed input: max_held_input_bytes
+// (preAuthMaxInput before authentication), plus the size of the frame at
+// the head when it is still arriving (so a frame up to max_frame_bytes, or
+// preAuthMaxBody, can always be received).
 func (s *session) checkBuffered() gnet.Action {
 	n := s.c.InboundBuffered()
 	limit := s.lp.srv.opts.maxHeldInput
+	if s.needAuth {
+		limit = preAuthMaxInput
+	}
 	if n <= limit {
 		return gnet.None
 	}
 	if hdr, err := s.c.Peek(binary.HeaderLen); err == nil {
-		limit += binary.PendingFrameLen(hdr, s.lp.srv.opts.maxBodyBytes)
+		limit += binary.PendingFrameLen(hdr, s.maxBody())
 	}
 	if n > limit {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).Int("limit", limit).
-			Bool("held", s.held).Bool("output_paused", s.outPaused).
+			Bool("held", s.held).Bool("output_paused", s.outPaused).Bool("authenticated", !s.needAuth).
 			Msg("client input buffer limit exceeded; closing connection")
 		return gnet.Close
 	}
