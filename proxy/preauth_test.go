@@ -279,8 +279,12 @@ func TestUnauthenticatedShare(t *testing.T) {
 // them; the connections holding the most are closed, and the proxy goes on
 // serving.
 func TestUnsentBudget(t *testing.T) {
-	const budget = 8 << 20
-	p := startProxy(t, testConfig{proxy: "max_unsent_bytes = 8388608", throttle: `capacity = "unlimited"`, loops: 2})
+	const budget = 4 << 20
+	// A long upstream timeout: the deep pipelines of 1 MB responses take
+	// a while under the race detector, and the timeout counts from when
+	// each request was sent.
+	p := startProxy(t, testConfig{proxy: "max_unsent_bytes = 4194304", upstream: `timeout = "20s"`,
+		throttle: `capacity = "unlimited"`, loops: 2})
 	c := dial(t, p.Addr)
 	big := bytes.Repeat([]byte("x"), 1000*1000)
 	if r, err := c.Set([]byte("big"), big); status(t, r, err) != mc.StatusSuccess {
@@ -302,19 +306,32 @@ func TestUnsentBudget(t *testing.T) {
 			}
 		}
 	}()
-	// Six clients each ask for 40 MB and read nothing: 240 MB without the
-	// budget (the per-connection cap is 64 MiB).
-	for range 6 {
+	// Four clients each ask for 10 MB and read nothing: over 20 MB held
+	// without the budget (the per-connection cap is 64 MiB; the kernel's
+	// socket buffers take up to 4 MB of each).
+	for range 4 {
 		r := dial(t, p.Addr)
 		_ = r.Conn().(*net.TCPConn).SetReadBuffer(4096)
-		for range 40 {
+		for range 10 {
 			r.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("big")})
 		}
 		if err := r.Flush(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 20*time.Second, "every GET to be answered or dropped", func() bool { return p.inflight.Load() == 0 })
+	// Settled: every GET the proxy read is answered, and each client's
+	// connection is closed, paused for its unread output, or read out.
+	eventually(t, 30*time.Second, "every GET to be answered or dropped", func() bool {
+		settled := p.inflight.Load() == 0
+		onLoops(t, p, func(lp *loop) {
+			for s := range lp.sessions {
+				if !s.quitting && !s.outPaused && !s.drained() {
+					settled = false
+				}
+			}
+		})
+		return settled && p.inflight.Load() == 0
+	})
 	close(stop)
 	<-sampled
 	var held int
@@ -337,7 +354,7 @@ func TestUnsentBudget(t *testing.T) {
 		t.Error("no connection was closed for the budget")
 	}
 	// The proxy still serves, large values included.
-	if r, err := dial(t, p.Addr).Get([]byte("big")); status(t, r, err) != mc.StatusSuccess || len(r.Value) != len(big) {
-		t.Fatal("GET after the budget was enforced")
+	if r, err := dial(t, p.Addr).Get([]byte("big")); err != nil || r.Status() != mc.StatusSuccess || len(r.Value) != len(big) {
+		t.Fatalf("GET after the budget was enforced: %v %+v (counted %d)", err, r, p.unsentBytes.Load())
 	}
 }
