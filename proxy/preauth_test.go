@@ -319,8 +319,10 @@ func TestUnsentBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Settled: every GET the proxy read is answered, and each client's
-	// connection is closed, paused for its unread output, or read out.
+	// Settled: every client connection is open on the proxy, every GET it
+	// read is answered, and each client's connection is closed, paused for
+	// its unread output, or read out.
+	eventually(t, 5*time.Second, "the clients to be connected", func() bool { return p.Connections() == 5 || p.unsentShed.Load() > 0 })
 	eventually(t, 30*time.Second, "every GET to be answered or dropped", func() bool {
 		settled := p.inflight.Load() == 0
 		onLoops(t, p, func(lp *loop) {
