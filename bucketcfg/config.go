@@ -138,9 +138,9 @@ type ProxyConfig struct {
 	// means never, otherwise MinConnTimeout..MaxConnTimeout). Connections
 	// on the default bucket do not need to authenticate and are not timed.
 	AuthTimeout time.Duration
-	// IdleTimeout closes a connection that has sent nothing for this long
-	// and has no command in flight, no input waiting and no response
-	// unsent (key idle_timeout, a Go duration string, default "0s" =
+	// IdleTimeout closes a connection that has neither sent anything nor
+	// been answered for this long, and has no command in flight, no input
+	// waiting and no response unsent (key idle_timeout, a Go duration string, default "0s" =
 	// never, otherwise MinConnTimeout..MaxConnTimeout).
 	IdleTimeout time.Duration
 	// MaxUnsentBytes bounds the response bytes the proxy holds for all

@@ -50,7 +50,7 @@ func unauthLimit(maxConns int) int64 {
 // List indexes of session.links.
 const (
 	listUnauth = iota // lp.unauth: unauthenticated sessions, oldest first
-	listIdle          // lp.idle: sessions by last input, least recent first
+	listIdle          // lp.idle: sessions by last activity, least recent first
 )
 
 // sessLink is a session's place in one sessList.
@@ -191,8 +191,9 @@ func (s *session) maxBody() int {
 	return s.lp.srv.opts.maxBodyBytes
 }
 
-// touch records input from the client for idle_timeout: the session moves
-// to the back of lp.idle, at most once per tick.
+// touch records activity for idle_timeout (input from the client, a
+// response for it): the session moves to the back of lp.idle, at most once
+// per tick.
 func (s *session) touch() {
 	if s.lastActive == s.lp.now || !s.links[listIdle].in {
 		return
@@ -211,7 +212,7 @@ func (s *session) busy() bool {
 
 // sweepConns closes the sessions whose auth_timeout or idle_timeout has
 // passed; on the loop, at each tick. Both lists are ordered by deadline
-// (auth: by opening time, all with the same timeout; idle: by last input),
+// (auth: by opening time, all with the same timeout; idle: by last activity),
 // so the sweep looks only at sessions that are due, and 10,000 idle
 // connections cost nothing between their deadlines.
 func (lp *loop) sweepConns() {

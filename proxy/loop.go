@@ -36,7 +36,7 @@ type loop struct {
 	// Connection limits (connlimits.go, unsent.go).
 	now       time.Duration // coarse clock: time since the server started, as of the last tick or open
 	unauth    sessList      // unauthenticated sessions, oldest first
-	idle      sessList      // sessions by last input, least recent first (idle_timeout > 0)
+	idle      sessList      // sessions by last activity, least recent first (idle_timeout > 0)
 	holding   []*session    // sessions whose unsent responses count against max_unsent_bytes
 	unsentSum int64         // their share of Server.unsentBytes
 }

@@ -46,7 +46,7 @@ type session struct {
 	// Connection limits (connlimits.go, unsent.go).
 	needAuth   bool          // must authenticate and has not yet: pre-authentication bounds apply
 	openedAt   time.Duration // loop clock when the connection opened (auth_timeout)
-	lastActive time.Duration // loop clock at the last input from the client (idle_timeout)
+	lastActive time.Duration // loop clock at the last input or upstream response (idle_timeout)
 	links      [2]sessLink   // places in lp.unauth and lp.idle
 	accounted  int           // response bytes counted in Server.unsentBytes
 	holding    bool          // in lp.holding
@@ -164,8 +164,10 @@ func (s *session) canResume() bool {
 // overCap closes the connection when its response bytes pass the hard cap;
 // otherwise it counts them against proxy.max_unsent_bytes, which may close
 // the connections of the loop holding the most (unsent.go). It reports
-// whether this session was closed.
+// whether this session was closed. Called as each upstream response
+// arrives, which also counts as activity for idle_timeout.
 func (s *session) overCap() bool {
+	s.touch()
 	n := s.unsent()
 	if n > maxResponseBytes {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("response_bytes", n).Int("limit", maxResponseBytes).
