@@ -15,12 +15,23 @@ import (
 //     SASL, NOOP, VERSION, STAT, SelectBucket; a SASL PLAIN message is a
 //     user name and a password). A larger frame gets Einval as soon as its
 //     header arrives and the connection closes: its body is never
-//     buffered. 4 KiB leaves room for any real credential while 10,000
-//     such connections can pin at most about 80 MB of input between them
-//     (preAuthMaxInput each).
+//     buffered. 4 KiB leaves room for any real credential; 64 KiB would
+//     let the 9,000 unauthenticated connections of the default
+//     max_connections pin over 1 GB.
 //   - Input: at most preAuthMaxInput bytes may wait unprocessed (for
 //     example pipelined behind SASL AUTH while the password is checked),
-//     instead of proxy.max_held_input_bytes.
+//     instead of proxy.max_held_input_bytes, besides a frame still
+//     arriving.
+//   - Output: a client that has more than preAuthMaxOutput bytes of
+//     responses not taken by the socket, or preAuthMaxPending commands
+//     unanswered, when its next frame is decoded is closed: STAT, error
+//     responses and forwarded VERSIONs are larger than their requests, so
+//     without this a client that does not read could make the proxy hold
+//     megabytes for it. A real client exchanges a few frames before it
+//     authenticates (HELLO, SASL list and auth) and reads their answers.
+//
+// Together these pin at most about 16 KiB per unauthenticated connection,
+// some 150 MB for the 9,000 allowed by the default max_connections.
 //   - Time: proxy.auth_timeout after it opened, a connection that has not
 //     authenticated is closed.
 //   - Number: unauthenticated connections may hold at most
@@ -37,8 +48,10 @@ import (
 // without authenticating: they count as authenticated for all of this.
 // idle_timeout applies to every connection.
 const (
-	preAuthMaxBody  = 4 << 10
-	preAuthMaxInput = 2 * (binary.HeaderLen + preAuthMaxBody)
+	preAuthMaxBody    = 4 << 10
+	preAuthMaxInput   = binary.HeaderLen + preAuthMaxBody
+	preAuthMaxOutput  = 8 << 10
+	preAuthMaxPending = 16
 )
 
 // unauthLimit is how many unauthenticated connections may be open at once

@@ -155,6 +155,55 @@ func TestPreAuthLargeFrameRefused(t *testing.T) {
 	}
 }
 
+// TestPreAuthOutputBounded: a connection that has not authenticated
+// cannot make the proxy hold its answers: pipelining 2,000 STATs (each
+// answer is several times its request) without reading gets it closed,
+// while the same before authentication in small doses, and any amount
+// after it, is served.
+func TestPreAuthOutputBounded(t *testing.T) {
+	p := startProxy(t, testConfig{proxy: `default_bucket = ""`, tail: tenantTail(t)})
+	stats := func(n int) []byte {
+		var b []byte
+		for i := range n {
+			b = mc.AppendFrame(b, mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpStat, Opaque: uint32(i)}, nil, nil, nil, nil)
+		}
+		return b
+	}
+	conn, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.(*net.TCPConn).SetReadBuffer(4096)
+	if _, err := conn.Write(stats(2000)); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, conn, 5*time.Second)
+
+	// A few, read as they come: fine.
+	c := dial(t, p.Addr)
+	for range 3 {
+		if _, err := c.Stats(""); err != nil {
+			t.Fatalf("STAT before auth: %v", err)
+		}
+	}
+	// After authentication the pre-authentication bounds are gone.
+	a := login(t, p.Addr, "alice")
+	a.WriteRaw(stats(2000))
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for got := 0; got < 2000; {
+		r, err := a.Read()
+		if err != nil {
+			t.Fatalf("after %d STAT answers: %v", got, err)
+		}
+		if r.KeyLen == 0 {
+			got++
+		}
+	}
+}
+
 // TestAuthTimeout: a connection that has not authenticated within
 // auth_timeout is closed; an authenticated one is not, nor is one on the
 // default bucket.

@@ -113,6 +113,13 @@ func (s *session) onTraffic() gnet.Action {
 		if n == 0 {
 			break
 		}
+		if s.needAuth && (s.pending() >= preAuthMaxPending || s.unsent() > preAuthMaxOutput) {
+			s.lp.srv.log.Info().Str("remote", s.remote).Int("pending", s.pending()).Int("unsent", s.unsent()).
+				Msg("unauthenticated client sends more than it reads; closing connection")
+			s.quitting = true
+			s.lp.requestFlush() // what it sent upstream already
+			return gnet.Close
+		}
 		if s.pending() >= maxPending || s.unsent() > maxUnsentOutput {
 			// The client is not reading its responses (or pipelines
 			// without bound): stop reading its requests until they drain.
