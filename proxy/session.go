@@ -123,8 +123,13 @@ func (s *session) onTraffic() gnet.Action {
 		if s.pending() >= maxPending || s.unsent() > maxUnsentOutput {
 			// The client is not reading its responses (or pipelines
 			// without bound): stop reading its requests until they drain.
+			// What it holds counts against max_unsent_bytes from now on,
+			// answers made by the proxy itself included.
 			s.outPaused = true
 			s.lp.paused = append(s.lp.paused, s)
+			if s.account(s.unsent()) {
+				s.lp.shedUnsent()
+			}
 			break
 		}
 		if !s.dispatch(&f) {
