@@ -35,14 +35,16 @@ import (
 //   - Time: proxy.auth_timeout after it opened, a connection that has not
 //     authenticated is closed.
 //   - Number: unauthenticated connections may hold at most
-//     unauthLimit(max_connections) slots (90%); the rest is kept for
-//     authenticated ones. When that share, or max_connections, is full, a
-//     new connection closes the oldest unauthenticated connection of its
-//     event loop (skipping those whose password is being checked) instead
-//     of being refused: a real client arrives unauthenticated too, and
-//     only needs milliseconds to authenticate, while an attacker holding
-//     the share must keep opening connections faster than the share
-//     turns over to push it out before it does.
+//     unauthLimit(max_connections) slots (90%), split evenly between the
+//     event loops; the rest is kept for authenticated ones. When its
+//     loop's share, or max_connections, is full, a new connection closes
+//     the oldest unauthenticated connection of its loop (skipping those
+//     whose password is being checked) instead of being refused: a real
+//     client arrives unauthenticated too, and only needs milliseconds to
+//     authenticate, while an attacker holding the share must open
+//     connections faster than the share turns over to push it out before
+//     it does. The share is per loop so that the loop admitting a
+//     connection can always find the one to close among its own.
 //
 // Connections on the default bucket (default_bucket not "") have a bucket
 // without authenticating: they count as authenticated for all of this.
@@ -134,15 +136,16 @@ func (lp *loop) clock() time.Duration {
 	return lp.now
 }
 
-// openSession registers a new session with the connection limits: it
-// decides whether the session must authenticate and starts its timers.
-// needAuth is whether it must; on the loop, from OnOpen.
+// openSession registers a new session with the connection limits and
+// starts its timers; needAuth is whether it must authenticate. On the
+// loop, from OnOpen.
 func (lp *loop) openSession(s *session, needAuth bool) {
 	s.openedAt = lp.now
 	s.lastActive = lp.now
 	if needAuth {
 		s.needAuth = true
 		lp.unauth.pushBack(s)
+		lp.srv.unauthConns.Add(1)
 	}
 	if lp.srv.opts.idleTimeout > 0 {
 		lp.idle.pushBack(s)
@@ -167,6 +170,8 @@ func (lp *loop) evictUnauth() bool {
 		}
 		s.leaveUnauth()
 		s.quitting = true
+		s.evicted = true
+		lp.srv.conns.Add(-1) // its place is the new connection's now
 		_ = s.c.Close()
 		n := lp.srv.unauthEvicted.Add(1)
 		lp.srv.log.Debug().Str("remote", s.remote).Msg("unauthenticated connection share full; closing the oldest unauthenticated connection")

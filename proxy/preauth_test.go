@@ -305,9 +305,14 @@ func TestUnauthenticatedShare(t *testing.T) {
 		idle = append(idle, c)
 	}
 	share := unauthLimit(maxConns)
-	eventually(t, 5*time.Second, "the idle connections to fill the unauthenticated share", func() bool {
-		return p.unauthConns.Load() == share
+	eventually(t, 5*time.Second, "the proxy to take in every idle connection", func() bool {
+		return p.unauthConns.Load()+int64(p.unauthEvicted.Load()+p.refused.Load()) == 2*maxConns
 	})
+	// Fewer when gnet's balancer, counting connections late during a burst
+	// of accepts, gives one loop more of them than its share.
+	if n := p.unauthConns.Load(); n > share || n == 0 {
+		t.Fatalf("%d unauthenticated connections open, share %d", n, share)
+	}
 	a := login(t, p.Addr, "alice")
 	if r, err := a.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
 		t.Fatalf("SET by the late client: %s", r.Status())

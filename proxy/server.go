@@ -70,6 +70,7 @@ type settings struct {
 	authTimeout    time.Duration // proxy.auth_timeout; 0: never
 	idleTimeout    time.Duration // proxy.idle_timeout; 0: never
 	unauthMax      int64         // unauthenticated connections allowed at once
+	unauthPerLoop  int           // unauthMax split between the event loops
 	maxUnsent      int64         // proxy.max_unsent_bytes
 }
 
@@ -169,6 +170,7 @@ func New(opts Options) (*Server, error) {
 			authTimeout:    cfg.Proxy.AuthTimeout,
 			idleTimeout:    cfg.Proxy.IdleTimeout,
 			unauthMax:      unauthLimit(cfg.Proxy.MaxConnections),
+			unauthPerLoop:  max(1, int(unauthLimit(cfg.Proxy.MaxConnections))/loops),
 			maxUnsent:      cfg.Proxy.MaxUnsentBytes,
 		},
 		log:      opts.Logger,
@@ -350,21 +352,14 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	}
 	lp := s.loopOf(c.EventLoop())
 	// A connection must authenticate when there is no default bucket. Such
-	// connections may take only their share of max_connections; when that
-	// share or max_connections is full, the oldest unauthenticated
-	// connection of the loop makes room (connlimits.go). It goes away
-	// asynchronously, so s.conns may pass the limit by the connections
-	// still closing.
+	// connections may take only their share of max_connections, split
+	// between the loops; when the loop's share or max_connections is full,
+	// the oldest unauthenticated connection of the loop makes room
+	// (connlimits.go).
 	needAuth := s.ten.Load().cfg.Proxy.DefaultBucket == ""
 	full := s.conns.Add(1) > int64(s.opts.maxConnections)
-	if needAuth {
-		full = s.unauthConns.Add(1) > s.opts.unauthMax || full
-		if full && lp.evictUnauth() {
-			full = false
-		}
-		if full {
-			s.unauthConns.Add(-1)
-		}
+	if needAuth && (full || lp.unauth.n >= s.opts.unauthPerLoop) {
+		full = !lp.evictUnauth()
 	}
 	if full {
 		s.conns.Add(-1)
@@ -389,7 +384,9 @@ func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
 	case *session:
 		x.lp.closeSession(x)
 		x.close()
-		s.conns.Add(-1)
+		if !x.evicted { // an evicted one was uncounted at once
+			s.conns.Add(-1)
+		}
 	}
 	return gnet.None
 }

@@ -51,6 +51,7 @@ type session struct {
 	accounted  int           // response bytes counted in Server.unsentBytes
 	holding    bool          // in lp.holding
 	released   bool          // closing: no longer counted in Server.unsentBytes
+	evicted    bool          // closed to make room: no longer counted in Server.conns
 }
 
 func newSession(lp *loop, c gnet.Conn) *session {
