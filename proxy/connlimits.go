@@ -29,9 +29,6 @@ import (
 //     without this a client that does not read could make the proxy hold
 //     megabytes for it. A real client exchanges a few frames before it
 //     authenticates (HELLO, SASL list and auth) and reads their answers.
-//
-// Together these pin at most about 16 KiB per unauthenticated connection,
-// some 150 MB for the 9,000 allowed by the default max_connections.
 //   - Time: proxy.auth_timeout after it opened, a connection that has not
 //     authenticated is closed.
 //   - Number: unauthenticated connections may hold at most
@@ -45,6 +42,10 @@ import (
 //     connections faster than the share turns over to push it out before
 //     it does. The share is per loop so that the loop admitting a
 //     connection can always find the one to close among its own.
+//
+// Together these pin at most about 16 KiB per unauthenticated connection
+// (some 150 MB for the 9,000 allowed by the default max_connections), for
+// at most auth_timeout.
 //
 // Connections on the default bucket (default_bucket not "") have a bucket
 // without authenticating: they count as authenticated for all of this.
