@@ -160,6 +160,7 @@ func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
 // login makes u the session's user and selects its bucket.
 func (s *session) login(ten *tenants, u *bucketcfg.User) {
 	s.user = u
+	s.authenticated()
 	switch {
 	case ten.bucket(u.Name) != nil && u.CanAccess(u.Name):
 		// Clients such as libmemcached and memjs never send

@@ -33,10 +33,19 @@ type loop struct {
 
 	flushPending bool              // flushRun is queued on the loop
 	flushRun     gnet.RunnableFunc // writes the upstream connections' batches
+
+	// Connection limits (connlimits.go, unsent.go).
+	now       time.Duration // coarse clock: time since the server started, as of the last tick or open
+	unauth    sessList      // unauthenticated sessions, oldest first
+	idle      sessList      // sessions by last activity, least recent first (idle_timeout > 0)
+	holding   []*session    // sessions whose unsent responses count against max_unsent_bytes
+	unsentSum int64         // their share of Server.unsentBytes
 }
 
 func newLoop(s *Server, el gnet.EventLoop) *loop {
 	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{})}
+	lp.unauth.k, lp.idle.k = listUnauth, listIdle
+	lp.clock()
 	lp.wakeRun = lp.wakeDue
 	lp.flushRun = func(context.Context) error {
 		lp.flushPending = false
@@ -207,6 +216,10 @@ func (lp *loop) tick(context.Context) error {
 	}
 	lp.retiring = kept
 	lp.compactHolds()
+	lp.clock()
+	lp.sweepConns()
+	lp.refreshUnsent()
+	lp.shedUnsent()
 	lp.resumePaused()
 	lp.flushClients()
 	return nil

@@ -68,6 +68,11 @@ type settings struct {
 	eventLoops     int
 	statePath      string
 	maxHold        time.Duration // throttle.max_hold; 0: hold as long as needed
+	authTimeout    time.Duration // proxy.auth_timeout; 0: never
+	idleTimeout    time.Duration // proxy.idle_timeout; 0: never
+	unauthMax      int64         // unauthenticated connections allowed at once
+	unauthPerLoop  int           // unauthMax split between the event loops
+	maxUnsent      int64         // proxy.max_unsent_bytes
 }
 
 // Server is a running proxy. Create it with New, run it with Serve, stop it
@@ -88,6 +93,14 @@ type Server struct {
 	refused  atomic.Uint64
 	started  time.Time
 	version  string
+
+	// Connection limits (connlimits.go, unsent.go).
+	unauthConns   atomic.Int64  // open connections that must authenticate and have not
+	unauthEvicted atomic.Uint64 // closed to admit a newer connection
+	authTimeouts  atomic.Uint64 // closed by auth_timeout
+	idleClosed    atomic.Uint64 // closed by idle_timeout
+	unsentBytes   atomic.Int64  // response bytes held for clients, as counted by the sessions
+	unsentShed    atomic.Uint64 // connections closed by max_unsent_bytes
 
 	throttle  *throttle.Engine
 	metrics   *metrics.Metrics
@@ -160,6 +173,11 @@ func New(opts Options) (*Server, error) {
 			eventLoops:     loops,
 			statePath:      cfg.Throttle.StateFile,
 			maxHold:        cfg.Throttle.MaxHold,
+			authTimeout:    cfg.Proxy.AuthTimeout,
+			idleTimeout:    cfg.Proxy.IdleTimeout,
+			unauthMax:      unauthLimit(cfg.Proxy.MaxConnections),
+			unauthPerLoop:  max(1, int(unauthLimit(cfg.Proxy.MaxConnections))/loops),
+			maxUnsent:      cfg.Proxy.MaxUnsentBytes,
 		},
 		log:      opts.Logger,
 		loops:    make(map[gnet.EventLoop]*loop),
@@ -345,7 +363,18 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.draining.Load() {
 		return nil, gnet.Close
 	}
-	if n := s.conns.Add(1); n > int64(s.opts.maxConnections) {
+	lp := s.loopOf(c.EventLoop())
+	// A connection must authenticate when there is no default bucket. Such
+	// connections may take only their share of max_connections, split
+	// between the loops; when the loop's share or max_connections is full,
+	// the oldest unauthenticated connection of the loop makes room
+	// (connlimits.go).
+	needAuth := s.ten.Load().cfg.Proxy.DefaultBucket == ""
+	full := s.conns.Add(1) > int64(s.opts.maxConnections)
+	if needAuth && (full || lp.unauth.n >= s.opts.unauthPerLoop) {
+		full = !lp.evictUnauth()
+	}
+	if full {
 		s.conns.Add(-1)
 		if s.refused.Add(1)%1000 == 1 {
 			s.log.Warn().Int("max_connections", s.opts.maxConnections).Str("remote", c.RemoteAddr().String()).
@@ -353,8 +382,10 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		}
 		return nil, gnet.Close
 	}
-	lp := s.loopOf(c.EventLoop())
-	c.SetContext(newSession(lp, c))
+	lp.clock()
+	ss := newSession(lp, c)
+	lp.openSession(ss, needAuth)
+	c.SetContext(ss)
 	return nil, gnet.None
 }
 
@@ -364,8 +395,11 @@ func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
 	case *upstream.Conn:
 		x.HandleClose(c, err)
 	case *session:
+		x.lp.closeSession(x)
 		x.close()
-		s.conns.Add(-1)
+		if !x.evicted { // an evicted one was uncounted at once
+			s.conns.Add(-1)
+		}
 	}
 	return gnet.None
 }
