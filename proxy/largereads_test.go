@@ -259,11 +259,13 @@ name = "spare"
 		"free-pool neighbour: p50 %v, p99 %v, longest %v; big bucket got %d units",
 		rate, capacity, len(lat), q(lat, 50), q(lat, 99), q(directLat, 50), q(directLat, 99), st.Held,
 		q(spareLat, 50), q(spareLat, 99), spareLat[len(spareLat)-1], bigUnits)
-	// The free-pool neighbour competes with the big bucket first come,
-	// first served: it may wait for pool room, about one large read (49 ms
-	// of the pool) plus a burst (100 ms), never for the big bucket's debt.
-	if longest := spareLat[len(spareLat)-1]; longest > 400*time.Millisecond {
-		t.Errorf("the free-pool neighbour waited up to %v, want at most about a burst and a read", longest)
+	// The free-pool neighbour competes with the big bucket's eight
+	// connections first come, first served: it waits for pool room (one
+	// large read is 49 ms of the pool), never for the big bucket's debt
+	// (with one unit billed per GET it waited for seconds, and its GETs
+	// timed out).
+	if longest := spareLat[len(spareLat)-1]; longest > time.Second {
+		t.Errorf("the free-pool neighbour waited up to %v, want well under a second", longest)
 	}
 	if st.Held != 0 {
 		t.Errorf("the neighbour inside its reservation was held %d times", st.Held)
