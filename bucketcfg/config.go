@@ -38,6 +38,16 @@ const (
 	MaxBucketNameLen = 100
 	// MaxUserNameLen is the longest accepted user name, in bytes.
 	MaxUserNameLen = 128
+	// MinConnTimeout is the shortest accepted proxy.auth_timeout and
+	// proxy.idle_timeout other than 0 (which means "never").
+	MinConnTimeout = 10 * time.Millisecond
+	// MaxConnTimeout is the longest accepted proxy.auth_timeout and
+	// proxy.idle_timeout (30 days).
+	MaxConnTimeout = 30 * 24 * time.Hour
+	// MinUnsentBytes is the smallest accepted proxy.max_unsent_bytes (1 MiB).
+	MinUnsentBytes = 1 << 20
+	// MaxUnsentBytesLimit is the largest accepted proxy.max_unsent_bytes (1 TiB).
+	MaxUnsentBytesLimit = 1 << 40
 )
 
 // Default values of every optional key; they are the example values of
@@ -48,6 +58,9 @@ const (
 	defaultMaxConnections    = 10000
 	defaultMaxFrameBytes     = 22020096 // 21 MiB
 	defaultMaxHeldInputBytes = 4 << 20  // 4 MiB
+	defaultAuthTimeout       = 10 * time.Second
+	defaultIdleTimeout       = 0         // never
+	defaultMaxUnsentBytes    = 256 << 20 // 256 MiB
 	defaultUpstreamServer    = "127.0.0.1:11211"
 	defaultUpstreamTimeout   = 2 * time.Second
 	defaultMaxInflight       = 4096
@@ -119,6 +132,23 @@ type ProxyConfig struct {
 	// MinFrameBytes..MaxFrameBytesLimit). It may be smaller than
 	// MaxFrameBytes: the proxy decides how a larger frame is handled.
 	MaxHeldInputBytes int
+	// AuthTimeout is how long a connection that must authenticate
+	// (DefaultBucket "") may stay open without authenticating; it is then
+	// closed (key auth_timeout, a Go duration string, default "10s"; "0s"
+	// means never, otherwise MinConnTimeout..MaxConnTimeout). Connections
+	// on the default bucket do not need to authenticate and are not timed.
+	AuthTimeout time.Duration
+	// IdleTimeout closes a connection that has neither sent anything nor
+	// been answered for this long, and has no command in flight, no input
+	// waiting and no response unsent (key idle_timeout, a Go duration string, default "0s" =
+	// never, otherwise MinConnTimeout..MaxConnTimeout).
+	IdleTimeout time.Duration
+	// MaxUnsentBytes bounds the response bytes the proxy holds for all
+	// clients together that the clients have not read yet (key
+	// max_unsent_bytes, default 268435456 = 256 MiB,
+	// MinUnsentBytes..MaxUnsentBytesLimit). Past it, the connections
+	// holding the most are closed (see the proxy package).
+	MaxUnsentBytes int64
 }
 
 // UpstreamConfig is the [upstream] table.
@@ -337,6 +367,9 @@ type tomlProxy struct {
 	MaxConnections    *int64  `toml:"max_connections"`
 	MaxFrameBytes     *int64  `toml:"max_frame_bytes"`
 	MaxHeldInputBytes *int64  `toml:"max_held_input_bytes"`
+	AuthTimeout       *string `toml:"auth_timeout"`
+	IdleTimeout       *string `toml:"idle_timeout"`
+	MaxUnsentBytes    *int64  `toml:"max_unsent_bytes"`
 }
 
 type tomlUpstream struct {
@@ -392,6 +425,7 @@ var knownKeys = func() map[string]bool {
 	for _, k := range []string{
 		"proxy", "proxy.listen", "proxy.default_bucket", "proxy.max_connections",
 		"proxy.max_frame_bytes", "proxy.max_held_input_bytes",
+		"proxy.auth_timeout", "proxy.idle_timeout", "proxy.max_unsent_bytes",
 		"upstream", "upstream.servers", "upstream.timeout", "upstream.max_inflight",
 		"upstream.weights", "upstream.eject_after_failures", "upstream.eject_retry",
 		"throttle", "throttle.capacity", "throttle.default_throttle_reserved_units",
@@ -536,7 +570,29 @@ func buildProxy(p *ProxyConfig, raw *tomlProxy, probs *problems) {
 	p.MaxConnections = intIn("proxy.max_connections", raw.MaxConnections, defaultMaxConnections, 1, MaxConnectionsLimit, probs)
 	p.MaxFrameBytes = intIn("proxy.max_frame_bytes", raw.MaxFrameBytes, defaultMaxFrameBytes, MinFrameBytes, MaxFrameBytesLimit, probs)
 	p.MaxHeldInputBytes = intIn("proxy.max_held_input_bytes", raw.MaxHeldInputBytes, defaultMaxHeldInputBytes, MinFrameBytes, MaxFrameBytesLimit, probs)
+	p.AuthTimeout = connTimeout("proxy.auth_timeout", raw.AuthTimeout, defaultAuthTimeout, probs)
+	p.IdleTimeout = connTimeout("proxy.idle_timeout", raw.IdleTimeout, defaultIdleTimeout, probs)
+	p.MaxUnsentBytes = int64(intIn("proxy.max_unsent_bytes", raw.MaxUnsentBytes, defaultMaxUnsentBytes, MinUnsentBytes, MaxUnsentBytesLimit, probs))
 	// DefaultBucket is resolved once the buckets are known.
+}
+
+// connTimeout returns the duration *p (def when p is nil), which must be 0
+// (never) or within MinConnTimeout..MaxConnTimeout, reporting a problem
+// naming key otherwise.
+func connTimeout(key string, p *string, def time.Duration, probs *problems) time.Duration {
+	if p == nil {
+		return def
+	}
+	d, err := time.ParseDuration(*p)
+	switch {
+	case err != nil:
+		probs.addf(key, `invalid duration %s (write for example "10s", "500ms" or "0s" for never)`, quoteShort(*p))
+	case d != 0 && (d < MinConnTimeout || d > MaxConnTimeout):
+		probs.addf(key, "must be 0s (never) or from %s to %s, got %s", MinConnTimeout, MaxConnTimeout, d)
+	default:
+		return d
+	}
+	return def
 }
 
 func buildUpstream(u *UpstreamConfig, raw *tomlUpstream, probs *problems) {

@@ -45,7 +45,8 @@ func TestParseDefaults(t *testing.T) {
 	for _, doc := range []string{"", "# nothing\n", "[proxy]\n[upstream]\n[throttle]\n[metrics]\n[log]\n"} {
 		cfg := mustParse(t, doc)
 		want := ProxyConfig{Listen: "127.0.0.1:11311", DefaultBucket: "default", MaxConnections: 10000,
-			MaxFrameBytes: 22020096, MaxHeldInputBytes: 4 << 20}
+			MaxFrameBytes: 22020096, MaxHeldInputBytes: 4 << 20,
+			AuthTimeout: 10 * time.Second, IdleTimeout: 0, MaxUnsentBytes: 256 << 20}
 		if cfg.Proxy != want {
 			t.Errorf("Proxy = %+v, want %+v", cfg.Proxy, want)
 		}
@@ -137,6 +138,9 @@ default_bucket = ""
 max_connections = 1
 max_frame_bytes = 24
 max_held_input_bytes = 1073741824
+auth_timeout = "0s"
+idle_timeout = "720h"
+max_unsent_bytes = 1048576
 [upstream]
 servers = ["[::1]:11211", "mc-1.example.org:1", "10.0.0.1:65535"]
 timeout = "1m30s"
@@ -166,7 +170,8 @@ privileges = ["unthrottled"]
 `)
 	if cfg.Upstream.Timeout != 90*time.Second || cfg.Throttle.Burst != 0 || cfg.Metrics.Listen != "" ||
 		cfg.Throttle.MaxHold != 750*time.Millisecond || cfg.Throttle.MaxItemBytes != 5<<20 ||
-		!cfg.Throttle.Capacity.IsUnlimited() || cfg.Buckets[0].Throttle.Reserved != Unlimited() {
+		!cfg.Throttle.Capacity.IsUnlimited() || cfg.Buckets[0].Throttle.Reserved != Unlimited() ||
+		cfg.Proxy.AuthTimeout != 0 || cfg.Proxy.IdleTimeout != 720*time.Hour || cfg.Proxy.MaxUnsentBytes != 1<<20 {
 		t.Fatalf("unexpected %+v", cfg)
 	}
 	for _, lvl := range []string{"trace", "debug", "info", "warn", "error", "fatal", "panic", "disabled"} {
@@ -210,6 +215,14 @@ func TestParseRejects(t *testing.T) {
 		{"max_frame_bytes small", "[proxy]\nmax_frame_bytes = 23\n", "proxy.max_frame_bytes: must be between 24 and 1073741824, got 23"},
 		{"max_frame_bytes large", "[proxy]\nmax_frame_bytes = 1073741825\n", "proxy.max_frame_bytes: must be between"},
 		{"max_held_input_bytes", "[proxy]\nmax_held_input_bytes = -1\n", "proxy.max_held_input_bytes: must be between"},
+		{"auth_timeout bad", "[proxy]\nauth_timeout = \"ten seconds\"\n", `proxy.auth_timeout: invalid duration "ten seconds"`},
+		{"auth_timeout integer", "[proxy]\nauth_timeout = 10\n", `"proxy.auth_timeout"`},
+		{"auth_timeout negative", "[proxy]\nauth_timeout = \"-1s\"\n", "proxy.auth_timeout: must be 0s (never) or from 10ms to 720h0m0s, got -1s"},
+		{"auth_timeout tiny", "[proxy]\nauth_timeout = \"1ms\"\n", "proxy.auth_timeout: must be 0s (never) or from 10ms"},
+		{"idle_timeout huge", "[proxy]\nidle_timeout = \"721h\"\n", "proxy.idle_timeout: must be 0s (never) or from 10ms to 720h0m0s, got 721h0m0s"},
+		{"idle_timeout bad", "[proxy]\nidle_timeout = \"never\"\n", `proxy.idle_timeout: invalid duration "never"`},
+		{"max_unsent_bytes small", "[proxy]\nmax_unsent_bytes = 1048575\n", "proxy.max_unsent_bytes: must be between 1048576 and 1099511627776, got 1048575"},
+		{"max_unsent_bytes string", "[proxy]\nmax_unsent_bytes = \"1G\"\n", `"proxy.max_unsent_bytes"`},
 
 		{"servers empty", "[upstream]\nservers = []\n", "upstream.servers: must list at least one"},
 		{"server no port", "[upstream]\nservers = [\"localhost\"]\n", "upstream.servers[0]: must be host:port"},

@@ -7,7 +7,8 @@
 //   - [Config], the TOML configuration file of DESIGN.md section 6, loaded with
 //     [Load] or [Parse] and strictly validated (unknown keys and bad values
 //     are rejected with an error naming the key);
-//   - [User] and password verification ([Config.Authenticate], [HashPassword]);
+//   - [User] and password verification ([Config.Authenticate], [HashPassword]),
+//     and [AuthCache], which remembers recently verified passwords (as keyed MACs);
 //   - the JSON bodies of the admin opcodes 0x2a ([ParseBucketThrottle]) and
 //     0x2c ([ParseNodeThrottle]);
 //   - the persisted runtime state ([State], [LoadState], [State.Save]) and how

@@ -324,7 +324,7 @@ func (s *session) flushBucket(f *binary.Frame) bool {
 	}
 	srv := s.lp.srv
 	if g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), throttle.Cost{Known: 1}); g.Domain == throttle.Held {
-		return s.throttled(f, b, wait)
+		return s.throttled(f, b, g, wait)
 	}
 	if s.heldAt != 0 {
 		srv.throttleWait(b, srv.throttle.Now()-s.heldAt)

@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
@@ -10,95 +12,234 @@ import (
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
-// saslAuth handles SASL_AUTH with mechanism PLAIN. The password check
-// (bcrypt, tens of milliseconds) runs off the loop; the session dispatches
-// nothing else until it is done, so later commands see the new identity.
+// Pacing of failed SASL AUTHs, per connection: the n-th refusal (wrong
+// credentials, a malformed or unsupported request, or Etmpfail because the
+// check queue is full) is answered after authFailDelay(n) (0, 100 ms,
+// 200 ms, 400 ms, 800 ms, ... at most maxAuthFailDelay), and the
+// maxAuthFailures-th closes the connection once answered. Failures are
+// counted over the connection's life, successes do not reset them. The
+// delay holds only that connection (it dispatches nothing meanwhile); the
+// event loop goes on (a timer hands the answer back with Execute).
+const (
+	maxAuthFailures   = 5
+	authFailDelayBase = 100 * time.Millisecond
+	maxAuthFailDelay  = time.Second
+)
+
+// authFailDelay is the delay before the answer to a connection's n-th
+// failed SASL AUTH (n >= 1).
+func authFailDelay(n int) time.Duration {
+	if n <= 1 {
+		return 0
+	}
+	d := authFailDelayBase
+	for i := 2; i < n && d < maxAuthFailDelay; i++ {
+		d *= 2
+	}
+	return min(d, maxAuthFailDelay)
+}
+
+// errAuthUnavailable is a password check not run: the proxy is stopping.
+var errAuthUnavailable = errors.New("authentication unavailable: the proxy is stopping")
+
+// saslAuth handles SASL_AUTH with mechanism PLAIN. A password verified
+// recently (Server.authCache) logs in at once, on the loop. Otherwise the
+// check (bcrypt, tens of milliseconds) is queued for the Server's single
+// auth worker; the session dispatches nothing else until it is answered,
+// so later commands see the new identity. Any refusal logs the session out
+// (as memcached does) and is paced by refuseAuth.
 func (s *session) saslAuth(f *binary.Frame) {
 	if string(f.Key()) != "PLAIN" {
-		s.localStatus(f, binary.StatusAuthError, "unsupported SASL mechanism; use PLAIN")
+		s.refuseAuthNow(f, binary.StatusAuthError, "unsupported SASL mechanism; use PLAIN")
 		return
 	}
-	user, pass, ok := parsePlain(f.Value())
+	authz, user, pass, ok := parsePlain(f.Value())
 	if !ok {
-		s.localStatus(f, binary.StatusAuthError, "malformed PLAIN credentials")
+		s.refuseAuthNow(f, binary.StatusAuthError, "malformed PLAIN credentials")
+		return
+	}
+	if authz != "" && authz != user {
+		// Acting as another user (SASL authorization identity) is not
+		// supported: silently ignoring it would grant the authcid's rights
+		// to a client that asked for someone else's.
+		s.refuseAuthNow(f, binary.StatusAuthError, "PLAIN authzid must be empty or equal to the user name; acting as another user is not supported")
 		return
 	}
 	srv := s.lp.srv
-	if srv.authQueued.Add(1) > maxQueuedAuth {
-		srv.authQueued.Add(-1)
-		s.localStatus(f, binary.StatusEtmpfail, "too many authentications in progress; retry")
+	ten := srv.ten.Load()
+	if u := srv.authCache.Lookup(ten.cfg, user, pass); u != nil {
+		s.login(ten, u)
+		h := f.Header
+		s.local(func(b []byte) []byte {
+			return binary.AppendResponse(b, &h, binary.StatusSuccess, nil, nil, []byte("Authenticated"))
+		})
 		return
 	}
-	cfg := srv.ten.Load().cfg
 	sl := s.later(f)
 	s.waiting = true
-	srv.jobs.Add(1)
-	go func() {
-		defer srv.jobs.Done()
-		srv.authSem <- struct{}{}
-		u, err := cfg.Authenticate(user, pass)
-		<-srv.authSem
-		srv.authQueued.Add(-1)
-		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			s.authDone(sl, user, u, err)
-			return nil
-		}))
-	}()
+	srv.jobs.Add(1) // before the worker can answer it
+	if !srv.authQ.push(authSource(s.remote), &authJob{s: s, sl: sl, user: user, pass: pass}, time.Now()) {
+		srv.jobs.Done()
+		s.refuseAuth(sl, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
+	}
 }
 
-// maxQueuedAuth bounds the password checks running or waiting: past it,
-// SASL AUTH gets Etmpfail at once instead of queueing (bcrypt is slow on
-// purpose; a flood of attempts must not delay real logins for minutes).
-const maxQueuedAuth = 64
+// checkAuth runs one queued password check on the auth worker, against
+// the configuration in force when it starts, and reports whether the
+// credentials were wrong. While the proxy drains, queued checks are
+// answered Etmpfail without bcrypt.
+func (srv *Server) checkAuth(j *authJob) (refused bool) {
+	var u *bucketcfg.User
+	err := errAuthUnavailable
+	if !srv.draining.Load() {
+		j.cfg = srv.ten.Load().cfg
+		u, err = srv.authCache.Authenticate(j.cfg, j.user, j.pass)
+	}
+	srv.authAnswer(j, u, err)
+	return errors.Is(err, bucketcfg.ErrAuthFailed)
+}
+
+// dropAuth answers a check the stopped worker did not run.
+func (srv *Server) dropAuth(j *authJob) { srv.authAnswer(j, nil, errAuthUnavailable) }
+
+// authAnswer hands a check's result back to its session's loop.
+func (srv *Server) authAnswer(j *authJob, u *bucketcfg.User, err error) {
+	defer srv.jobs.Done()
+	_ = j.s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		j.s.authDone(j, u, err)
+		return nil
+	}))
+}
 
 // parsePlain splits a PLAIN message: [authzid] NUL authcid NUL passwd.
-func parsePlain(v []byte) (user, pass string, ok bool) {
+func parsePlain(v []byte) (authz, user, pass string, ok bool) {
 	parts := bytes.SplitN(v, []byte{0}, 3)
 	if len(parts) != 3 || len(parts[1]) == 0 {
-		return "", "", false
+		return "", "", "", false
 	}
-	return string(parts[1]), string(parts[2]), true
+	return string(parts[0]), string(parts[1]), string(parts[2]), true
 }
 
-// authDone applies a password check's result; on the loop.
-func (s *session) authDone(sl *slot, name string, u *bucketcfg.User, err error) {
-	s.waiting = false
-	srv := s.lp.srv
-	if err != nil {
-		srv.log.Warn().Str("user", name).Str("remote", s.remote).Msg("authentication failed")
+// authDone applies a password check's result; on the loop, outside
+// dispatch.
+func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
+	sl, name := j.sl, j.user
+	switch {
+	case errors.Is(err, errAuthUnavailable):
+		s.refuseAuth(sl, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")
+	case err != nil:
+		s.refuseAuth(sl, name, binary.StatusAuthError, "authentication failed")
+	case s.closed:
+		s.completeLater(sl, nil)
+		s.waiting = false
+	default:
+		srv := s.lp.srv
+		ten := srv.ten.Load()
+		if ten.cfg != j.cfg {
+			// A reload or admin change during the check: the password
+			// must match the user as it is now (the check has just
+			// remembered it under the hash it was verified against).
+			u = srv.authCache.Lookup(ten.cfg, j.user, j.pass)
+		}
+		if u == nil {
+			srv.log.Warn().Str("user", name).Str("remote", s.remote).Msg("authentication failed: user changed or removed by a reload during the check")
+			s.refuseAuth(sl, name, binary.StatusAuthError, "authentication failed")
+			break
+		}
+		s.login(ten, u)
 		s.completeLater(sl, func(b []byte) []byte {
-			return binary.AppendError(b, &sl.req, binary.StatusAuthError, "authentication failed")
+			return binary.AppendResponse(b, &sl.req, binary.StatusSuccess, nil, nil, []byte("Authenticated"))
 		})
+		s.waiting = false
+	}
+	if !s.waiting {
 		s.resume()
+	}
+}
+
+// login makes u the session's user and selects its bucket.
+func (s *session) login(ten *tenants, u *bucketcfg.User) {
+	s.user = u
+	s.authenticated()
+	switch {
+	case ten.bucket(u.Name) != nil && u.CanAccess(u.Name):
+		// Clients such as libmemcached and memjs never send
+		// SelectBucket: the bucket named like the user is selected.
+		s.setBucket(ten.bucket(u.Name))
+	case s.bkt != nil && !u.CanAccess(s.bkt.name):
+		s.setBucket(nil)
+	}
+	s.lp.srv.log.Debug().Str("user", u.Name).Str("remote", s.remote).Msg("authenticated")
+}
+
+// logout drops the session's identity after a refused SASL AUTH: it gets
+// what an unauthenticated connection gets (proxy.default_bucket, or no
+// bucket).
+func (s *session) logout() {
+	s.user = nil
+	ten := s.lp.srv.ten.Load()
+	var b *bucket
+	if name := ten.cfg.Proxy.DefaultBucket; name != "" {
+		b = ten.bucket(name)
+	}
+	s.setBucket(b)
+}
+
+// refuseAuthNow refuses a SASL AUTH from dispatch, paced like any refusal.
+func (s *session) refuseAuthNow(f *binary.Frame, st binary.Status, reason string) {
+	sl := s.later(f)
+	s.waiting = true
+	s.refuseAuth(sl, "", st, reason)
+}
+
+// refuseAuth answers sl (a SASL AUTH slot from later; s.waiting is set)
+// with st and reason: it logs the session out, counts the failure, and
+// answers after authFailDelay, closing the connection at maxAuthFailures.
+// With no delay it answers before returning and clears s.waiting (the
+// caller resumes the session when outside dispatch); otherwise a timer
+// answers and resumes it. On the loop.
+func (s *session) refuseAuth(sl *slot, name string, st binary.Status, reason string) {
+	if s.closed {
+		s.completeLater(sl, nil)
+		s.waiting = false
 		return
 	}
-	if !s.closed {
-		ten := srv.ten.Load()
-		if cur := ten.cfg.User(u.Name); cur != nil {
-			u = cur // a reload during the check: use the user as it is now
-		} else {
-			srv.log.Warn().Str("user", name).Str("remote", s.remote).Msg("authentication failed: user removed by a reload")
-			s.completeLater(sl, func(b []byte) []byte {
-				return binary.AppendError(b, &sl.req, binary.StatusAuthError, "authentication failed")
-			})
-			s.resume()
-			return
-		}
-		s.user = u
-		switch {
-		case ten.bucket(u.Name) != nil && u.CanAccess(u.Name):
-			// Clients such as libmemcached and memjs never send
-			// SelectBucket: the bucket named like the user is selected.
-			s.setBucket(ten.bucket(u.Name))
-		case s.bkt != nil && !u.CanAccess(s.bkt.name):
-			s.setBucket(nil)
-		}
-		srv.log.Debug().Str("user", name).Str("remote", s.remote).Msg("authenticated")
+	srv := s.lp.srv
+	s.logout()
+	if s.authFails < maxAuthFailures {
+		s.authFails++
 	}
-	s.completeLater(sl, func(b []byte) []byte {
-		return binary.AppendResponse(b, &sl.req, binary.StatusSuccess, nil, nil, []byte("Authenticated"))
+	n := int(s.authFails)
+	if st == binary.StatusAuthError {
+		ev := srv.log.Warn()
+		if n > 1 {
+			ev = srv.log.Debug() // an attacker's connection logs once
+		}
+		ev.Str("user", name).Str("remote", s.remote).Int("failures", n).Str("reason", reason).Msg("authentication failed")
+	}
+	answer := func() {
+		s.waiting = false
+		s.completeLater(sl, func(b []byte) []byte { return binary.AppendError(b, &sl.req, st, reason) })
+		if n >= maxAuthFailures && !s.closed {
+			srv.log.Info().Str("remote", s.remote).Int("failures", n).Msg("too many failed authentications; closing connection")
+			s.quit()
+		}
+	}
+	d := authFailDelay(n)
+	if d == 0 || srv.draining.Load() {
+		answer()
+		return
+	}
+	// The timer's goroutine only hands the answer to the loop, within
+	// maxAuthFailDelay; once the engine has stopped, Execute refuses it
+	// and the answer is dropped with the connection.
+	time.AfterFunc(d, func() {
+		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			answer()
+			s.resume()
+			return nil
+		}))
 	})
-	s.resume()
 }
 
 // selectBucket handles SelectBucket: the key names the bucket.

@@ -36,8 +36,10 @@ func (s *session) hold(wait time.Duration) {
 // answered EWouldThrottle; a command whose hold would pass
 // throttle.max_hold (counted from when it was first held) is answered
 // Etmpfail at once and gives up its place; any other is held. It returns
-// whether f was consumed (answered), as dispatch does.
-func (s *session) throttled(f *binary.Frame, b *bucket, wait time.Duration) bool {
+// whether f was consumed (answered), as dispatch does. g is the engine's
+// refusal: a session held until its bucket's reads in flight settle also
+// re-tries when one of its own commands completes (finish).
+func (s *session) throttled(f *binary.Frame, b *bucket, g throttle.Grant, wait time.Duration) bool {
 	srv := s.lp.srv
 	if s.mode() == throttle.NonBlocking {
 		s.nextTick(f, binary.StatusEWouldThrottle, wait)
@@ -56,6 +58,7 @@ func (s *session) throttled(f *binary.Frame, b *bucket, wait time.Duration) bool
 		}
 	}
 	s.hold(wait)
+	s.onReads = g.WaitsForReads()
 	return false
 }
 

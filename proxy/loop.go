@@ -23,6 +23,7 @@ type loop struct {
 
 	sessions map[*session]struct{} // open client sessions
 	paused   []*session            // sessions waiting for their output to drain
+	retry    []*session            // held sessions to re-admit now (one of their reads settled)
 
 	holds   wakeHeap // held sessions by wake-up time
 	timer   *time.Timer
@@ -32,10 +33,19 @@ type loop struct {
 
 	flushPending bool              // flushRun is queued on the loop
 	flushRun     gnet.RunnableFunc // writes the upstream connections' batches
+
+	// Connection limits (connlimits.go, unsent.go).
+	now       time.Duration // coarse clock: time since the server started, as of the last tick or open
+	unauth    sessList      // unauthenticated sessions, oldest first
+	idle      sessList      // sessions by last activity, least recent first (idle_timeout > 0)
+	holding   []*session    // sessions whose unsent responses count against max_unsent_bytes
+	unsentSum int64         // their share of Server.unsentBytes
 }
 
 func newLoop(s *Server, el gnet.EventLoop) *loop {
 	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{})}
+	lp.unauth.k, lp.idle.k = listUnauth, listIdle
+	lp.clock()
 	lp.wakeRun = lp.wakeDue
 	lp.flushRun = func(context.Context) error {
 		lp.flushPending = false
@@ -160,8 +170,25 @@ func (lp *loop) resumePaused() {
 	}
 }
 
+// retryHeld re-admits the held sessions in lp.retry.
+func (lp *loop) retryHeld() {
+	if len(lp.retry) == 0 {
+		return
+	}
+	for i := 0; i < len(lp.retry); i++ { // resume may append
+		s := lp.retry[i]
+		lp.retry[i] = nil
+		if s.held && !s.closed {
+			s.held = false
+			s.resume()
+		}
+	}
+	lp.retry = lp.retry[:0]
+}
+
 // flushClients writes the output of every session that has some.
 func (lp *loop) flushClients() {
+	lp.retryHeld()
 	lp.resumePaused()
 	for i, s := range lp.dirty {
 		lp.dirty[i] = nil
@@ -189,6 +216,10 @@ func (lp *loop) tick(context.Context) error {
 	}
 	lp.retiring = kept
 	lp.compactHolds()
+	lp.clock()
+	lp.sweepConns()
+	lp.refreshUnsent()
+	lp.shedUnsent()
 	lp.resumePaused()
 	lp.flushClients()
 	return nil

@@ -68,6 +68,11 @@ type settings struct {
 	eventLoops     int
 	statePath      string
 	maxHold        time.Duration // throttle.max_hold; 0: hold as long as needed
+	authTimeout    time.Duration // proxy.auth_timeout; 0: never
+	idleTimeout    time.Duration // proxy.idle_timeout; 0: never
+	unauthMax      int64         // unauthenticated connections allowed at once
+	unauthPerLoop  int           // unauthMax split between the event loops
+	maxUnsent      int64         // proxy.max_unsent_bytes
 	maxReadResp    int           // the largest response a read can bring (throttle.max_item_bytes with key and framing)
 }
 
@@ -90,6 +95,14 @@ type Server struct {
 	started  time.Time
 	version  string
 
+	// Connection limits (connlimits.go, unsent.go).
+	unauthConns   atomic.Int64  // open connections that must authenticate and have not
+	unauthEvicted atomic.Uint64 // closed to admit a newer connection
+	authTimeouts  atomic.Uint64 // closed by auth_timeout
+	idleClosed    atomic.Uint64 // closed by idle_timeout
+	unsentBytes   atomic.Int64  // response bytes held for clients, as counted by the sessions
+	unsentShed    atomic.Uint64 // connections closed by max_unsent_bytes
+
 	throttle  *throttle.Engine
 	metrics   *metrics.Metrics
 	routing   atomic.Pointer[routing] // upstream servers in force
@@ -102,10 +115,10 @@ type Server struct {
 
 	wakeDelay delayHist // how late held sessions are woken
 
-	jobs       sync.WaitGroup // off-loop work: password checks, state writes
-	flushes    flushQueue     // FLUSHes waiting for their state file write
-	authSem    chan struct{}  // bounds concurrent password checks
-	authQueued atomic.Int64   // password checks running or waiting
+	jobs      sync.WaitGroup       // off-loop work: password checks, state writes
+	flushes   flushQueue           // FLUSHes waiting for their state file write
+	authQ     *authQueue           // password checks for the one auth worker (runs during Serve)
+	authCache *bucketcfg.AuthCache // recently verified passwords (keyed MACs, never plaintext)
 }
 
 // New validates opts, builds the throttle engine and the bucket table, and
@@ -161,6 +174,11 @@ func New(opts Options) (*Server, error) {
 			eventLoops:     loops,
 			statePath:      cfg.Throttle.StateFile,
 			maxHold:        cfg.Throttle.MaxHold,
+			authTimeout:    cfg.Proxy.AuthTimeout,
+			idleTimeout:    cfg.Proxy.IdleTimeout,
+			unauthMax:      unauthLimit(cfg.Proxy.MaxConnections),
+			unauthPerLoop:  max(1, int(unauthLimit(cfg.Proxy.MaxConnections))/loops),
+			maxUnsent:      cfg.Proxy.MaxUnsentBytes,
 			maxReadResp:    maxReadResponse(cfg.Throttle.MaxItemBytes),
 		},
 		log:      opts.Logger,
@@ -172,7 +190,9 @@ func New(opts Options) (*Server, error) {
 		throttle: eng,
 		file:     cfg,
 		state:    st,
-		authSem:  make(chan struct{}, 4),
+		authQ:    newAuthQueue(),
+		authCache: bucketcfg.NewAuthCache(bucketcfg.DefaultAuthCacheTTL,
+			bucketcfg.DefaultAuthCacheEntries, nil),
 	}
 	s.healthCfg = healthConfig{
 		timeout:    cfg.Upstream.Timeout,
@@ -222,6 +242,10 @@ func (s *Server) Engine() *throttle.Engine { return s.throttle }
 // It returns nil after a clean Shutdown.
 func (s *Server) Serve() error {
 	defer close(s.served)
+	// The auth worker: bcrypt runs there, one check at a time, never on an
+	// event loop. It stops when the engine has stopped.
+	stopAuth := s.authQ.start(s.checkAuth, s.dropAuth)
+	defer stopAuth()
 	s.routing.Load().health.start()
 	defer func() { s.routing.Load().health.close() }()
 	err := gnet.Run(s, "tcp://"+s.opts.listen,
@@ -265,6 +289,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return fmt.Errorf("proxy: shutdown before the proxy started: %w", ctx.Err())
 	}
 	s.draining.Store(true)
+	s.authQ.drain()
 	s.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.drainIdle))
 	})
@@ -340,7 +365,18 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.draining.Load() {
 		return nil, gnet.Close
 	}
-	if n := s.conns.Add(1); n > int64(s.opts.maxConnections) {
+	lp := s.loopOf(c.EventLoop())
+	// A connection must authenticate when there is no default bucket. Such
+	// connections may take only their share of max_connections, split
+	// between the loops; when the loop's share or max_connections is full,
+	// the oldest unauthenticated connection of the loop makes room
+	// (connlimits.go).
+	needAuth := s.ten.Load().cfg.Proxy.DefaultBucket == ""
+	full := s.conns.Add(1) > int64(s.opts.maxConnections)
+	if needAuth && (full || lp.unauth.n >= s.opts.unauthPerLoop) {
+		full = !lp.evictUnauth()
+	}
+	if full {
 		s.conns.Add(-1)
 		if s.refused.Add(1)%1000 == 1 {
 			s.log.Warn().Int("max_connections", s.opts.maxConnections).Str("remote", c.RemoteAddr().String()).
@@ -348,8 +384,10 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		}
 		return nil, gnet.Close
 	}
-	lp := s.loopOf(c.EventLoop())
-	c.SetContext(newSession(lp, c))
+	lp.clock()
+	ss := newSession(lp, c)
+	lp.openSession(ss, needAuth)
+	c.SetContext(ss)
 	return nil, gnet.None
 }
 
@@ -359,8 +397,11 @@ func (s *Server) OnClose(c gnet.Conn, err error) gnet.Action {
 	case *upstream.Conn:
 		x.HandleClose(c, err)
 	case *session:
+		x.lp.closeSession(x)
 		x.close()
-		s.conns.Add(-1)
+		if !x.evicted { // an evicted one was uncounted at once
+			s.conns.Add(-1)
+		}
 	}
 	return gnet.None
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -33,7 +34,8 @@ type session struct {
 	readSize  int    // response bytes a read is expected to bring; 0: none answered yet (unreserve)
 	framed    bool   // a binary request magic has arrived: bad input gets Einval, not a text line
 
-	user        *bucketcfg.User // nil until SASL succeeds
+	user        *bucketcfg.User // nil until SASL succeeds, and after a failed SASL AUTH
+	authFails   uint8           // SASL AUTHs refused on this connection (auth.go)
 	bkt         *bucket         // selected bucket; nil: none
 	nonBlocking bool            // HELLO feature 0x1b
 	reportUnits bool            // HELLO feature ReportUnitUsage: responses carry their units
@@ -41,9 +43,20 @@ type session struct {
 	// Throttling.
 	waiter  throttle.Waiter // place in the bucket's FIFO line while held
 	held    bool            // waiting for the throttle engine
+	onReads bool            // held until the bucket's reads in flight settle: re-try when one of ours does
 	heldAt  time.Duration   // engine time the current command was first held
 	holdSeq uint64          // identifies the current entry in lp.holds
 	remote  string
+
+	// Connection limits (connlimits.go, unsent.go).
+	needAuth   bool          // must authenticate and has not yet: pre-authentication bounds apply
+	openedAt   time.Duration // loop clock when the connection opened (auth_timeout)
+	lastActive time.Duration // loop clock at the last input or upstream response (idle_timeout)
+	links      [2]sessLink   // places in lp.unauth and lp.idle
+	accounted  int           // response bytes counted in Server.unsentBytes
+	holding    bool          // in lp.holding
+	released   bool          // closing: no longer counted in Server.unsentBytes
+	evicted    bool          // closed to make room: no longer counted in Server.conns
 }
 
 func newSession(lp *loop, c gnet.Conn) *session {
@@ -78,6 +91,7 @@ func (s *session) pending() int { return len(s.q) - s.qh }
 // onTraffic decodes and dispatches every whole frame buffered for the
 // client, unless the session is paused.
 func (s *session) onTraffic() gnet.Action {
+	s.touch()
 	if s.quitting {
 		_, _ = s.c.Discard(-1)
 		return gnet.None
@@ -85,7 +99,7 @@ func (s *session) onTraffic() gnet.Action {
 	if s.waiting || s.held || s.outPaused {
 		return s.checkBuffered()
 	}
-	maxBody := s.lp.srv.opts.maxBodyBytes
+	maxBody := s.maxBody() // small until the client authenticates
 	// While a large request is still arriving, do nothing: peeking the
 	// whole buffer on every read would copy it again and again.
 	hdr, err := s.c.Peek(binary.HeaderLen)
@@ -114,17 +128,32 @@ func (s *session) onTraffic() gnet.Action {
 		s.framed = true
 		f, n, err := binary.Decode(buf[off:], maxBody)
 		if err != nil {
+			if s.needAuth && errors.Is(err, binary.ErrFrameTooLarge) {
+				err = fmt.Errorf("%w before authentication: authenticate first", err)
+			}
 			s.badFrame(&f, err)
 			break
 		}
 		if n == 0 {
 			break
 		}
+		if s.needAuth && (s.pending() >= preAuthMaxPending || s.unsent() > preAuthMaxOutput) {
+			s.lp.srv.log.Info().Str("remote", s.remote).Int("pending", s.pending()).Int("unsent", s.unsent()).
+				Msg("unauthenticated client sends more than it reads; closing connection")
+			s.quitting = true
+			s.lp.requestFlush() // what it sent upstream already
+			return gnet.Close
+		}
 		if s.mustPause(&f) {
 			// The client is not reading its responses (or pipelines
 			// without bound): stop reading its requests until they drain.
+			// What it holds counts against max_unsent_bytes from now on,
+			// answers made by the proxy itself included.
 			s.outPaused = true
 			s.lp.paused = append(s.lp.paused, s)
+			if s.account(s.unsent()) {
+				s.lp.shedUnsent()
+			}
 			break
 		}
 		if !s.dispatch(&f) {
@@ -244,16 +273,25 @@ func (s *session) canResume() bool {
 	return s.pending() <= maxPending/2 && s.unsent() <= maxUnsentOutput/2 && s.readRoom(maxResponseBytes)
 }
 
-// overCap closes the connection when its response bytes pass the hard cap.
+// overCap closes the connection when its response bytes pass the hard cap;
+// otherwise it counts them against proxy.max_unsent_bytes, which may close
+// the connections of the loop holding the most (unsent.go). It reports
+// whether this session was closed. Called as each upstream response
+// arrives, which also counts as activity for idle_timeout.
 func (s *session) overCap() bool {
-	if n := s.unsent(); n > maxResponseBytes {
+	s.touch()
+	n := s.unsent()
+	if n > maxResponseBytes {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("response_bytes", n).Int("limit", maxResponseBytes).
 			Msg("client does not read its responses; closing connection")
 		s.quitting = true
 		_ = s.c.Close()
 		return true
 	}
-	return false
+	if s.account(n) {
+		s.lp.shedUnsent()
+	}
+	return s.released
 }
 
 // resume re-runs dispatch on the loop outside a gnet callback (after a
@@ -267,21 +305,25 @@ func (s *session) resume() {
 	}
 }
 
-// checkBuffered enforces the bound on unprocessed input: max_held_input_bytes,
-// plus the size of the frame at the head when it is still arriving (so a
-// frame up to max_frame_bytes can always be received).
+// checkBuffered enforces the bound on unprocessed input: max_held_input_bytes
+// (preAuthMaxInput before authentication), plus the size of the frame at
+// the head when it is still arriving (so a frame up to max_frame_bytes, or
+// preAuthMaxBody, can always be received).
 func (s *session) checkBuffered() gnet.Action {
 	n := s.c.InboundBuffered()
 	limit := s.lp.srv.opts.maxHeldInput
+	if s.needAuth {
+		limit = preAuthMaxInput
+	}
 	if n <= limit {
 		return gnet.None
 	}
 	if hdr, err := s.c.Peek(binary.HeaderLen); err == nil {
-		limit += binary.PendingFrameLen(hdr, s.lp.srv.opts.maxBodyBytes)
+		limit += binary.PendingFrameLen(hdr, s.maxBody())
 	}
 	if n > limit {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).Int("limit", limit).
-			Bool("held", s.held).Bool("output_paused", s.outPaused).
+			Bool("held", s.held).Bool("output_paused", s.outPaused).Bool("authenticated", !s.needAuth).
 			Msg("client input buffer limit exceeded; closing connection")
 		return gnet.Close
 	}
@@ -437,7 +479,7 @@ func (s *session) forward(f *binary.Frame, b *bucket) bool {
 		cost := s.lp.srv.cost(f.Opcode.Class(), len(key)+len(f.Value()))
 		g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), cost)
 		if g.Domain == throttle.Held {
-			return s.throttled(f, b, wait)
+			return s.throttled(f, b, g, wait)
 		}
 		if s.heldAt != 0 {
 			s.lp.srv.throttleWait(b, s.lp.srv.throttle.Now()-s.heldAt)
@@ -610,11 +652,17 @@ func (s *session) advance() {
 	s.markDirty()
 }
 
-// finish charges a completed command's units and recycles its slot.
+// finish charges a completed command's units and recycles its slot. A
+// session held until its bucket's reads in flight settle re-tries once
+// this loop has handled the responses at hand (lp.retry).
 func (s *session) finish(sl *slot) {
 	s.unreserve(sl)
 	if sl.grant.Domain != throttle.Held {
 		s.lp.srv.settle(sl)
+		if s.held && s.onReads && !s.closed {
+			s.onReads = false
+			s.lp.retry = append(s.lp.retry, s)
+		}
 	}
 	s.lp.srv.inflight.Add(-1)
 	s.lp.putSlot(sl)

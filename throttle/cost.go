@@ -24,6 +24,7 @@ type Grant struct {
 	// Domain is what the command was admitted against.
 	Domain Domain
 	read   bool
+	gated  bool  // held by the budget for reads of unknown cost
 	known  int64 // Cost.Known
 	paid   int64 // units billed at admission
 	open   int64 // units of the budget for reads of unknown cost it holds
@@ -32,18 +33,21 @@ type Grant struct {
 // Paid returns the units billed when the command was admitted.
 func (g Grant) Paid() int64 { return g.paid }
 
+// WaitsForReads reports, for a Grant that holds (Domain Held), whether
+// the command waits for reads of its bucket in flight (the budget for
+// reads of unknown cost is full) rather than for time: a caller may then
+// re-try as soon as one of its own reads is in, besides after the wait.
+func (g Grant) WaitsForReads() bool { return g.gated }
+
 // The budget for reads of unknown cost. A read in flight may cost up to
 // MaxReadUnits while only the bucket's estimate was billed for it: it holds
 // MaxReadUnits - estimate units of the budget until it is settled. A
-// bucket's budget is unknownWindow of its highest rate (its hard limit, or
-// its reservation plus the free pool), at least MaxReadUnits, so one read
-// can always run; a read that would overrun it is held and re-tries every
+// bucket's budget is one burst of its highest rate (its hard limit, or its
+// reservation plus the free pool), at least MaxReadUnits, so one read can
+// always run; a read that would overrun it is held and re-tries after
 // unknownPoll (the reads it waits for typically take a round trip to
-// memcached).
-const (
-	unknownWindow = int64(250 * time.Millisecond)
-	unknownPoll   = int64(time.Millisecond)
-)
+// memcached; a caller may also re-try when one of its own reads is in).
+const unknownPoll = int64(time.Millisecond)
 
 // The read estimate is a moving average of the units of a bucket's reads,
 // kept with estShift fractional bits; each settled read moves it by
@@ -101,7 +105,7 @@ func (b *Bucket) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) 
 	d, wait := b.admit(w, mode, paid, open)
 	switch d {
 	case Held:
-		return Grant{}, wait
+		return Grant{gated: open > 0 && wait == time.Duration(unknownPoll) && b.unknown.Load() > 0}, wait
 	case Unmetered:
 		open = 0
 	}
@@ -157,7 +161,8 @@ func (b *Bucket) unknownFull(open int64, lim *bucketLimits, node *nodeLimits) bo
 	if r == Unlimited {
 		return false // no finite rate to protect
 	}
-	budget := min(int64(r), math.MaxInt64/unknownWindow) * unknownWindow / int64(time.Second)
+	w := max(b.e.burst, 1)
+	budget := min(int64(r), math.MaxInt64/w) * w / int64(time.Second)
 	return u+open > max(b.e.maxRead, budget)
 }
 
@@ -167,13 +172,11 @@ func (b *Bucket) unknownFull(open int64, lim *bucketLimits, node *nodeLimits) bo
 // rates in force at the call. A read also gives back its part of the
 // budget for reads of unknown cost and updates the read estimate.
 //
-// What a command charged to the free pool costs beyond its bill goes to
-// the free pool only as far as the pool still has room (the pool's burst);
-// the rest is the bucket's own overdraft, which holds the bucket's
-// free-pool admissions, and no other bucket's, until paid at the pool's
-// rate. So a bucket whose reads turn out larger than expected delays only
-// itself, and other buckets drawing on the free pool wait at most one
-// burst for it.
+// What reads cost beyond their bills is bounded by the bucket's budget for
+// reads of unknown cost (one burst of its highest rate): billed to the free
+// pool, it delays the other buckets drawing on the pool by at most that
+// (a burst, when the bucket has no reservation), and never a bucket within
+// its reservation.
 //
 // A Grant must be settled at most once, from any goroutine. A read's must
 // be settled, also when the command failed or never ran (with units 1, the
@@ -181,11 +184,7 @@ func (b *Bucket) unknownFull(open int64, lim *bucketLimits, node *nodeLimits) bo
 // budget for reads of unknown cost. A Grant without Read whose command
 // cost exactly its Known units needs no settling. Settle of the zero Grant
 // does nothing. Settle takes no lock and does not allocate.
-func (b *Bucket) Settle(g Grant, units int64) { b.settle(g, units, g.read) }
-
-// settle is Settle; spill says whether free-pool units beyond the bill may
-// go to the bucket's overdraft (only a read's are unforeseen).
-func (b *Bucket) settle(g Grant, units int64, spill bool) {
+func (b *Bucket) Settle(g Grant, units int64) {
 	if g.Domain == Held || g.Domain > Unmetered {
 		return
 	}
@@ -215,41 +214,12 @@ func (b *Bucket) settle(g Grant, units int64, spill bool) {
 			b.res.add(lim.res.ns(delta))
 		}
 	case FreePool:
-		switch node := b.e.node.Load(); {
-		case node.pool.cost == 0:
-		case spill:
-			b.overdraw(node.pool.ns(delta))
-		default:
+		if node := b.e.node.Load(); node.pool.cost != 0 {
 			b.e.pool.add(node.pool.ns(delta))
 		}
 	}
 	if lim.hrd.cost != 0 {
 		b.hard.add(lim.hrd.ns(delta))
-	}
-}
-
-// overdraw bills cost nanoseconds of the free pool's rate after
-// admission: to the pool as far as it has room (its burst), and the whole
-// cost to the bucket's own timeline of the pool (owe), which then runs
-// ahead of the pool: the bucket is held, as if the pool had taken it all,
-// while other buckets see the pool's room. Its later pool charges extend
-// that timeline too, so the room the pool regains while the bucket is held
-// does not pay twice.
-func (b *Bucket) overdraw(cost int64) {
-	e := b.e
-	now := e.now()
-	pt := e.pool.tat.Load()
-	room := max(now+e.burst-pt, 0)
-	e.pool.add(min(room, cost))
-	if cost <= room && b.owe.tat.Load() <= now {
-		return // the pool took it all, and the bucket is not overdrawn
-	}
-	for {
-		old := b.owe.tat.Load()
-		n := min(max(old, pt)+cost, tatCap)
-		if b.owe.tat.CompareAndSwap(old, n) {
-			return
-		}
 	}
 }
 
@@ -262,11 +232,7 @@ func (b *Bucket) refund(d Domain, units int64, lim *bucketLimits) {
 		}
 	case FreePool:
 		if node := b.e.node.Load(); node.pool.cost != 0 {
-			c := node.pool.ns(units)
-			b.e.pool.add(-c)
-			if b.owe.tat.Load() > b.e.pool.tat.Load() {
-				b.owe.add(-c) // overdrawn: the bucket's own timeline too
-			}
+			b.e.pool.add(-node.pool.ns(units))
 		}
 	}
 	if lim.hrd.cost != 0 {

@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"math/rand"
 	"testing"
 	"time"
 )
@@ -27,6 +28,7 @@ type reader struct {
 
 	perSec   []int64 // units settled, by second
 	held     int     // admissions that were held
+	gated    bool    // the last hold waited for reads in flight
 	maxWait  time.Duration
 	heldFrom time.Duration // when the current command was first held; -1: not held
 }
@@ -55,6 +57,11 @@ func (r *reader) step(now time.Duration) {
 		}
 		r.perSec[sec] += u
 	}
+	if len(kept) < len(r.flight) && r.gated {
+		// Held for reads in flight: re-try when one of its own is in, as
+		// the proxy does.
+		r.next = min(r.next, now)
+	}
 	r.flight = kept
 	for len(r.flight) < r.depth && now >= r.next && (r.until == 0 || now < r.until) {
 		c := Cost{Read: true}
@@ -63,6 +70,7 @@ func (r *reader) step(now time.Duration) {
 		}
 		g, wait := r.b.AdmitCost(&r.w, r.mode, c)
 		if g.Domain == Held {
+			r.gated = g.WaitsForReads()
 			r.held++
 			if r.heldFrom < 0 {
 				r.heldFrom = now
@@ -85,10 +93,17 @@ func newReader(b *Bucket, depth int, rtt time.Duration, size func(int) int64) *r
 	return &reader{b: b, mode: Blocking, depth: depth, rtt: rtt, size: size, heldFrom: -1}
 }
 
+// runReaders steps the readers over span; the order in which they act
+// within a step is shuffled (with a fixed seed), so that no reader wins
+// every tie, as none does on a real machine.
 func runReaders(clk *FakeClock, span, step time.Duration, rs ...*reader) {
+	rng := rand.New(rand.NewSource(1))
+	order := make([]*reader, len(rs))
+	copy(order, rs)
 	for now := time.Duration(0); now < span; now += step {
 		clk.Set(now)
-		for _, r := range rs {
+		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, r := range order {
 			r.step(now)
 		}
 	}
@@ -181,7 +196,7 @@ func TestReadEstimateLearnsAndRefunds(t *testing.T) {
 func TestUnknownReadsAreCapped(t *testing.T) {
 	clk := NewFakeClock(0)
 	e, _ := New(Config{Capacity: Unlimited, Burst: 100 * ms, Clock: clk})
-	b, _ := e.AddBucket("a", 0, 20000) // budget: 250 ms of 20000 = 5000 units
+	b, _ := e.AddBucket("a", 0, 20000) // budget: a burst (100 ms) of 20000 = 2000 units
 	for i := 0; i < 100; i++ {         // learn small reads
 		clk.Advance(time.Millisecond)
 		g, _ := b.AdmitCost(nil, Blocking, Cost{Read: true})
@@ -195,16 +210,15 @@ func TestUnknownReadsAreCapped(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		g, wait := b.AdmitCost(&w, Blocking, Cost{Read: true})
 		if g.Domain == Held {
-			if wait > 2*ms {
-				t.Fatalf("held by the budget for %v, want a re-try within a few ms", wait)
+			if wait > 2*ms || !g.WaitsForReads() {
+				t.Fatalf("held for %v (waits for reads: %v), want held by the budget, to re-try within a few ms", wait, g.WaitsForReads())
 			}
 			break
 		}
 		admitted++
 	}
-	// 255 units of unknown cost each: 19 fit in 5000, and one more
-	// always goes when the budget is not empty... 19 in all.
-	if want := 5000 / (DefaultMaxReadUnits - 1); admitted != want {
+	// 255 units of unknown cost each: 7 fit in 2000.
+	if want := 2000 / (DefaultMaxReadUnits - 1); admitted != want {
 		t.Fatalf("%d reads of unknown cost admitted, want %d", admitted, want)
 	}
 	w.Cancel()
@@ -212,7 +226,8 @@ func TestUnknownReadsAreCapped(t *testing.T) {
 
 // With a bucket bursting 1 MB reads at the node's capacity, a neighbour
 // inside its reservation is never held, a neighbour on the free pool
-// waits at most about one burst plus one large read, and the node stays
+// competes for it first come, first served (with one unit billed per read
+// it waited for the burst's whole debt, seconds), and the node stays
 // within its capacity.
 func TestLargeReadsDoNotHoldNeighbours(t *testing.T) {
 	clk := NewFakeClock(0)
@@ -236,8 +251,8 @@ func TestLargeReadsDoNotHoldNeighbours(t *testing.T) {
 	if rs.held != 0 {
 		t.Errorf("the neighbour inside its reservation was held %d times", rs.held)
 	}
-	if ps.maxWait > 115*ms {
-		t.Errorf("the neighbour on the free pool waited up to %v, want at most a burst and a read", ps.maxWait)
+	if ps.maxWait > 500*ms {
+		t.Errorf("the neighbour on the free pool waited up to %v, want well under a second", ps.maxWait)
 	}
 	node := make([]int64, span)
 	for _, r := range append(bigs, rs, ps) {
@@ -256,9 +271,11 @@ func TestLargeReadsDoNotHoldNeighbours(t *testing.T) {
 }
 
 // A bucket that learns small reads and then switches to pipelined large
-// ones overruns its limit by at most its budget for reads of unknown cost,
-// and that overrun is its own: it is held for it, its neighbour on the
-// free pool is not.
+// ones, again and again, overruns by at most its budget for reads of
+// unknown cost (a burst of its rate) each time: the node stays within its
+// capacity, and its neighbour on the free pool waits for that at most a
+// burst more (with one unit billed per read it waited for every switch's
+// whole debt).
 func TestShapeSwitchOverrunIsBoundedAndOwn(t *testing.T) {
 	clk := NewFakeClock(0)
 	e, _ := New(Config{Capacity: 10000, Burst: 100 * ms, Clock: clk})
@@ -288,8 +305,8 @@ func TestShapeSwitchOverrunIsBoundedAndOwn(t *testing.T) {
 		}
 	}
 	t.Logf("node per second %v; neighbour longest wait %v", node, n.maxWait)
-	if n.maxWait > 115*ms {
-		t.Errorf("the neighbour waited up to %v for the switching bucket's overdraft", n.maxWait)
+	if n.maxWait > 500*ms {
+		t.Errorf("the neighbour waited up to %v, want well under a second", n.maxWait)
 	}
 }
 
@@ -331,5 +348,75 @@ func TestShapeSwitchAtHardLimit(t *testing.T) {
 		if u == 0 {
 			t.Errorf("second %d got nothing", i+3)
 		}
+	}
+}
+
+// DESIGN.md section 4's accuracy for reads of every size from 1 byte to
+// 1 MB, pipelined or not: a bucket at its hard limit gets it within 2%
+// over 10 s after a second of warm-up, whatever the sizes and depth.
+func TestReadAccuracyAcrossSizes(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		depth int
+		size  func(i int) int64
+	}{
+		{"1-unit, one at a time", 1, constSize(1)},
+		{"1-unit, 50 pipelined", 50, constSize(1)},
+		{"1 MB, one at a time", 1, constSize(oneMB)},
+		{"1 MB, 50 pipelined", 50, constSize(oneMB)},
+		{"mixed 1 B to 1 MB, 50 pipelined", 50, func(i int) int64 { return int64(1 + (i*7919)%oneMB) }},
+		{"95% small, 5% 1 MB, 20 pipelined", 20, func(i int) int64 {
+			if (i*7919)%100 < 5 {
+				return oneMB
+			}
+			return 1
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clk := NewFakeClock(0)
+			e, _ := New(Config{Capacity: 10000, Burst: 100 * ms, Clock: clk})
+			b, _ := e.AddBucket("a", 0, 3000)
+			other, _ := e.AddBucket("b", 0, 6000)
+			r := newReader(b, c.depth, 200*time.Microsecond, c.size)
+			o := newReader(other, 4, 200*time.Microsecond, constSize(2)) // saturates its hard limit
+			runReaders(clk, 11*time.Second, 100*time.Microsecond, r, o)
+			got := float64(sum(r.perSec[1:11])) / 10
+			node := float64(sum(nodeOf([]*reader{r, o}, 11)[1:11])) / 10
+			t.Logf("bucket %.0f units/s (hard limit 3000), node %.0f (capacity 10000)", got, node)
+			if got < 3000*0.98 || got > 3000*1.02 {
+				t.Errorf("bucket at its hard limit got %.0f units/s, want 3000 +-2%%", got)
+			}
+			if node > 10000*1.02 {
+				t.Errorf("node ran at %.0f units/s, want at most capacity +2%%", node)
+			}
+		})
+	}
+}
+
+// Reads that often cost more than estimated (a mix of small values and
+// 1 MB ones) while another bucket saturates the free pool: the node stays
+// within its capacity, as DESIGN.md section 4 asks (+2% over 10 s). Only a
+// surprise larger than the pool can absorb at once is the bucket's own.
+func TestMixedReadsKeepTheNodeCapacity(t *testing.T) {
+	clk := NewFakeClock(0)
+	e, _ := New(Config{Capacity: 10000, Burst: 100 * ms, Clock: clk})
+	a, _ := e.AddBucket("a", 0, Unlimited)
+	b, _ := e.AddBucket("b", 0, Unlimited)
+	r := newReader(a, 20, 200*time.Microsecond, func(i int) int64 {
+		if (i*7919)%100 < 5 {
+			return oneMB
+		}
+		return 1
+	})
+	o := newReader(b, 4, 200*time.Microsecond, constSize(2))
+	runReaders(clk, 11*time.Second, 100*time.Microsecond, r, o)
+	pa, pb := nodeOf([]*reader{r}, 11), nodeOf([]*reader{o}, 11)
+	ra, rb := float64(sum(pa[1:11]))/10, float64(sum(pb[1:11]))/10
+	t.Logf("a %.0f, b %.0f units/s; node %.0f (capacity 10000); b's longest wait %v; per second a %v b %v", ra, rb, ra+rb, o.maxWait, pa, pb)
+	if ra+rb > 10000*1.02 {
+		t.Errorf("node ran at %.0f units/s, want at most capacity +2%%", ra+rb)
+	}
+	if ra+rb < 10000*0.98 {
+		t.Errorf("node ran at %.0f units/s with both buckets saturating, want the capacity used", ra+rb)
 	}
 }

@@ -194,8 +194,7 @@ func (b *Bucket) room(now int64, lim *bucketLimits, node *nodeLimits) int64 {
 	case node.pool.limit == Unlimited:
 		shared = maxRoom
 	case node.pool.cost != 0:
-		// The pool's room, as far as the bucket's own overdraft lets it.
-		shared += max(units(max(b.e.pool.tat.Load(), b.owe.tat.Load()), &node.pool), 0)
+		shared += max(units(b.e.pool.tat.Load(), &node.pool), 0)
 	}
 	switch {
 	case lim.hrd.limit == Unlimited:

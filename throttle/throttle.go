@@ -53,14 +53,12 @@
 //
 // What no estimate can foresee is bounded. A read in flight holds
 // MaxReadUnits minus its estimate of the bucket's budget for reads of
-// unknown cost, 250 ms of the bucket's highest rate (at least one read); a
-// read that would overrun the budget waits for reads in flight to settle.
-// And a read's cost beyond its estimate, billed to the free pool, goes to
-// the pool only as far as the pool has room: the rest is the bucket's own
-// overdraft, a private extension of the pool's timeline that holds that
-// bucket alone, as the pool would have. A neighbour within its reservation
-// never waits for another bucket's reads; one drawing on the free pool
-// waits at most one burst for them.
+// unknown cost, one burst of the bucket's highest rate (at least one read);
+// a read that would overrun the budget waits for reads in flight to settle
+// ([Grant.WaitsForReads]). So what a bucket's reads can cost beyond their
+// bills at any time, billed to its gauges when they settle, is at most one
+// burst of its rate: a neighbour within its reservation never waits for
+// it, one drawing on the free pool at most about a burst.
 //
 // Gauges may go into debt (a big command); the debt delays the next
 // admission, which is how a limit holds exactly over time. Over any window
@@ -69,7 +67,7 @@
 // largest single command; for a bucket's hard limit h with reservation v,
 // at most h*w + (h+v)*burst + twice the largest command, since rule 2 does
 // not look at the hard limit. Reads add at most their budget for unknown
-// cost (250 ms of the bucket's highest rate, or one largest read) and one
+// cost (a burst of the bucket's highest rate, or one largest read) and one
 // read per caller admitting at the same instant: the budget is checked,
 // then taken, without a lock.
 //
@@ -377,9 +375,6 @@ func (e *Engine) publishNode(now int64) {
 	n := &nodeLimits{capacity: e.capacity, pool: newRate(pool)}
 	if old := e.node.Swap(n); old != nil {
 		e.pool.rescale(now, &old.pool, &n.pool)
-		for _, b := range e.buckets {
-			b.owe.rescale(now, &old.pool, &n.pool)
-		}
 	}
 }
 
@@ -475,7 +470,6 @@ type Bucket struct {
 	// written by reads (see cost.go)
 	est     atomic.Int64 // read estimate, units << estShift; < 0: none yet
 	unknown atomic.Int64 // units of unknown cost in flight
-	owe     gauge        // the free pool's timeline as this bucket's overdraft extends it
 	_       [cacheLine]byte
 
 	// snapshots of commands+extra, written once per window slot
@@ -629,9 +623,7 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 	case node.pool.cost == 0:
 		tFree = never
 	default:
-		// The bucket's own overdraft past the pool's room holds it, and
-		// only it, as the pool would.
-		tFree = max(tFree, max(b.e.pool.tat.Load(), b.owe.tat.Load())-burst)
+		tFree = max(tFree, b.e.pool.tat.Load()-burst)
 	}
 	switch {
 	case lim.hrd.limit == Unlimited:
@@ -678,11 +670,7 @@ func (b *Bucket) precharge(now int64, d Domain, lim *bucketLimits, node *nodeLim
 		b.res.charge(now, lim.res.cost1(units))
 	case FreePool:
 		if node.pool.cost != 0 {
-			c := node.pool.cost1(units)
-			b.e.pool.charge(now, c)
-			if b.owe.tat.Load() > now {
-				b.owe.add(c) // the bucket's own timeline, while overdrawn
-			}
+			b.e.pool.charge(now, node.pool.cost1(units))
 		}
 	default:
 		return
@@ -702,7 +690,7 @@ func (b *Bucket) Charge(d Domain, units int64) {
 	if units <= 1 {
 		return
 	}
-	b.settle(Grant{Domain: d, paid: 1}, units, false)
+	b.Settle(Grant{Domain: d, paid: 1}, units)
 }
 
 // Stats is a snapshot of a bucket's counters.

@@ -151,6 +151,7 @@ func logEffective(log zerolog.Logger, eff *bucketcfg.Config) {
 		Str("listen", eff.Proxy.Listen).Str("default_bucket", eff.Proxy.DefaultBucket).
 		Int("max_connections", eff.Proxy.MaxConnections).Int("max_frame_bytes", eff.Proxy.MaxFrameBytes).
 		Int("max_held_input_bytes", eff.Proxy.MaxHeldInputBytes).
+		Dur("auth_timeout", eff.Proxy.AuthTimeout).Dur("idle_timeout", eff.Proxy.IdleTimeout).Int64("max_unsent_bytes", eff.Proxy.MaxUnsentBytes).
 		Strs("servers", eff.Upstream.Servers).Dur("upstream_timeout", eff.Upstream.Timeout).Int("max_inflight", eff.Upstream.MaxInflight).
 		Str("capacity", eff.Throttle.Capacity.String()).Str("defaults", eff.Throttle.Defaults.String()).
 		Int("read_unit_size", eff.Throttle.ReadUnitSize).Int("write_unit_size", eff.Throttle.WriteUnitSize).

@@ -1,0 +1,262 @@
+package proxy
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+)
+
+// Bounds on the password checks waiting for the auth worker. Past either,
+// SASL AUTH gets Etmpfail at once instead of queueing: bcrypt is slow on
+// purpose, and a flood of attempts must not delay real logins for minutes.
+const (
+	// maxQueuedAuth bounds the checks waiting, all sources together.
+	maxQueuedAuth = 64
+	// maxQueuedAuthPerSource bounds one source's (see authSource).
+	maxQueuedAuthPerSource = 8
+	// failedAuthShare caps the share of the worker's time that one
+	// source's failed checks may use, at 1/failedAuthShare: after a failed
+	// check that took d, the source's next check waits (failedAuthShare-1)
+	// times d, at most maxFailedAuthPenalty (then the share is a little
+	// higher: about 3% at bcrypt cost 10, one wrong password every 2 s,
+	// which also slows online guessing from one place). Even a lone source
+	// may not use an idle worker past that: a bcrypt run takes a core from
+	// the event loops for its whole duration, and with one source flooding
+	// at a tenth of a core the tenants' GET p99 still rose 1.6-3x (measured
+	// on 2 cores, TestAuthFloodSparesKnownUsersAndTenants); at 2%, 0.6-1.6x.
+	// Correct passwords cost the source nothing.
+	failedAuthShare = 50
+	// maxFailedAuthPenalty caps the wait after one failed check, so that
+	// a client that mistyped its password can retry within a client's
+	// usual timeout even with costly hashes (cost 11 and up).
+	maxFailedAuthPenalty = 2 * time.Second
+	// maxAuthSources bounds the sources remembered (queued checks or a
+	// pending penalty); past it, penalties that are over are forgotten.
+	maxAuthSources = 4096
+)
+
+// authJob is one password check: a SASL AUTH that missed the cache.
+type authJob struct {
+	s          *session // touched only on its loop (authDone)
+	sl         *slot
+	user, pass string
+	cfg        *bucketcfg.Config // the configuration checked against (set by the worker)
+	src        *authSrc          // set by push
+}
+
+// authQueue holds the password checks waiting for the Server's one auth
+// worker, so that bcrypt never takes more than one core, nor runs on an
+// event loop. Checks are grouped by source and served round robin between
+// sources, FIFO within one, so one source's checks delay another's by at
+// most one bcrypt run each; a source may have maxQueuedAuthPerSource
+// waiting, all sources together maxQueuedAuth, and a source whose checks
+// fail is served at most 1/failedAuthShare of the time. A connection has at
+// most one check waiting (its session dispatches nothing meanwhile). Safe
+// for concurrent use.
+type authQueue struct {
+	mu      sync.Mutex
+	sources map[string]*authSrc
+	order   []*authSrc // sources with waiting checks, next served first
+	n       int        // waiting checks
+	hurry   bool       // the proxy drains: penalties no longer apply
+	stopped bool
+	wake    chan struct{}
+}
+
+// authSrc is one source's waiting checks, oldest first, and the time its
+// next check may start (after failures).
+type authSrc struct {
+	key       string
+	jobs      []*authJob
+	notBefore time.Time
+}
+
+func newAuthQueue() *authQueue {
+	return &authQueue{sources: make(map[string]*authSrc), wake: make(chan struct{}, 1)}
+}
+
+// authSource is the queue's fairness key for a client address ("ip:port"):
+// the IPv4 address, or the /64 of an IPv6 address (one host usually holds
+// a whole /64). An unparsable address is its own source.
+func authSource(remote string) string {
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return remote
+	}
+	a := ap.Addr().Unmap()
+	if a.Is4() {
+		return a.String()
+	}
+	p, err := a.Prefix(64)
+	if err != nil {
+		return a.String()
+	}
+	return p.String()
+}
+
+// push queues j for source src; false when a bound is reached or the
+// worker has stopped (j is then not queued).
+func (q *authQueue) push(src string, j *authJob, now time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.stopped || q.n >= maxQueuedAuth {
+		return false
+	}
+	as := q.sources[src]
+	if as == nil {
+		if len(q.sources) >= maxAuthSources {
+			q.forget(now)
+			if len(q.sources) >= maxAuthSources {
+				return false
+			}
+		}
+		as = &authSrc{key: src}
+		q.sources[src] = as
+	}
+	if len(as.jobs) >= maxQueuedAuthPerSource {
+		return false
+	}
+	if len(as.jobs) == 0 {
+		q.order = append(q.order, as)
+	}
+	j.src = as
+	as.jobs = append(as.jobs, j)
+	q.n++
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// forget drops the sources with nothing queued whose penalty is over.
+func (q *authQueue) forget(now time.Time) {
+	for k, as := range q.sources {
+		if len(as.jobs) == 0 && !now.Before(as.notBefore) {
+			delete(q.sources, k)
+		}
+	}
+}
+
+// pop takes the next check: the oldest of the first source in round-robin
+// order that may be served at now. When checks wait but none may start
+// yet, it returns nil and how long until one may; nil and 0 when none
+// waits.
+func (q *authQueue) pop(now time.Time) (*authJob, time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var wait time.Duration
+	for i, as := range q.order {
+		if d := as.notBefore.Sub(now); d > 0 && !q.hurry {
+			if wait == 0 || d < wait {
+				wait = d
+			}
+			continue
+		}
+		q.order = append(q.order[:i], q.order[i+1:]...)
+		j := as.jobs[0]
+		as.jobs[0] = nil
+		as.jobs = as.jobs[1:]
+		if len(as.jobs) > 0 {
+			q.order = append(q.order, as) // its next check waits for the others'
+		} else {
+			as.jobs = nil
+			if !now.Before(as.notBefore) {
+				delete(q.sources, as.key) // failed brings it back if need be
+			}
+		}
+		q.n--
+		return j, 0
+	}
+	return nil, wait
+}
+
+// drain makes the worker take every queued check at once, penalties or
+// not: the proxy drains, and checks are answered without bcrypt.
+func (q *authQueue) drain() {
+	q.mu.Lock()
+	q.hurry = true
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// failed records that a check of src failed after using took of the
+// worker: src's next check may not start before end plus
+// took*(failedAuthShare-1), at most maxFailedAuthPenalty.
+func (q *authQueue) failed(src *authSrc, took time.Duration, end time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.stopped {
+		return
+	}
+	if cur := q.sources[src.key]; cur != nil {
+		src = cur // forgotten while its check ran, and back since
+	} else {
+		q.sources[src.key] = src
+	}
+	if nb := end.Add(min(took*(failedAuthShare-1), maxFailedAuthPenalty)); nb.After(src.notBefore) {
+		src.notBefore = nb
+	}
+}
+
+// start runs the worker: it hands the queued checks to check, one at a
+// time, until the returned stop function is called; check reports whether
+// the credentials were refused, which counts against the source's share.
+// stop waits for the worker to end (after the check it is running, if
+// any), refuses further pushes, and hands the checks still queued to drop.
+// Call start once, and stop once.
+func (q *authQueue) start(check func(*authJob) (refused bool), drop func(*authJob)) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		timer := time.NewTimer(time.Hour)
+		timer.Stop()
+		for {
+			j, wait := q.pop(time.Now())
+			if j == nil {
+				if wait > 0 {
+					timer.Reset(wait)
+				}
+				select {
+				case <-quit:
+					timer.Stop()
+					return
+				case <-q.wake:
+				case <-timer.C:
+				}
+				timer.Stop()
+				continue
+			}
+			start := time.Now()
+			if check(j) {
+				end := time.Now()
+				q.failed(j.src, end.Sub(start), end)
+			}
+			select {
+			case <-quit:
+				return
+			default:
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+		q.mu.Lock()
+		q.stopped = true
+		var left []*authJob
+		for _, as := range q.order {
+			left = append(left, as.jobs...)
+		}
+		q.order, q.sources, q.n = nil, nil, 0
+		q.mu.Unlock()
+		for _, j := range left {
+			drop(j)
+		}
+	}
+}

@@ -1,0 +1,278 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// Bounds on connections that have not authenticated yet (DESIGN.md
+// section 2, "nothing unbounded"). A connection must authenticate when it
+// opens while proxy.default_bucket is ""; until it does, anyone able to
+// reach the port controls it, so it may cost the proxy next to nothing.
+//
+//   - Frames: before authentication only small frames make sense (HELLO,
+//     SASL, NOOP, VERSION, STAT, SelectBucket; a SASL PLAIN message is a
+//     user name and a password). A larger frame gets Einval as soon as its
+//     header arrives and the connection closes: its body is never
+//     buffered. 4 KiB leaves room for any real credential; 64 KiB would
+//     let the 9,000 unauthenticated connections of the default
+//     max_connections pin over 1 GB.
+//   - Input: at most preAuthMaxInput bytes may wait unprocessed (for
+//     example pipelined behind SASL AUTH while the password is checked),
+//     instead of proxy.max_held_input_bytes, besides a frame still
+//     arriving.
+//   - Output: a client that has more than preAuthMaxOutput bytes of
+//     responses not taken by the socket, or preAuthMaxPending commands
+//     unanswered, when its next frame is decoded is closed: STAT, error
+//     responses and forwarded VERSIONs are larger than their requests, so
+//     without this a client that does not read could make the proxy hold
+//     megabytes for it. A real client exchanges a few frames before it
+//     authenticates (HELLO, SASL list and auth) and reads their answers.
+//   - Time: proxy.auth_timeout after it opened, a connection that has not
+//     authenticated is closed.
+//   - Number: unauthenticated connections may hold at most
+//     unauthLimit(max_connections) slots (90%), split evenly between the
+//     event loops; the rest is kept for authenticated ones. When its
+//     loop's share, or max_connections, is full, a new connection closes
+//     the oldest unauthenticated connection of its loop (skipping those
+//     whose password is being checked) instead of being refused: a real
+//     client arrives unauthenticated too, and only needs milliseconds to
+//     authenticate, while an attacker holding the share must open
+//     connections faster than the share turns over to push it out before
+//     it does. The share is per loop so that the loop admitting a
+//     connection can always find the one to close among its own.
+//
+// Together these pin at most about 16 KiB per unauthenticated connection
+// (some 150 MB for the 9,000 allowed by the default max_connections), for
+// at most auth_timeout.
+//
+// Connections on the default bucket (default_bucket not "") have a bucket
+// without authenticating: they count as authenticated for all of this.
+// idle_timeout applies to every connection.
+const (
+	preAuthMaxBody    = 4 << 10
+	preAuthMaxInput   = binary.HeaderLen + preAuthMaxBody
+	preAuthMaxOutput  = 8 << 10
+	preAuthMaxPending = 16
+)
+
+// unauthLimit is how many unauthenticated connections may be open at once
+// out of maxConns: all but a tenth (at least one connection).
+func unauthLimit(maxConns int) int64 {
+	return int64(max(1, maxConns-maxConns/10))
+}
+
+// List indexes of session.links.
+const (
+	listUnauth = iota // lp.unauth: unauthenticated sessions, oldest first
+	listIdle          // lp.idle: sessions by last activity, least recent first
+)
+
+// sessLink is a session's place in one sessList.
+type sessLink struct {
+	prev, next *session
+	in         bool
+}
+
+// sessList is an intrusive doubly linked list of sessions through
+// session.links[k]: insertion, removal and moving to the back are O(1) and
+// allocate nothing. Only the owning loop touches it.
+type sessList struct {
+	head, tail *session
+	n          int
+	k          int // index into session.links
+}
+
+func (l *sessList) pushBack(s *session) {
+	ln := &s.links[l.k]
+	if ln.in {
+		return
+	}
+	ln.in, ln.prev, ln.next = true, l.tail, nil
+	if l.tail != nil {
+		l.tail.links[l.k].next = s
+	} else {
+		l.head = s
+	}
+	l.tail = s
+	l.n++
+}
+
+// remove takes s out of the list; it reports whether s was in it.
+func (l *sessList) remove(s *session) bool {
+	ln := &s.links[l.k]
+	if !ln.in {
+		return false
+	}
+	if ln.prev != nil {
+		ln.prev.links[l.k].next = ln.next
+	} else {
+		l.head = ln.next
+	}
+	if ln.next != nil {
+		ln.next.links[l.k].prev = ln.prev
+	} else {
+		l.tail = ln.prev
+	}
+	*ln = sessLink{}
+	l.n--
+	return true
+}
+
+func (l *sessList) moveToBack(s *session) {
+	if l.tail == s {
+		return
+	}
+	l.remove(s)
+	l.pushBack(s)
+}
+
+// clock refreshes the loop's coarse clock (time since the server started)
+// and returns it. Sessions stamp their input with lp.now, which the tick
+// and OnOpen refresh: reading the clock once per read would cost more than
+// the 50 ms resolution is worth.
+func (lp *loop) clock() time.Duration {
+	lp.now = time.Since(lp.srv.started)
+	return lp.now
+}
+
+// openSession registers a new session with the connection limits and
+// starts its timers; needAuth is whether it must authenticate. On the
+// loop, from OnOpen.
+func (lp *loop) openSession(s *session, needAuth bool) {
+	s.openedAt = lp.now
+	s.lastActive = lp.now
+	if needAuth {
+		s.needAuth = true
+		lp.unauth.pushBack(s)
+		lp.srv.unauthConns.Add(1)
+	}
+	if lp.srv.opts.idleTimeout > 0 {
+		lp.idle.pushBack(s)
+	}
+}
+
+// closeSession takes a closing session out of the connection limits'
+// books; on the loop, from OnClose. Idempotent.
+func (lp *loop) closeSession(s *session) {
+	s.leaveUnauth()
+	lp.idle.remove(s)
+	s.releaseUnsent()
+}
+
+// evictUnauth closes the oldest unauthenticated session of the loop whose
+// password is not being checked, to make room for a new connection; it
+// reports whether it found one. On the loop.
+func (lp *loop) evictUnauth() bool {
+	for s := lp.unauth.head; s != nil; s = s.links[listUnauth].next {
+		if s.waiting || s.quitting || s.closed {
+			continue
+		}
+		s.leaveUnauth()
+		s.quitting = true
+		s.evicted = true
+		lp.srv.conns.Add(-1) // its place is the new connection's now
+		_ = s.c.Close()
+		n := lp.srv.unauthEvicted.Add(1)
+		lp.srv.log.Debug().Str("remote", s.remote).Msg("unauthenticated connection share full; closing the oldest unauthenticated connection")
+		if n%1000 == 1 {
+			lp.srv.log.Warn().Int64("unauthenticated_limit", lp.srv.opts.unauthMax).Str("remote", s.remote).
+				Uint64("evicted_total", n).Msg("unauthenticated connections fill their share; closing the oldest to admit new ones")
+		}
+		return true
+	}
+	return false
+}
+
+// authenticated records that the session's client has proved who it is
+// (SASL succeeded): the pre-authentication bounds and auth_timeout no
+// longer apply, and it leaves the unauthenticated share. On the loop;
+// idempotent.
+func (s *session) authenticated() {
+	s.needAuth = false
+	s.leaveUnauth()
+}
+
+// leaveUnauth takes the session out of the unauthenticated share (list and
+// count). Idempotent.
+func (s *session) leaveUnauth() {
+	if s.lp.unauth.remove(s) {
+		s.lp.srv.unauthConns.Add(-1)
+	}
+}
+
+// maxBody is the largest frame body the session accepts now.
+func (s *session) maxBody() int {
+	if s.needAuth {
+		return preAuthMaxBody
+	}
+	return s.lp.srv.opts.maxBodyBytes
+}
+
+// touch records activity for idle_timeout (input from the client, a
+// response for it): the session moves to the back of lp.idle, at most once
+// per tick.
+func (s *session) touch() {
+	if s.lastActive == s.lp.now || !s.links[listIdle].in {
+		return
+	}
+	s.lastActive = s.lp.now
+	s.lp.idle.moveToBack(s)
+}
+
+// busy reports whether the session has anything going on that makes it
+// not idle: a command in flight, held or paused, input waiting, or output
+// the client has not read.
+func (s *session) busy() bool {
+	return s.pending() > 0 || s.held || s.waiting || s.outPaused ||
+		len(s.out) > 0 || s.c.InboundBuffered() > 0 || s.c.OutboundBuffered() > 0
+}
+
+// sweepConns closes the sessions whose auth_timeout or idle_timeout has
+// passed; on the loop, at each tick. Both lists are ordered by deadline
+// (auth: by opening time, all with the same timeout; idle: by last activity),
+// so the sweep looks only at sessions that are due, and 10,000 idle
+// connections cost nothing between their deadlines.
+func (lp *loop) sweepConns() {
+	now := lp.now
+	srv := lp.srv
+	if d := srv.opts.authTimeout; d > 0 {
+		for s := lp.unauth.head; s != nil && now-s.openedAt >= d; s = lp.unauth.head {
+			s.leaveUnauth()
+			if s.quitting || s.closed {
+				continue
+			}
+			s.quitting = true
+			_ = s.c.Close()
+			n := srv.authTimeouts.Add(1)
+			srv.log.Debug().Str("remote", s.remote).Dur("auth_timeout", d).Msg("connection did not authenticate in time; closing it")
+			if n%1000 == 1 {
+				srv.log.Warn().Dur("auth_timeout", d).Str("remote", s.remote).Uint64("closed_total", n).
+					Msg("connections did not authenticate within auth_timeout; closing them")
+			}
+		}
+	}
+	if d := srv.opts.idleTimeout; d > 0 {
+		// lastActive is the loop clock before the input, which may have
+		// come up to a tick later: a tick more makes sure the client
+		// really was silent for d. A busy session due for the check is
+		// moved to the back as if it had just been active; the loop ends
+		// at the first one not due.
+		for s := lp.idle.head; s != nil && now-s.lastActive >= d+tickInterval; s = lp.idle.head {
+			switch {
+			case s.quitting || s.closed:
+				lp.idle.remove(s)
+			case s.busy():
+				s.lastActive = now
+				lp.idle.moveToBack(s)
+			default:
+				lp.idle.remove(s)
+				s.quitting = true
+				_ = s.c.Close()
+				srv.idleClosed.Add(1)
+				srv.log.Debug().Str("remote", s.remote).Dur("idle_timeout", d).Msg("connection idle; closing it")
+			}
+		}
+	}
+}
