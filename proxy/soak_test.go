@@ -14,7 +14,8 @@ import (
 )
 
 // TestSoak runs mixed load (plain, pipelined quiet, throttled and
-// non-blocking clients, reconnecting clients, admin changes) and checks
+// non-blocking clients, reconnecting clients, admin changes, pipelined
+// large GETs, a wrong-password loop) and checks
 // that goroutines and heap stay flat. It runs 4 s in make test; set
 // KVTHROTTLE_SOAK to a duration (e.g. 30m) for the long version.
 func TestSoak(t *testing.T) {
@@ -115,6 +116,35 @@ func TestSoak(t *testing.T) {
 		c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("rc")})
 		return c.Flush() // closed with both in flight
 	})
+	// Attacks that once broke isolation (issue 11) run beside the others:
+	// a pipeline of large GETs (billed at their estimated size), and a
+	// wrong-password loop (paced, then closed).
+	seed := login(t, p.Addr, "admin")
+	if r, err := seed.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("default")}); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("select default: %v %v", err, r)
+	}
+	if r, err := seed.Set([]byte("large"), make([]byte, 200<<10)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("set large: %v %v", err, r)
+	}
+	large := dial(t, p.Addr) // the default bucket
+	large.Timeout = 30 * time.Second
+	largeStop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		pipelineGets(t, large, "large", 20, largeStop, func(time.Time) { ops.Add(1) })
+	}()
+	worker("wrong-password", func(i int) error {
+		c, err := mcclient.Dial(p.Addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := c.AuthPlain("alice", "not-her-password"); err == nil {
+			return fmt.Errorf("a wrong password was accepted")
+		}
+		return nil
+	})
 	worker("admin", func(i int) error {
 		time.Sleep(100 * time.Millisecond)
 		body := fmt.Sprintf(`{"reserved":100,"hard_limit":%d}`, 1000+(i%5)*200)
@@ -135,6 +165,7 @@ func TestSoak(t *testing.T) {
 	time.Sleep(d * 3 / 4)
 	g1, h1 := sample()
 	stop.Store(true)
+	close(largeStop)
 	wg.Wait()
 	t.Logf("soak %v: %d ops, goroutines %d -> %d, heap in use %.1f -> %.1f MB", d, ops.Load(), g0, g1, float64(h0)/1e6, float64(h1)/1e6)
 	if g1 > g0+5 {
