@@ -86,8 +86,9 @@ func (a *AuthCache) mac(u *User, password string) [sha256.Size]byte {
 }
 
 // Lookup returns the user of cfg named user when password was verified for
-// that user, with the password_hash it has in cfg, less than the TTL ago;
-// otherwise nil (the caller then verifies with Authenticate). It runs no
+// that user, with the password_hash it has in cfg, or last found here, less
+// than the TTL ago (a hit starts the TTL again); otherwise nil (the caller
+// then verifies with Authenticate). It runs no
 // bcrypt and may be called on an event loop. A wrong password does not
 // remove the entry, so failed attempts cannot evict a real user's.
 func (a *AuthCache) Lookup(cfg *Config, user, password string) *User {
@@ -112,6 +113,14 @@ func (a *AuthCache) Lookup(cfg *Config, user, password string) *User {
 	if subtle.ConstantTimeCompare(mac[:], e.mac[:]) != 1 {
 		return nil
 	}
+	// A hit keeps the entry for another TTL: a user who keeps logging in
+	// never needs bcrypt again (and is not locked out by a flood of wrong
+	// passwords filling the check queue) while its password_hash stands.
+	a.mu.Lock()
+	if cur, ok := a.entries[user]; ok && cur.mac == e.mac {
+		a.entries[user] = authEntry{mac: e.mac, at: a.now()}
+	}
+	a.mu.Unlock()
 	return u
 }
 

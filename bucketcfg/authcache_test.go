@@ -78,26 +78,34 @@ func TestAuthCacheTTL(t *testing.T) {
 	if c.Lookup(cfg, "alice", "secret") == nil {
 		t.Fatal("miss just before the TTL")
 	}
-	clk.advance(time.Nanosecond)
+	clk.advance(5 * time.Minute) // the TTL after the last hit
 	if c.Lookup(cfg, "alice", "secret") != nil {
 		t.Fatal("hit at the TTL")
 	}
 	if c.Len() != 0 {
 		t.Errorf("expired entry kept: %d entries", c.Len())
 	}
-	// A hit does not extend the life of an entry.
+	// A hit starts the TTL again (a user who keeps logging in is never
+	// sent back to the bcrypt queue, which a flood may keep full); a
+	// wrong password does not.
 	if _, err := c.Authenticate(cfg, "alice", "secret"); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 4; i++ {
-		clk.advance(time.Minute)
+	for i := 0; i < 10; i++ {
+		clk.advance(4 * time.Minute)
+		if c.Lookup(cfg, "alice", "wrong") != nil {
+			t.Fatal("a wrong password hit")
+		}
 		if c.Lookup(cfg, "alice", "secret") == nil {
-			t.Fatalf("miss after %d min", i+1)
+			t.Fatalf("miss %d min after the last hit, %d min after the verification", 4, 4*(i+1))
 		}
 	}
-	clk.advance(time.Minute)
+	for i := 0; i < 3; i++ {
+		clk.advance(2 * time.Minute)
+		c.Lookup(cfg, "alice", "wrong")
+	}
 	if c.Lookup(cfg, "alice", "secret") != nil {
-		t.Fatal("hits extended the entry past its TTL")
+		t.Fatal("wrong passwords kept the entry past its TTL")
 	}
 	// A clock that goes backwards does not make an entry immortal.
 	if _, err := c.Authenticate(cfg, "alice", "secret"); err != nil {
@@ -172,11 +180,13 @@ func TestAuthCacheBounded(t *testing.T) {
 			t.Fatalf("%d entries, bound 3", c.Len())
 		}
 	}
-	// The oldest went first.
+	// The oldest went first. (Each hit starts its entry's TTL again: one
+	// second apart, so u3 is still the oldest.)
 	for i, want := range []bool{false, false, true, true, true} {
 		if got := c.Lookup(cfg, fmt.Sprintf("u%d", i+1), "secret") != nil; got != want {
 			t.Errorf("u%d cached = %v, want %v", i+1, got, want)
 		}
+		clk.advance(time.Second)
 	}
 	// Expired entries make room before live ones are pushed out.
 	clk.advance(time.Hour - 2500*time.Millisecond) // u3 expired, u4 and u5 not

@@ -8,6 +8,8 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/rs/zerolog"
+
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
@@ -81,7 +83,9 @@ func (s *session) saslAuth(f *binary.Frame) {
 	if !srv.authQ.push(authSource(s.remote), &authJob{s: s, sl: sl, user: user, pass: pass}, time.Now()) {
 		srv.jobs.Done()
 		s.refuseAuth(sl, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
+		return
 	}
+	s.checking = true
 }
 
 // checkAuth runs one queued password check on the auth worker, against
@@ -124,6 +128,7 @@ func parsePlain(v []byte) (authz, user, pass string, ok bool) {
 // dispatch.
 func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
 	sl, name := j.sl, j.user
+	s.checking = false
 	switch {
 	case errors.Is(err, errAuthUnavailable):
 		s.refuseAuth(sl, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")
@@ -174,13 +179,15 @@ func (s *session) login(ten *tenants, u *bucketcfg.User) {
 
 // logout drops the session's identity after a refused SASL AUTH: it gets
 // what an unauthenticated connection gets (proxy.default_bucket, or no
-// bucket).
+// bucket, and then the pre-authentication bounds again).
 func (s *session) logout() {
 	s.user = nil
 	ten := s.lp.srv.ten.Load()
 	var b *bucket
 	if name := ten.cfg.Proxy.DefaultBucket; name != "" {
 		b = ten.bucket(name)
+	} else {
+		s.unauthenticated()
 	}
 	s.setBucket(b)
 }
@@ -211,17 +218,16 @@ func (s *session) refuseAuth(sl *slot, name string, st binary.Status, reason str
 	}
 	n := int(s.authFails)
 	if st == binary.StatusAuthError {
-		ev := srv.log.Warn()
-		if n > 1 {
-			ev = srv.log.Debug() // an attacker's connection logs once
-		}
-		ev.Str("user", name).Str("remote", s.remote).Int("failures", n).Str("reason", reason).Msg("authentication failed")
+		// Sampled: a client can cause this at will, on new connections.
+		srv.logAuthFail.event(&srv.log, zerolog.WarnLevel).Str("user", name).Str("remote", s.remote).
+			Int("failures", n).Str("reason", reason).Msg("authentication failed")
 	}
 	answer := func() {
 		s.waiting = false
 		s.completeLater(sl, func(b []byte) []byte { return binary.AppendError(b, &sl.req, st, reason) })
 		if n >= maxAuthFailures && !s.closed {
-			srv.log.Info().Str("remote", s.remote).Int("failures", n).Msg("too many failed authentications; closing connection")
+			srv.logAuthFail.event(&srv.log, zerolog.InfoLevel).Str("remote", s.remote).Int("failures", n).
+				Msg("too many failed authentications; closing connection")
 			s.quit()
 		}
 	}

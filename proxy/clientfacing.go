@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"github.com/rs/zerolog"
+
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
@@ -24,7 +26,8 @@ const textProtocolError = "SERVER_ERROR only the binary protocol is supported\r\
 // with the opcode and opaque taken from what arrived.
 func (s *session) notRequest(b []byte) {
 	if !s.framed && !binary.Magic(b[0]).IsResponse() {
-		s.lp.srv.log.Info().Str("remote", s.remote).Msg("text protocol client; answered SERVER_ERROR and closing connection")
+		srv := s.lp.srv
+		srv.logBadInput.event(&srv.log, zerolog.InfoLevel).Str("remote", s.remote).Msg("text protocol client; answered SERVER_ERROR and closing connection")
 		s.local(func(out []byte) []byte { return append(out, textProtocolError...) })
 		s.quit()
 		return

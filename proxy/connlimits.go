@@ -163,12 +163,33 @@ func (lp *loop) closeSession(s *session) {
 
 // evictUnauth closes the oldest unauthenticated session of the loop whose
 // password is not being checked, to make room for a new connection; it
-// reports whether it found one. On the loop.
+// reports whether it found one. A session waiting out the delay of a
+// refused SASL AUTH may be evicted: otherwise refusals, which cost no
+// password check, would keep the share full of connections nobody can
+// close. On the loop.
+// evictScan bounds the candidates evictUnauth looks at for a refused one.
+const evictScan = 64
+
 func (lp *loop) evictUnauth() bool {
-	for s := lp.unauth.head; s != nil; s = s.links[listUnauth].next {
-		if s.waiting || s.quitting || s.closed {
+	// Connections that have already been refused go first (among the
+	// oldest evictScan): a client that has not yet had its chance to
+	// authenticate is spared while they last.
+	var victim *session
+	seen := 0
+	for s := lp.unauth.head; s != nil && seen < evictScan; s = s.links[listUnauth].next {
+		if s.checking || s.quitting || s.closed {
 			continue
 		}
+		seen++
+		if s.authFails > 0 {
+			victim = s
+			break
+		}
+		if victim == nil {
+			victim = s
+		}
+	}
+	if s := victim; s != nil {
 		s.leaveUnauth()
 		s.quitting = true
 		s.evicted = true
@@ -192,6 +213,20 @@ func (lp *loop) evictUnauth() bool {
 func (s *session) authenticated() {
 	s.needAuth = false
 	s.leaveUnauth()
+}
+
+// unauthenticated puts a session that lost its identity (a refused SASL
+// re-authentication, with no default bucket) back under the
+// pre-authentication bounds, with a fresh auth_timeout. On the loop;
+// idempotent.
+func (s *session) unauthenticated() {
+	if s.needAuth || s.closed {
+		return
+	}
+	s.needAuth = true
+	s.openedAt = s.lp.clock()
+	s.lp.unauth.pushBack(s)
+	s.lp.srv.unauthConns.Add(1)
 }
 
 // leaveUnauth takes the session out of the unauthenticated share (list and

@@ -115,6 +115,9 @@ type Server struct {
 
 	wakeDelay delayHist // how late held sessions are woken
 
+	logAuthFail logSample // refused SASL AUTHs
+	logBadInput logSample // malformed frames, text-protocol clients
+
 	jobs      sync.WaitGroup       // off-loop work: password checks, state writes
 	flushes   flushQueue           // FLUSHes waiting for their state file write
 	authQ     *authQueue           // password checks for the one auth worker (runs during Serve)

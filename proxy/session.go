@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
@@ -34,7 +35,8 @@ type session struct {
 	readSize  int    // response bytes a read is expected to bring; 0: none answered yet (unreserve)
 	framed    bool   // a binary request magic has arrived: bad input gets Einval, not a text line
 
-	user        *bucketcfg.User // nil until SASL succeeds, and after a failed SASL AUTH
+	user        *bucketcfg.User // nil until SASL succeeds
+	checking    bool            // its password is being checked (queued for or on the auth worker), and after a failed SASL AUTH
 	authFails   uint8           // SASL AUTHs refused on this connection (auth.go)
 	bkt         *bucket         // selected bucket; nil: none
 	nonBlocking bool            // HELLO feature 0x1b
@@ -334,7 +336,8 @@ func (s *session) checkBuffered() gnet.Action {
 // inconsistent lengths) with Einval, then closes the connection once
 // earlier responses are out.
 func (s *session) badFrame(f *binary.Frame, err error) {
-	s.lp.srv.log.Info().Str("remote", s.remote).Err(err).Msg("invalid frame from client; closing connection")
+	srv := s.lp.srv
+	srv.logBadInput.event(&srv.log, zerolog.InfoLevel).Str("remote", s.remote).Err(err).Msg("invalid frame from client; closing connection")
 	s.localStatus(f, binary.StatusEinval, err.Error())
 	s.quit()
 }
