@@ -264,7 +264,29 @@ func (s *session) readRoom(limit int) bool {
 // bytes unsent, or, f being a read, no room for its response.
 func (s *session) mustPause(f *binary.Frame) bool {
 	return s.pending() >= maxPending || s.unsent() > maxUnsentOutput ||
-		isRead(f.Opcode) && !s.readRoom(maxResponseBytes)
+		isRead(f.Opcode) && (!s.readRoom(maxResponseBytes) || !s.flightRoom())
+}
+
+// maxReadsInFlight bounds the expected response bytes of one session's
+// reads in flight upstream (one read always may run). memcached answers a
+// connection in order, and every session of a loop shares the loop's
+// connection to a server: this is how much of one client's responses can
+// stand ahead of a neighbour's (4 MiB: about 40 ms at the ~100 MB/s one
+// loop moves, and far more than a client needs in flight to keep a
+// connection busy).
+const maxReadsInFlight = 4 << 20
+
+// flightRoom reports whether one more read's expected response fits under
+// maxReadsInFlight with those of the reads already in flight.
+func (s *session) flightRoom() bool {
+	if s.readsOut == 0 {
+		return true
+	}
+	est := s.readSize
+	if est == 0 {
+		est = s.lp.srv.opts.maxReadResp
+	}
+	return (s.readsOut+1)*est <= maxReadsInFlight
 }
 
 // canResume reports whether an output-paused session may dispatch again.
@@ -272,7 +294,7 @@ func (s *session) mustPause(f *binary.Frame) bool {
 // resumes the session at most once (loop.resumePaused), and a client
 // pipelining more reads than fit keeps as many in flight as fit.
 func (s *session) canResume() bool {
-	return s.pending() <= maxPending/2 && s.unsent() <= maxUnsentOutput/2 && s.readRoom(maxResponseBytes)
+	return s.pending() <= maxPending/2 && s.unsent() <= maxUnsentOutput/2 && s.readRoom(maxResponseBytes) && s.flightRoom()
 }
 
 // overCap closes the connection when its response bytes pass the hard cap;

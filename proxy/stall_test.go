@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -185,6 +186,49 @@ func TestPausedNonReaderResumesWhenItReads(t *testing.T) {
 		}
 		if r.Status() != mc.StatusSuccess || len(r.Value) != 1000*1000 || r.Opaque != first+uint32(i) {
 			t.Fatalf("response %d: %s, %d bytes, opaque %d (first %d)", i+1, r.Status(), len(r.Value), r.Opaque, first)
+		}
+	}
+}
+
+// A client that reads as fast as it can and pipelines GETs of 1 MB keeps
+// at most maxReadsInFlight of them upstream, so a neighbour on the same
+// loop (and the same upstream connection) waits behind a few of them, not
+// behind everything the client asked for at once (64 with only the bound
+// on bytes held, and four such clients put 256 MB ahead of it).
+func TestReaderBoundsItsNeighboursWait(t *testing.T) {
+	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1})
+	neighbour := dial(t, p.Addr)
+	if r, err := neighbour.Set([]byte("small"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	if r, err := neighbour.Set([]byte("big"), bytes.Repeat([]byte("x"), 1000*1000)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	reader := dial(t, p.Addr)
+	reader.Timeout = 30 * time.Second
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var got atomic.Int64
+	go func() {
+		defer close(done)
+		pipelineGets(t, reader, "big", 100, stop, func(time.Time) { got.Add(1) })
+	}()
+	defer func() { close(stop); <-done }()
+	eventually(t, 30*time.Second, "the reader to be streaming", func() bool { return got.Load() >= 20 })
+	const respSize = mc.HeaderLen + 4 + 1000*1000
+	most := maxReadsInFlight/respSize + 2 // and one answered while we look
+	for i := 0; i < 5; i++ {
+		hits0 := memcachedGetHits(t, p.MC.Addr)
+		r, err := neighbour.Get([]byte("small"))
+		if err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("neighbour's GET: %v %v", err, r)
+		}
+		// GETs memcached ran between our two STATs: the reader's ahead of
+		// the neighbour's, the neighbour's, and those that followed
+		// before the second STAT.
+		hits := memcachedGetHits(t, p.MC.Addr) - hits0
+		if hits > 2*most {
+			t.Fatalf("memcached ran %d GETs around the neighbour's; want at most %d: the reader keeps too many in flight ahead of it", hits, 2*most)
 		}
 	}
 }
