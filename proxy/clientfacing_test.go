@@ -356,20 +356,7 @@ func TestVersionAnsweredLocally(t *testing.T) {
 	eventually(t, 5*time.Second, "the health probe to read the version", func() bool {
 		return p.routing.Load().health.version() != nil
 	})
-	bytesRead := func() int {
-		kv, err := direct.Stats("")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range kv {
-			if p[0] == "bytes_read" {
-				n, _ := strconv.Atoi(p[1])
-				return n
-			}
-		}
-		t.Fatal("memcached has no bytes_read stat")
-		return 0
-	}
+	bytesRead := func() int { return memcachedStat(t, p.MC.Addr, "bytes_read") }
 	before := bytesRead()
 	c := dial(t, p.Addr) // never authenticates
 	// Batches of 10: a connection that has not authenticated may leave

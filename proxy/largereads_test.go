@@ -154,34 +154,18 @@ name = "spare"
 	if r, err := seed.Set([]byte("default:"+largeKey), bytes.Repeat([]byte("v"), largeValueLen)); err != nil || r.Status() != mc.StatusSuccess {
 		t.Fatalf("seed the value in memcached: %v %v", r, err)
 	}
-	calm, err := mcclient.Dial(p.Addr)
-	if err != nil {
-		t.Fatal(err)
+	// Each neighbour logs in, selects its bucket and stores its small key.
+	neighbour := func(user, bucket string) *mcclient.Client {
+		c := login(t, p.Addr, user)
+		if r, err := c.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte(bucket)}); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("select %s: %v %v", bucket, r, err)
+		}
+		if r, err := c.Set([]byte("small"), []byte("x")); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("set small: %v %v", r, err)
+		}
+		return c
 	}
-	defer calm.Close()
-	if err := calm.AuthPlain("alice", "alice-pw"); err != nil {
-		t.Fatal(err)
-	}
-	if r, err := calm.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("calm")}); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("select calm: %v %v", r, err)
-	}
-	if r, err := calm.Set([]byte("small"), []byte("x")); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("set small: %v %v", r, err)
-	}
-	spare, err := mcclient.Dial(p.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer spare.Close()
-	if err := spare.AuthPlain("bob", "bob-pw"); err != nil {
-		t.Fatal(err)
-	}
-	if r, err := spare.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("spare")}); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("select spare: %v %v", r, err)
-	}
-	if r, err := spare.Set([]byte("small"), []byte("x")); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("set small: %v %v", r, err)
-	}
+	calm, spare := neighbour("alice", "calm"), neighbour("bob", "spare")
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
