@@ -155,7 +155,8 @@ func logEffective(log zerolog.Logger, eff *bucketcfg.Config) {
 		Strs("servers", eff.Upstream.Servers).Dur("upstream_timeout", eff.Upstream.Timeout).Int("max_inflight", eff.Upstream.MaxInflight).
 		Str("capacity", eff.Throttle.Capacity.String()).Str("defaults", eff.Throttle.Defaults.String()).
 		Int("read_unit_size", eff.Throttle.ReadUnitSize).Int("write_unit_size", eff.Throttle.WriteUnitSize).
-		Dur("burst", eff.Throttle.Burst).Str("state_file", eff.Throttle.StateFile).
+		Dur("burst", eff.Throttle.Burst).Dur("max_hold", eff.Throttle.MaxHold).Int("max_item_bytes", eff.Throttle.MaxItemBytes).
+		Str("state_file", eff.Throttle.StateFile).
 		Str("metrics_listen", eff.Metrics.Listen).Array("buckets", buckets).Array("users", users).
 		Msg("kvthrottle starting")
 }
