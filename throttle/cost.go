@@ -49,6 +49,11 @@ func (g Grant) WaitsForReads() bool { return g.gated }
 // memcached; a caller may also re-try when one of its own reads is in).
 const unknownPoll = int64(time.Millisecond)
 
+// unknownForgiveAfter is how long a full budget for reads of unknown cost
+// may go without any read settling before it is forgiven (see
+// unknownFull): far longer than a read takes, even one that times out.
+const unknownForgiveAfter = int64(30 * time.Second)
+
 // The read estimate is a moving average of the units of a bucket's reads,
 // kept with estShift fractional bits; each settled read moves it by
 // 1/estWeight of the difference.
@@ -152,7 +157,7 @@ func (b *Bucket) learn(units int64) {
 
 // unknownFull reports whether a read holding open more units of the
 // budget for reads of unknown cost would overrun it.
-func (b *Bucket) unknownFull(open int64, lim *bucketLimits, node *nodeLimits) bool {
+func (b *Bucket) unknownFull(now, open int64, lim *bucketLimits, node *nodeLimits) bool {
 	u := b.unknown.Load()
 	if u <= 0 {
 		return false // one read always has room
@@ -163,7 +168,23 @@ func (b *Bucket) unknownFull(open int64, lim *bucketLimits, node *nodeLimits) bo
 	}
 	w := max(b.e.burst, 1)
 	budget := min(int64(r), math.MaxInt64/w) * w / int64(time.Second)
-	return u+open > max(b.e.maxRead, budget)
+	if u+open <= max(b.e.maxRead, budget) {
+		return false
+	}
+	// Full. If no read has settled for unknownForgiveAfter since the
+	// budget filled, the reads holding it are presumed lost (a Grant never
+	// settled): the budget is forgiven rather than holding the bucket's
+	// reads for good.
+	switch since := b.fullSince.Load(); {
+	case since == 0:
+		b.fullSince.CompareAndSwap(0, now)
+	case now-since >= unknownForgiveAfter:
+		if b.fullSince.CompareAndSwap(since, 0) {
+			b.unknown.Store(0)
+			return false
+		}
+	}
+	return true
 }
 
 // Settle bills what an admitted command really cost, units in all (at
@@ -181,7 +202,8 @@ func (b *Bucket) unknownFull(open int64, lim *bucketLimits, node *nodeLimits) bo
 // A Grant must be settled at most once, from any goroutine. A read's must
 // be settled, also when the command failed or never ran (with units 1, the
 // least a metered command costs): an unsettled read keeps its part of the
-// budget for reads of unknown cost. A Grant without Read whose command
+// budget for reads of unknown cost (until the budget, full with no read
+// settling for 30 s, is forgiven). A Grant without Read whose command
 // cost exactly its Known units needs no settling. Settle of the zero Grant
 // does nothing. Settle takes no lock and does not allocate.
 func (b *Bucket) Settle(g Grant, units int64) {
@@ -191,6 +213,9 @@ func (b *Bucket) Settle(g Grant, units int64) {
 	units = max(units, 1)
 	if g.open > 0 {
 		b.unknown.Add(-g.open)
+		if b.fullSince.Load() != 0 {
+			b.fullSince.Store(0) // a read settled: the budget is alive
+		}
 	}
 	if g.read {
 		b.learn(units - g.known)

@@ -420,3 +420,43 @@ func TestMixedReadsKeepTheNodeCapacity(t *testing.T) {
 		t.Errorf("node ran at %.0f units/s with both buckets saturating, want the capacity used", ra+rb)
 	}
 }
+
+// A read whose Grant is never settled (a caller's bug) keeps its part of
+// the budget for reads of unknown cost; once the budget has been full with
+// no read settling for 30 s, it is forgiven instead of holding the
+// bucket's reads for good. A budget kept full by reads that do settle is
+// never forgiven.
+func TestUnsettledReadsAreForgiven(t *testing.T) {
+	clk := NewFakeClock(0)
+	e, _ := New(Config{Capacity: Unlimited, Burst: 100 * ms, Clock: clk})
+	b, _ := e.AddBucket("a", 0, 1000) // budget: one read of unknown size
+	g, _ := b.AdmitCost(nil, Blocking, Cost{Read: true})
+	b.Settle(g, 1) // the estimate is 1: each read holds 256 of the budget
+	clk.Advance(time.Second)
+	if g, _ := b.AdmitCost(nil, Blocking, Cost{Read: true}); g.Domain == Held {
+		t.Fatal("first read held")
+	} // never settled: lost
+	for i := 0; i < 29; i++ {
+		clk.Advance(time.Second)
+		if g, wait := b.AdmitCost(nil, Blocking, Cost{Read: true}); g.Domain != Held || !g.WaitsForReads() {
+			t.Fatalf("after %d s: %v (wait %v), want held by the budget", i+1, g.Domain, wait)
+		}
+	}
+	clk.Advance(2 * time.Second) // 30 s after the budget was first found full
+	g, _ = b.AdmitCost(nil, Blocking, Cost{Read: true})
+	if g.Domain == Held {
+		t.Fatal("a budget full for 30 s with no read settling was not forgiven")
+	}
+	// Settled reads keep the budget alive.
+	for i := 0; i < 40; i++ {
+		clk.Advance(time.Second)
+		if g2, _ := b.AdmitCost(nil, Blocking, Cost{Read: true}); g2.Domain != Held {
+			t.Fatalf("second read in flight admitted after %d s: the budget was forgiven while reads settle", i)
+		}
+		b.Settle(g, 1)
+		g, _ = b.AdmitCost(nil, Blocking, Cost{Read: true})
+		if g.Domain == Held {
+			t.Fatal("a read was held with nothing in flight")
+		}
+	}
+}

@@ -468,9 +468,10 @@ type Bucket struct {
 	_         [cacheLine]byte
 
 	// written by reads (see cost.go)
-	est     atomic.Int64 // read estimate, units << estShift; < 0: none yet
-	unknown atomic.Int64 // units of unknown cost in flight
-	_       [cacheLine]byte
+	est       atomic.Int64 // read estimate, units << estShift; < 0: none yet
+	unknown   atomic.Int64 // units of unknown cost in flight
+	fullSince atomic.Int64 // when the budget for them was found full, no read settling since; 0: not
+	_         [cacheLine]byte
 
 	// snapshots of commands+extra, written once per window slot
 	window window
@@ -608,7 +609,7 @@ const never = math.MaxInt64
 func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int64) (d Domain, at int64) {
 	burst := b.e.burst
 	gate := int64(math.MinInt64) // the budget for reads of unknown cost
-	if open > 0 && b.unknownFull(open, lim, node) {
+	if open > 0 && b.unknownFull(now, open, lim, node) {
 		gate = now + unknownPoll
 	}
 	tRes := int64(never)
