@@ -63,6 +63,42 @@ func unauthLimit(maxConns int) int64 {
 	return int64(max(1, maxConns-maxConns/10))
 }
 
+// unauthSourceLimit is how many of a loop's unauthenticated connections
+// one source (an IPv4 address or an IPv6 /64, as authSource groups them)
+// may hold at once: a quarter of the loop's share, at least 4. One
+// flooding host can then neither fill the share nor, by churning, keep
+// evicting the clients of other hosts before they authenticate; a new
+// connection of a source at its limit pushes out the oldest of its own.
+func unauthSourceLimit(perLoop int) int {
+	return max(4, perLoop/4)
+}
+
+// unauthSources counts a loop's unauthenticated connections by source.
+// Only its loop touches it.
+type unauthSources map[string]int
+
+// take counts one more connection of src, unless src already holds limit
+// (limit < 0: no limit); it reports whether it counted it.
+func (u *unauthSources) take(src string, limit int) bool {
+	if limit >= 0 && (*u)[src] >= limit {
+		return false
+	}
+	if *u == nil {
+		*u = make(unauthSources)
+	}
+	(*u)[src]++
+	return true
+}
+
+// release counts one connection of src less.
+func (u unauthSources) release(src string) {
+	if u[src] <= 1 {
+		delete(u, src)
+		return
+	}
+	u[src]--
+}
+
 // List indexes of session.links.
 const (
 	listUnauth = iota // lp.unauth: unauthenticated sessions, oldest first
@@ -167,6 +203,41 @@ func (lp *loop) closeSession(s *session) {
 // refused SASL AUTH may be evicted: otherwise refusals, which cost no
 // password check, would keep the share full of connections nobody can
 // close. On the loop.
+// evictUnauthOf makes room for a new connection of src, which holds its
+// limit of unauthenticated connections: it closes the oldest of them on
+// this loop (among the loop's oldest evictScan*4 unauthenticated ones)
+// whose password is not being checked, and keeps src's count for the new
+// one. It reports whether it found one. On the loop.
+func (lp *loop) evictUnauthOf(src string) bool {
+	seen := 0
+	for s := lp.unauth.head; s != nil && seen < evictScan*4; s = s.links[listUnauth].next {
+		seen++
+		if s.checking || s.quitting || s.closed || s.src != src {
+			continue
+		}
+		lp.unauth.remove(s)
+		lp.srv.unauthConns.Add(-1) // src's count passes to the new connection
+		lp.evict(s)
+		return true
+	}
+	return false
+}
+
+// evict closes s, an unauthenticated session taken off lp.unauth, to make
+// room for a new connection.
+func (lp *loop) evict(s *session) {
+	s.quitting = true
+	s.evicted = true
+	lp.srv.conns.Add(-1) // its place is the new connection's now
+	_ = s.c.Close()
+	n := lp.srv.unauthEvicted.Add(1)
+	lp.srv.log.Debug().Str("remote", s.remote).Msg("unauthenticated connection share full; closing the oldest unauthenticated connection")
+	if n%1000 == 1 {
+		lp.srv.log.Warn().Int64("unauthenticated_limit", lp.srv.opts.unauthMax).Str("remote", s.remote).
+			Uint64("evicted_total", n).Msg("unauthenticated connections fill their share; closing the oldest to admit new ones")
+	}
+}
+
 // evictScan bounds the candidates evictUnauth looks at for a refused one.
 const evictScan = 64
 
@@ -189,21 +260,12 @@ func (lp *loop) evictUnauth() bool {
 			victim = s
 		}
 	}
-	if s := victim; s != nil {
-		s.leaveUnauth()
-		s.quitting = true
-		s.evicted = true
-		lp.srv.conns.Add(-1) // its place is the new connection's now
-		_ = s.c.Close()
-		n := lp.srv.unauthEvicted.Add(1)
-		lp.srv.log.Debug().Str("remote", s.remote).Msg("unauthenticated connection share full; closing the oldest unauthenticated connection")
-		if n%1000 == 1 {
-			lp.srv.log.Warn().Int64("unauthenticated_limit", lp.srv.opts.unauthMax).Str("remote", s.remote).
-				Uint64("evicted_total", n).Msg("unauthenticated connections fill their share; closing the oldest to admit new ones")
-		}
-		return true
+	if victim == nil {
+		return false
 	}
-	return false
+	victim.leaveUnauth()
+	lp.evict(victim)
+	return true
 }
 
 // authenticated records that the session's client has proved who it is
@@ -227,6 +289,10 @@ func (s *session) unauthenticated() {
 	s.openedAt = s.lp.clock()
 	s.lp.unauth.pushBack(s)
 	s.lp.srv.unauthConns.Add(1)
+	if s.src == "" {
+		s.src = authSource(s.remote)
+	}
+	s.lp.unauthSrc.take(s.src, -1) // it has held a place already
 }
 
 // leaveUnauth takes the session out of the unauthenticated share (list and
@@ -234,6 +300,7 @@ func (s *session) unauthenticated() {
 func (s *session) leaveUnauth() {
 	if s.lp.unauth.remove(s) {
 		s.lp.srv.unauthConns.Add(-1)
+		s.lp.unauthSrc.release(s.src)
 	}
 }
 

@@ -21,9 +21,10 @@ type loop struct {
 	dirty    []*session       // sessions with output to write
 	slots    []*slot          // free slots
 
-	sessions map[*session]struct{} // open client sessions
-	paused   []*session            // sessions waiting for their output to drain
-	retry    []*session            // held sessions to re-admit now (one of their reads settled)
+	sessions  map[*session]struct{} // open client sessions
+	paused    []*session            // sessions waiting for their output to drain
+	retry     []*session            // held sessions to re-admit now (one of their reads settled)
+	unauthSrc unauthSources         // unauthenticated sessions by source (connlimits.go)
 
 	holds   wakeHeap // held sessions by wake-up time
 	timer   *time.Timer

@@ -306,7 +306,7 @@ func TestUnauthenticatedShare(t *testing.T) {
 	}
 	share := unauthLimit(maxConns)
 	eventually(t, 5*time.Second, "the proxy to take in every idle connection", func() bool {
-		return p.unauthConns.Load()+int64(p.unauthEvicted.Load()+p.refused.Load()) == 2*maxConns
+		return p.unauthConns.Load()+int64(p.unauthEvicted.Load()+p.refused.Load()+p.refusedSource.Load()) == 2*maxConns
 	})
 	// Fewer when gnet's balancer, counting connections late during a burst
 	// of accepts, gives one loop more of them than its share.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -46,5 +47,42 @@ func TestLogSample(t *testing.T) {
 	lines := strings.Count(buf.String(), "\n")
 	if lines != 3 || !strings.Contains(buf.String(), `"total":2001`) {
 		t.Fatalf("%d lines at warn for 2001 events, want 3 (the 1st, 1001st and 2001st): %s", lines, buf.String())
+	}
+}
+
+// One source may hold only a quarter of a loop's unauthenticated share
+// (at least 4): a host opening connections it never authenticates pushes
+// out its own oldest past that, never another host's, and a client from
+// another host gets in and authenticates.
+func TestUnauthenticatedPerSource(t *testing.T) {
+	const maxConns = 40 // share 36 on the one loop, a source 9
+	p := startProxy(t, testConfig{proxy: "default_bucket = \"\"\nmax_connections = 40", tail: tenantTail(t), loops: 1})
+	limit := unauthSourceLimit(int(unauthLimit(maxConns)))
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for range 3 * limit {
+		c, err := d.Dial("tcp", p.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	eventually(t, 5*time.Second, "the proxy to take in every connection from 127.0.0.2", func() bool {
+		return p.unauthConns.Load()+int64(p.unauthEvicted.Load()+p.refusedSource.Load()) == int64(3*limit)
+	})
+	if n := p.unauthConns.Load(); n != int64(limit) {
+		t.Fatalf("%d unauthenticated connections from one source, want its limit %d", n, limit)
+	}
+	a := login(t, p.Addr, "alice") // from 127.0.0.1
+	if r, err := a.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("SET by a client from another host: %s", r.Status())
+	}
+	if n := p.unauthConns.Load(); n != int64(limit) {
+		t.Fatalf("%d unauthenticated connections after another host's login, want %d (none of 127.0.0.2's pushed out)", n, limit)
 	}
 }

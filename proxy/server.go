@@ -56,24 +56,25 @@ type Options struct {
 
 // settings are the values the hot path reads, fixed at start.
 type settings struct {
-	listen         string
-	servers        []string
-	timeout        time.Duration
-	maxConnections int
-	maxBodyBytes   int // proxy.max_frame_bytes less the header: the largest body accepted
-	maxHeldInput   int
-	maxInflight    int
-	readUnitSize   int64
-	writeUnitSize  int64
-	eventLoops     int
-	statePath      string
-	maxHold        time.Duration // throttle.max_hold; 0: hold as long as needed
-	authTimeout    time.Duration // proxy.auth_timeout; 0: never
-	idleTimeout    time.Duration // proxy.idle_timeout; 0: never
-	unauthMax      int64         // unauthenticated connections allowed at once
-	unauthPerLoop  int           // unauthMax split between the event loops
-	maxUnsent      int64         // proxy.max_unsent_bytes
-	maxReadResp    int           // the largest response a read can bring (throttle.max_item_bytes with key and framing)
+	listen          string
+	servers         []string
+	timeout         time.Duration
+	maxConnections  int
+	maxBodyBytes    int // proxy.max_frame_bytes less the header: the largest body accepted
+	maxHeldInput    int
+	maxInflight     int
+	readUnitSize    int64
+	writeUnitSize   int64
+	eventLoops      int
+	statePath       string
+	maxHold         time.Duration // throttle.max_hold; 0: hold as long as needed
+	authTimeout     time.Duration // proxy.auth_timeout; 0: never
+	idleTimeout     time.Duration // proxy.idle_timeout; 0: never
+	unauthMax       int64         // unauthenticated connections allowed at once
+	unauthPerLoop   int           // unauthMax split between the event loops
+	unauthPerSource int           // unauthenticated connections one source may hold
+	maxUnsent       int64         // proxy.max_unsent_bytes
+	maxReadResp     int           // the largest response a read can bring (throttle.max_item_bytes with key and framing)
 }
 
 // Server is a running proxy. Create it with New, run it with Serve, stop it
@@ -98,6 +99,7 @@ type Server struct {
 	// Connection limits (connlimits.go, unsent.go).
 	unauthConns   atomic.Int64  // open connections that must authenticate and have not
 	unauthEvicted atomic.Uint64 // closed to admit a newer connection
+	refusedSource atomic.Uint64 // refused: their source held its part of the share
 	authTimeouts  atomic.Uint64 // closed by auth_timeout
 	idleClosed    atomic.Uint64 // closed by idle_timeout
 	unsentBytes   atomic.Int64  // response bytes held for clients, as counted by the sessions
@@ -165,24 +167,25 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts: settings{
-			listen:         cfg.Proxy.Listen,
-			servers:        cfg.Upstream.Servers,
-			timeout:        cfg.Upstream.Timeout,
-			maxConnections: cfg.Proxy.MaxConnections,
-			maxBodyBytes:   cfg.Proxy.MaxFrameBytes - binary.HeaderLen,
-			maxHeldInput:   cfg.Proxy.MaxHeldInputBytes,
-			maxInflight:    cfg.Upstream.MaxInflight,
-			readUnitSize:   int64(cfg.Throttle.ReadUnitSize),
-			writeUnitSize:  int64(cfg.Throttle.WriteUnitSize),
-			eventLoops:     loops,
-			statePath:      cfg.Throttle.StateFile,
-			maxHold:        cfg.Throttle.MaxHold,
-			authTimeout:    cfg.Proxy.AuthTimeout,
-			idleTimeout:    cfg.Proxy.IdleTimeout,
-			unauthMax:      unauthLimit(cfg.Proxy.MaxConnections),
-			unauthPerLoop:  max(1, int(unauthLimit(cfg.Proxy.MaxConnections))/loops),
-			maxUnsent:      cfg.Proxy.MaxUnsentBytes,
-			maxReadResp:    maxReadResponse(cfg.Throttle.MaxItemBytes),
+			listen:          cfg.Proxy.Listen,
+			servers:         cfg.Upstream.Servers,
+			timeout:         cfg.Upstream.Timeout,
+			maxConnections:  cfg.Proxy.MaxConnections,
+			maxBodyBytes:    cfg.Proxy.MaxFrameBytes - binary.HeaderLen,
+			maxHeldInput:    cfg.Proxy.MaxHeldInputBytes,
+			maxInflight:     cfg.Upstream.MaxInflight,
+			readUnitSize:    int64(cfg.Throttle.ReadUnitSize),
+			writeUnitSize:   int64(cfg.Throttle.WriteUnitSize),
+			eventLoops:      loops,
+			statePath:       cfg.Throttle.StateFile,
+			maxHold:         cfg.Throttle.MaxHold,
+			authTimeout:     cfg.Proxy.AuthTimeout,
+			idleTimeout:     cfg.Proxy.IdleTimeout,
+			unauthMax:       unauthLimit(cfg.Proxy.MaxConnections),
+			unauthPerLoop:   max(1, int(unauthLimit(cfg.Proxy.MaxConnections))/loops),
+			unauthPerSource: unauthSourceLimit(max(1, int(unauthLimit(cfg.Proxy.MaxConnections))/loops)),
+			maxUnsent:       cfg.Proxy.MaxUnsentBytes,
+			maxReadResp:     maxReadResponse(cfg.Throttle.MaxItemBytes),
 		},
 		log:      opts.Logger,
 		loops:    make(map[gnet.EventLoop]*loop),
@@ -375,12 +378,29 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	// the oldest unauthenticated connection of the loop makes room
 	// (connlimits.go).
 	needAuth := s.ten.Load().cfg.Proxy.DefaultBucket == ""
+	var src string
+	if needAuth {
+		// A source at its part of the share makes room among its own
+		// connections, or is refused: it never evicts another source's
+		// (connlimits.go).
+		src = authSource(c.RemoteAddr().String())
+		if !lp.unauthSrc.take(src, s.opts.unauthPerSource) && !lp.evictUnauthOf(src) {
+			if n := s.refusedSource.Add(1); n%1000 == 1 {
+				s.log.Warn().Int("per_source_limit", s.opts.unauthPerSource).Str("source", src).
+					Uint64("refused_total", n).Msg("unauthenticated connections from one source at its limit; closing new connection")
+			}
+			return nil, gnet.Close
+		}
+	}
 	full := s.conns.Add(1) > int64(s.opts.maxConnections)
 	if needAuth && (full || lp.unauth.n >= s.opts.unauthPerLoop) {
 		full = !lp.evictUnauth()
 	}
 	if full {
 		s.conns.Add(-1)
+		if needAuth {
+			lp.unauthSrc.release(src)
+		}
 		if s.refused.Add(1)%1000 == 1 {
 			s.log.Warn().Int("max_connections", s.opts.maxConnections).Str("remote", c.RemoteAddr().String()).
 				Uint64("refused_total", s.refused.Load()).Msg("connection limit reached; closing new connection")
@@ -389,6 +409,7 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	}
 	lp.clock()
 	ss := newSession(lp, c)
+	ss.src = src
 	lp.openSession(ss, needAuth)
 	c.SetContext(ss)
 	return nil, gnet.None

@@ -36,7 +36,8 @@ type session struct {
 	framed    bool   // a binary request magic has arrived: bad input gets Einval, not a text line
 
 	user        *bucketcfg.User // nil until SASL succeeds
-	checking    bool            // its password is being checked (queued for or on the auth worker), and after a failed SASL AUTH
+	checking    bool            // its password is being checked (queued for or on the auth worker)
+	src         string          // authSource of the client, set while it counts as unauthenticated, and after a failed SASL AUTH
 	authFails   uint8           // SASL AUTHs refused on this connection (auth.go)
 	bkt         *bucket         // selected bucket; nil: none
 	nonBlocking bool            // HELLO feature 0x1b
