@@ -20,6 +20,17 @@ const (
 	largeUnits    = (largeValueLen + len(largeKey) + 4095) / 4096
 )
 
+// seedLarge stores the large value straight in memcached, under the
+// default bucket's namespace.
+func seedLarge(t *testing.T, p *testProxy) {
+	t.Helper()
+	seed := dial(t, p.MC.Addr)
+	defer seed.Close()
+	if r, err := seed.Set([]byte("default:"+largeKey), bytes.Repeat([]byte("v"), largeValueLen)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("seed the value in memcached: %v %v", r, err)
+	}
+}
+
 // pipelineGets keeps depth GETs of key in flight on c until stop is
 // closed, and reports the arrival time of each hit. At stop it closes c
 // (without waiting for the GETs still held by the throttle) and returns;
@@ -80,14 +91,7 @@ func TestPipelinedLargeGetsHoldTheHardLimit(t *testing.T) {
 		throttle: "capacity = \"unlimited\"\nburst_ms = 100",
 		tail:     "[[bucket]]\nname = \"default\"\nhard_limit = 500\n",
 	})
-	seed, err := mcclient.Dial(p.MC.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer seed.Close()
-	if r, err := seed.Set([]byte("default:"+largeKey), bytes.Repeat([]byte("v"), largeValueLen)); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("seed the value in memcached: %v %v", r, err)
-	}
+	seedLarge(t, p)
 	c, err := mcclient.Dial(p.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -146,14 +150,7 @@ name = "spare"
 				fmt.Sprintf("[[user]]\nname = \"bob\"\npassword_hash = %q\nbuckets = [\"spare\"]\n", h["bob"])
 		}(),
 	})
-	seed, err := mcclient.Dial(p.MC.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer seed.Close()
-	if r, err := seed.Set([]byte("default:"+largeKey), bytes.Repeat([]byte("v"), largeValueLen)); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("seed the value in memcached: %v %v", r, err)
-	}
+	seedLarge(t, p)
 	// Each neighbour logs in, selects its bucket and stores its small key.
 	neighbour := func(user, bucket string) *mcclient.Client {
 		c := login(t, p.Addr, user)

@@ -247,17 +247,22 @@ func (s *session) unreserve(sl *slot) {
 	}
 }
 
+// expectedRead is the response bytes a read of the session is expected to
+// bring: readSize, or the largest a read can be until one is answered.
+func (s *session) expectedRead() int {
+	if s.readSize == 0 {
+		return s.lp.srv.opts.maxReadResp
+	}
+	return s.readSize
+}
+
 // readRoom reports whether one more read fits under limit with the
 // response bytes held and the expected responses of the reads in flight.
 func (s *session) readRoom(limit int) bool {
 	if s.readsOut == 0 {
 		return true
 	}
-	est := s.readSize
-	if est == 0 {
-		est = s.lp.srv.opts.maxReadResp
-	}
-	return s.unsent()+(s.readsOut+1)*est <= limit
+	return s.unsent()+(s.readsOut+1)*s.expectedRead() <= limit
 }
 
 // mustPause reports whether the session must stop dispatching before the
@@ -283,11 +288,7 @@ func (s *session) flightRoom() bool {
 	if s.readsOut == 0 {
 		return true
 	}
-	est := s.readSize
-	if est == 0 {
-		est = s.lp.srv.opts.maxReadResp
-	}
-	return (s.readsOut+1)*est <= maxReadsInFlight
+	return (s.readsOut+1)*s.expectedRead() <= maxReadsInFlight
 }
 
 // canResume reports whether an output-paused session may dispatch again.
