@@ -5,6 +5,9 @@ CONFIG    ?= config.example.toml
 FUZZTIME  ?= 30s
 VERSION   := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
+# staticcheck 2026.2.2; built from the Go module proxy by `go run` (cached
+# after the first run), so a fresh machine needs nothing installed.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: all build run test deps vet bench fuzz clean
 
@@ -26,10 +29,12 @@ run: build
 test: deps vet
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+## vet: gofmt, go vet and staticcheck (its default checks).
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 
 ## bench: the benchmarks of DESIGN.md section 9, as a table (also in
 ## bench-results.md); BENCHFLAGS=-quick for a short run.
