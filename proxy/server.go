@@ -244,6 +244,23 @@ func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
 // Engine returns the throttle engine.
 func (s *Server) Engine() *throttle.Engine { return s.throttle }
 
+// EffectiveConfig returns the configuration in force: the file's (the one
+// given to New or the last Reload) with the runtime throttle state of the
+// admin opcodes and the state file overriding its throttle values. The
+// result is the caller's own copy; it holds the users' password hashes, so
+// log only what is not secret. Safe from any goroutine; it fails only if
+// the configuration in force no longer resolves, which New, Reload and the
+// admin opcodes never let happen.
+func (s *Server) EffectiveConfig() (*bucketcfg.Config, error) {
+	s.adminMu.Lock()
+	defer s.adminMu.Unlock()
+	eff, err := bucketcfg.Effective(s.file, s.state)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: configuration in force: %w", err)
+	}
+	return eff, nil
+}
+
 // Serve listens and serves until Shutdown is called or the engine fails.
 // It returns nil after a clean Shutdown.
 func (s *Server) Serve() error {

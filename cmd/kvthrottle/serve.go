@@ -67,7 +67,7 @@ func serve(cfg *bucketcfg.Config, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
-	eff, err := bucketcfg.Effective(cfg, st)
+	eff, err := srv.EffectiveConfig()
 	if err != nil {
 		return err
 	}
