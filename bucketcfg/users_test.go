@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 func authConfig(t *testing.T) *Config {
@@ -76,11 +78,8 @@ func TestAuthenticate(t *testing.T) {
 // its first 72 bytes match.
 func TestAuthenticateRejectsTruncationMatch(t *testing.T) {
 	long := strings.Repeat("p", MaxPasswordBytes)
-	h, err := bcrypt.GenerateFromPassword([]byte(long), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := mustParse(t, "[[bucket]]\nname=\"default\"\n[[user]]\nname=\"u\"\npassword_hash=\""+string(h)+"\"\n")
+	h := testmc.PasswordHash(t, long)
+	cfg := mustParse(t, "[[bucket]]\nname=\"default\"\n[[user]]\nname=\"u\"\npassword_hash=\""+h+"\"\n")
 	if _, err := cfg.Authenticate("u", long); err != nil {
 		t.Fatalf("72-byte password rejected: %v", err)
 	}

@@ -18,8 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 // fakeSource is a Source whose state the tests set directly.
@@ -96,66 +96,6 @@ var contract = map[string]wantFamily{
 	"process_resident_memory_bytes": {dto.MetricType_GAUGE, nil},
 }
 
-func scrape(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
-	}
-	return string(body)
-}
-
-func parse(t *testing.T, text string) map[string]*dto.MetricFamily {
-	t.Helper()
-	p := expfmt.NewTextParser(model.LegacyValidation)
-	mfs, err := p.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		t.Fatalf("parse scrape: %v\n%s", err, text)
-	}
-	return mfs
-}
-
-// value returns the sample of family name whose labels are exactly labels
-// (name=value pairs), failing the test when there is none.
-func value(t *testing.T, mfs map[string]*dto.MetricFamily, name string, labels ...string) float64 {
-	t.Helper()
-	mf := mfs[name]
-	if mf == nil {
-		t.Fatalf("%s missing", name)
-	}
-next:
-	for _, m := range mf.GetMetric() {
-		if len(m.GetLabel())*2 != len(labels) {
-			continue
-		}
-		for _, lp := range m.GetLabel() {
-			i := slices.Index(labels, lp.GetName())
-			if i < 0 || i%2 != 0 || labels[i+1] != lp.GetValue() {
-				continue next
-			}
-		}
-		switch mf.GetType() {
-		case dto.MetricType_COUNTER:
-			return m.GetCounter().GetValue()
-		case dto.MetricType_GAUGE:
-			return m.GetGauge().GetValue()
-		case dto.MetricType_HISTOGRAM:
-			return float64(m.GetHistogram().GetSampleCount())
-		}
-		t.Fatalf("%s: unexpected type %v", name, mf.GetType())
-	}
-	t.Fatalf("%s%v: no such series", name, labels)
-	return 0
-}
-
 func TestScrapeContract(t *testing.T) {
 	src := newFake()
 	m := New(src)
@@ -165,8 +105,8 @@ func TestScrapeContract(t *testing.T) {
 	ts := httptest.NewServer(m.Handler(nil))
 	defer ts.Close()
 
-	text := scrape(t, ts.URL+"/metrics")
-	mfs := parse(t, text)
+	text := testmc.Scrape(t, ts.URL+"/metrics")
+	mfs := testmc.ParseMetrics(t, text)
 
 	for name, want := range contract {
 		mf := mfs[name]
@@ -207,7 +147,7 @@ func TestScrapeContract(t *testing.T) {
 	for _, b := range src.buckets {
 		eq := func(name string, want float64, extra ...string) {
 			t.Helper()
-			if got := value(t, mfs, name, append([]string{"bucket", b.Name}, extra...)...); got != want {
+			if got := testmc.SeriesValue(t, mfs, name, append([]string{"bucket", b.Name}, extra...)...); got != want {
 				t.Errorf("%s{bucket=%q %v} = %v, want %v", name, b.Name, extra, got, want)
 			}
 		}
@@ -220,22 +160,22 @@ func TestScrapeContract(t *testing.T) {
 		eq(NameHardLimit, b.HardLimit)
 		eq(NameConnections, float64(b.Connections))
 	}
-	if got := value(t, mfs, NameNodeCapacity); got != 25000 {
+	if got := testmc.SeriesValue(t, mfs, NameNodeCapacity); got != 25000 {
 		t.Errorf("capacity %v", got)
 	}
-	if got := value(t, mfs, NameFreePool); got != 24000 {
+	if got := testmc.SeriesValue(t, mfs, NameFreePool); got != 24000 {
 		t.Errorf("free pool %v", got)
 	}
-	if got := value(t, mfs, NameUpstreamUp, "server", "127.0.0.1:11211"); got != 1 {
+	if got := testmc.SeriesValue(t, mfs, NameUpstreamUp, "server", "127.0.0.1:11211"); got != 1 {
 		t.Errorf("upstream up %v, want 1", got)
 	}
-	if got := value(t, mfs, NameUpstreamUp, "server", "10.0.0.2:11211"); got != 0 {
+	if got := testmc.SeriesValue(t, mfs, NameUpstreamUp, "server", "10.0.0.2:11211"); got != 0 {
 		t.Errorf("upstream down %v, want 0", got)
 	}
-	if got := value(t, mfs, NameThrottleWait, "bucket", "alpha"); got != 2 {
+	if got := testmc.SeriesValue(t, mfs, NameThrottleWait, "bucket", "alpha"); got != 2 {
 		t.Errorf("wait histogram count %v, want 2", got)
 	}
-	if got := value(t, mfs, NameUpstreamLatency, "server", "127.0.0.1:11211"); got != 1 {
+	if got := testmc.SeriesValue(t, mfs, NameUpstreamLatency, "server", "127.0.0.1:11211"); got != 1 {
 		t.Errorf("upstream histogram count %v, want 1", got)
 	}
 	if !strings.Contains(text, `kvthrottle_bucket_hard_limit_units{bucket="beta.b-2%"} +Inf`) {
@@ -266,17 +206,17 @@ func TestScrapeContract(t *testing.T) {
 	src.upstreams[1].Up = true
 	src.capacity = math.Inf(1)
 	src.mu.Unlock()
-	mfs = parse(t, scrape(t, ts.URL+"/metrics"))
-	if got := value(t, mfs, NameCommands, "bucket", "alpha"); got != 43 {
+	mfs = testmc.ParseMetrics(t, testmc.Scrape(t, ts.URL+"/metrics"))
+	if got := testmc.SeriesValue(t, mfs, NameCommands, "bucket", "alpha"); got != 43 {
 		t.Errorf("commands after change %v, want 43", got)
 	}
 	if n := len(mfs[NameCommands].GetMetric()); n != 1 {
 		t.Errorf("%d commands series after removing a bucket, want 1", n)
 	}
-	if got := value(t, mfs, NameUpstreamUp, "server", "10.0.0.2:11211"); got != 1 {
+	if got := testmc.SeriesValue(t, mfs, NameUpstreamUp, "server", "10.0.0.2:11211"); got != 1 {
 		t.Errorf("upstream up after change %v", got)
 	}
-	if got := value(t, mfs, NameNodeCapacity); !math.IsInf(got, 1) {
+	if got := testmc.SeriesValue(t, mfs, NameNodeCapacity); !math.IsInf(got, 1) {
 		t.Errorf("unlimited capacity %v, want +Inf", got)
 	}
 }
@@ -314,7 +254,7 @@ func TestUnlimitedNormalisation(t *testing.T) {
 		{NameNodeCapacity, nil},
 		{NameFreePool, nil},
 	} {
-		if got := value(t, byName, c.name, c.labels...); !math.IsInf(got, 1) {
+		if got := testmc.SeriesValue(t, byName, c.name, c.labels...); !math.IsInf(got, 1) {
 			t.Errorf("%s = %v, want +Inf", c.name, got)
 		}
 	}
@@ -359,7 +299,7 @@ func TestPromtool(t *testing.T) {
 	m.UpstreamObserver("127.0.0.1:11211").Observe(0.001)
 	ts := httptest.NewServer(m.Handler(nil))
 	defer ts.Close()
-	text := scrape(t, ts.URL+"/metrics")
+	text := testmc.Scrape(t, ts.URL+"/metrics")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -629,7 +569,7 @@ func TestConcurrentScrapes(t *testing.T) {
 		}
 	}()
 	for i := 0; i < 5; i++ {
-		parse(t, scrape(t, ts.URL+"/metrics"))
+		testmc.ParseMetrics(t, testmc.Scrape(t, ts.URL+"/metrics"))
 	}
 	wg.Wait()
 }
@@ -642,12 +582,12 @@ func TestDuplicateBucketKeepsServing(t *testing.T) {
 	m := New(src)
 	ts := httptest.NewServer(m.Handler(nil))
 	defer ts.Close()
-	parse(t, scrape(t, ts.URL+"/metrics"))
-	mfs := parse(t, scrape(t, ts.URL+"/metrics"))
-	if got := value(t, mfs, "promhttp_metric_handler_errors_total", "cause", "gathering"); got < 1 {
+	testmc.ParseMetrics(t, testmc.Scrape(t, ts.URL+"/metrics"))
+	mfs := testmc.ParseMetrics(t, testmc.Scrape(t, ts.URL+"/metrics"))
+	if got := testmc.SeriesValue(t, mfs, "promhttp_metric_handler_errors_total", "cause", "gathering"); got < 1 {
 		t.Errorf("gathering errors %v, want >= 1", got)
 	}
-	if got := value(t, mfs, NameNodeCapacity); got != 25000 {
+	if got := testmc.SeriesValue(t, mfs, NameNodeCapacity); got != 25000 {
 		t.Errorf("capacity %v in a partial scrape", got)
 	}
 }

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,7 +20,7 @@ type testProxy struct {
 	Addr      string
 	MC        *testmc.Server
 	StatePath string
-	done      chan error
+	stop      func(testing.TB) // shuts the proxy down; safe to call twice
 }
 
 // testConfig is a configuration file in parts: lines inside [proxy],
@@ -79,38 +78,7 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &testProxy{Server: srv, Addr: listen, MC: m, StatePath: statePath, done: make(chan error, 1)}
-	go func() { p.done <- srv.Serve() }()
-	select {
-	case <-srv.Started():
-	case err := <-p.done:
-		t.Fatalf("proxy did not start: %v", err)
-	case <-time.After(5 * time.Second):
-		t.Fatal("proxy did not start within 5s")
-	}
-	t.Cleanup(func() { p.stop(t) })
-	return p
-}
-
-// stop shuts the proxy down; safe to call twice.
-func (p *testProxy) stop(t testing.TB) {
-	if p.done == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := p.Shutdown(ctx); err != nil {
-		t.Errorf("shutdown: %v", err)
-	}
-	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Error("Serve did not return after Shutdown")
-	}
-	p.done = nil
+	return &testProxy{Server: srv, Addr: listen, MC: m, StatePath: statePath, stop: testmc.Serve(t, srv)}
 }
 
 func testLogger(t testing.TB) zerolog.Logger {

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"strings"
@@ -10,10 +9,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
@@ -69,17 +67,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	}
 	eventually(t, 3e9, "the upstream prober", func() bool { ok, _ := p.Ready(); return ok })
 
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
+	fams := testmc.ParseMetrics(t, testmc.Scrape(t, "http://"+addr+"/metrics"))
 	want := map[string]struct {
 		typ    dto.MetricType
 		labels []string
@@ -119,34 +107,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	}
 	val1 := func(name string, labels ...string) float64 {
 		t.Helper()
-		f := fams[name]
-		if f == nil {
-			t.Fatalf("%s missing", name)
-		}
-	next:
-		for _, m := range f.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, l := range m.GetLabel() {
-					if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue next
-				}
-			}
-			switch f.GetType() {
-			case dto.MetricType_COUNTER:
-				return m.GetCounter().GetValue()
-			case dto.MetricType_GAUGE:
-				return m.GetGauge().GetValue()
-			case dto.MetricType_HISTOGRAM:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-		t.Fatalf("%s%v: no such series", name, labels)
-		return 0
+		return testmc.SeriesValue(t, fams, name, labels...)
 	}
 	checks := []struct {
 		name   string

@@ -149,10 +149,7 @@ func startTwoServerProxy(t *testing.T, upstreamExtra string) (*testProxy, *testm
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &testProxy{Server: srv, Addr: listen, MC: a, StatePath: statePath, done: make(chan error, 1)}
-	go func() { p.done <- srv.Serve() }()
-	<-srv.Started()
-	t.Cleanup(func() { p.stop(t) })
+	p := &testProxy{Server: srv, Addr: listen, MC: a, StatePath: statePath, stop: testmc.Serve(t, srv)}
 	return p, a, b
 }
 

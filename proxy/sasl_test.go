@@ -8,10 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/bcrypt"
-
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
@@ -164,11 +163,8 @@ func TestSASLCacheFollowsReload(t *testing.T) {
 	for _, u := range []string{"alice", "bob", "admin"} {
 		login(t, p.Addr, u).Close() // remembered
 	}
-	newHash, err := bcrypt.GenerateFromPassword([]byte("alice-new"), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tail := strings.Replace(tenantTail(t), hashes(t)["alice"], string(newHash), 1)
+	newHash := testmc.PasswordHash(t, "alice-new")
+	tail := strings.Replace(tenantTail(t), hashes(t)["alice"], newHash, 1)
 	// bob's user goes (his bucket stays).
 	tail = strings.Replace(tail, "[[user]]\nname = \"bob\"\npassword_hash = \""+hashes(t)["bob"]+"\"\nbuckets = [\"bob\"]\n", "", 1)
 	if strings.Contains(tail, hashes(t)["bob"]) || strings.Contains(tail, hashes(t)["alice"]) {

@@ -7,36 +7,23 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/bcrypt"
-
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
-
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
-// Test users; cheap bcrypt hashes keep tests fast (cost 4, the minimum).
-var (
-	hashOnce   sync.Once
-	testHashes map[string]string
-)
-
+// hashes returns the password hashes of the test users, each user's
+// password being its name and "-pw" (cheap hashes, the same on every call).
 func hashes(t testing.TB) map[string]string {
-	hashOnce.Do(func() {
-		testHashes = map[string]string{}
-		for _, u := range []string{"admin", "alice", "bob", "limited", "free"} {
-			h, err := bcrypt.GenerateFromPassword([]byte(u+"-pw"), bcrypt.MinCost)
-			if err != nil {
-				panic(err)
-			}
-			testHashes[u] = string(h)
-		}
-	})
-	return testHashes
+	h := map[string]string{}
+	for _, u := range []string{"admin", "alice", "bob", "limited", "free"} {
+		h[u] = testmc.PasswordHash(t, u+"-pw")
+	}
+	return h
 }
 
 // tenantTail is a bucket and user layout: default, alice (flush

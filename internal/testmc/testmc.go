@@ -1,5 +1,7 @@
-// Package testmc starts real memcached servers and gives tests free
-// loopback ports. It is for tests only.
+// Package testmc holds the helpers that tests of several packages share:
+// real memcached servers, free loopback ports, running a server (such as
+// the proxy) for the length of a test, cheap password hashes, and reading
+// Prometheus scrapes. It is for tests only.
 package testmc
 
 import (
