@@ -1,12 +1,8 @@
-package main
+package ctl
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"io"
 	"math"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,137 +26,6 @@ const (
 // topMinRows is the least number of terminal rows top assumes: the
 // header lines, one line for buckets and the last line left empty.
 const topMinRows = 7
-
-// runTop shows the live view: every o.interval it reads the STAT group
-// "throttle" and redraws one line per bucket, until ctx is done (Ctrl-C,
-// SIGTERM, SIGHUP) or o.iterations frames have been drawn. c is the
-// connected, authenticated client; a lost connection is re-established.
-// Status errors of the server and malformed stats end it with an error.
-func runTop(ctx context.Context, o ctlOptions, c *mcclient.Client, stdout io.Writer) error {
-	cur := c
-	defer func() {
-		if cur != nil && cur != c {
-			cur.Close()
-		}
-	}()
-	ts, err := fetchThrottle(ctx, cur)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	cols, rows := termSize()
-	v := &topView{addr: o.addr, width: cols, height: rows}
-	v.update(ts, time.Now())
-
-	ansi := isTerminalish(stdout)
-	if ansi {
-		if _, err := io.WriteString(stdout, ansiHideCursor); err != nil {
-			return nil // the terminal is gone: nothing to show an error on
-		}
-		defer io.WriteString(stdout, ansiShowCursor)
-	}
-	ticker := time.NewTicker(o.interval)
-	defer ticker.Stop()
-	status := ""
-	for frame := 1; ; frame++ {
-		if _, err := io.WriteString(stdout, v.render(v.lines(status, time.Now()), ansi, frame == 1)); err != nil {
-			return nil
-		}
-		if o.iterations > 0 && frame >= o.iterations {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		}
-		if cur == nil {
-			cl, err := o.connect()
-			if err != nil {
-				if fatalTopError(err) {
-					return err
-				}
-				status = "retrying: " + o.describe(err)
-				continue
-			}
-			cur = cl
-		}
-		ts, err := fetchThrottle(ctx, cur)
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case err != nil && fatalTopError(err):
-			return err
-		case err != nil:
-			status = "reconnecting: " + o.describe(err)
-			if cur != c {
-				cur.Close()
-			}
-			cur = nil
-			continue
-		}
-		status = ""
-		v.update(ts, time.Now())
-	}
-}
-
-// fetchThrottle reads and parses the STAT group "throttle". Cancelling ctx
-// closes the connection so that a pending read returns at once.
-func fetchThrottle(ctx context.Context, c *mcclient.Client) (mcclient.ThrottleStats, error) {
-	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
-	defer stop()
-	kv, err := c.Stats("throttle")
-	if err != nil {
-		return mcclient.ThrottleStats{}, err
-	}
-	ts, err := mcclient.ParseThrottleStats(kv)
-	if err != nil {
-		return mcclient.ThrottleStats{}, &badStatsError{err}
-	}
-	return ts, nil
-}
-
-// badStatsError is a STAT answer that does not follow the contract.
-type badStatsError struct{ err error }
-
-func (e *badStatsError) Error() string { return "unexpected answer from the server: " + e.err.Error() }
-func (e *badStatsError) Unwrap() error { return e.err }
-
-// fatalTopError reports whether err should end top rather than be shown
-// while reconnecting: answers of the server, as opposed to network trouble.
-func fatalTopError(err error) bool {
-	var se *mcclient.StatusError
-	var bs *badStatsError
-	return errors.As(err, &se) || errors.As(err, &bs) || errors.Is(err, mcclient.ErrNoPlainMech)
-}
-
-// isTerminalish reports whether top should draw with escape sequences: not
-// when standard output is a regular file or a pipe (frames are then printed
-// one after the other).
-func isTerminalish(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return true
-	}
-	fi, err := f.Stat()
-	return err != nil || fi.Mode()&os.ModeCharDevice != 0
-}
-
-// termSize returns the terminal's columns ($COLUMNS, default 80) and rows
-// ($LINES, 0 when unknown: no limit). The ioctl TIOCGWINSZ would need
-// golang.org/x/sys/unix as a direct dependency, a go.mod change.
-func termSize() (cols, rows int) {
-	cols, rows = 80, 0
-	if n, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && n > 0 {
-		cols = max(n, 20)
-	}
-	if n, err := strconv.Atoi(os.Getenv("LINES")); err == nil && n > 0 {
-		rows = max(n, topMinRows)
-	}
-	return cols, rows
-}
 
 // topView holds what top shows between two frames.
 type topView struct {

@@ -1,0 +1,90 @@
+package ctl
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+)
+
+// formatStats returns STAT pairs as aligned "key value" lines.
+func formatStats(kv [][2]string) string {
+	w := 0
+	for _, p := range kv {
+		w = max(w, len(p[0]))
+	}
+	var b strings.Builder
+	for _, p := range kv {
+		fmt.Fprintf(&b, "%-*s %s\n", w, sanitize(p[0]), sanitize(p[1]))
+	}
+	return b.String()
+}
+
+// formatThrottleTable returns the STAT group "throttle" as a node summary
+// and a table with one row per bucket, sorted by name.
+func formatThrottleTable(ts mcclient.ThrottleStats) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "node capacity:  %s units/s\n", ts.Node.Capacity)
+	fmt.Fprintf(&b, "node free pool: %s units/s\n\n", ts.Node.FreePool)
+	buckets := slices.Clone(ts.Buckets)
+	sort.Slice(buckets, func(i, j int) bool { return buckets[i].Name < buckets[j].Name })
+	rows := [][]string{{"BUCKET", "RESERVED", "HARD_LIMIT", "UNITS/S", "UNITS", "READ", "WRITE", "COMMANDS", "THROTTLED", "REJECTED", "HELD", "CONNS"}}
+	for _, bs := range buckets {
+		rows = append(rows, []string{
+			bs.Name, bs.Reserved.String(), bs.HardLimit.String(),
+			u64(bs.UnitsPerSec), u64(bs.UnitsTotal), u64(bs.ReadUnitsTotal), u64(bs.WriteUnitsTotal),
+			u64(bs.CommandsTotal), u64(bs.ThrottledTotal), u64(bs.RejectedTotal),
+			u64(bs.HeldSessions), u64(bs.Connections),
+		})
+	}
+	if len(buckets) == 0 {
+		b.WriteString("no buckets visible\n")
+		return b.String()
+	}
+	b.WriteString(alignTable(rows))
+	return b.String()
+}
+
+// alignTable lays out rows as columns separated by two spaces: the first
+// column left-aligned, the others (numbers) right-aligned.
+func alignTable(rows [][]string) string {
+	var widths []int
+	for _, r := range rows {
+		for i, c := range r {
+			if i >= len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	var b strings.Builder
+	for _, r := range rows {
+		for i, c := range r {
+			switch {
+			case i == 0:
+				fmt.Fprintf(&b, "%-*s", widths[i], c)
+			default:
+				fmt.Fprintf(&b, "  %*s", widths[i], c)
+			}
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// u64 formats n in decimal.
+func u64(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// sanitize replaces control characters so that text from the server cannot
+// drive the terminal.
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return '?'
+		}
+		return r
+	}, s)
+}

@@ -1,0 +1,136 @@
+package ctl
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+)
+
+var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
+
+// topFrames runs Top and returns its raw output and its frames, each a
+// list of lines with the escape sequences removed.
+func topFrames(t *testing.T, o Options, to TopOptions) (string, [][]string) {
+	t.Helper()
+	var b bytes.Buffer
+	if err := Top(context.Background(), o, to, &b); err != nil {
+		t.Fatalf("top: %v", err)
+	}
+	out := b.String()
+	var frames [][]string
+	for _, fr := range strings.Split(out, ansiHome)[1:] {
+		frames = append(frames, strings.Split(strings.TrimSuffix(ansiEscape.ReplaceAllString(fr, ""), "\n"), "\n"))
+	}
+	return out, frames
+}
+
+func TestCtlTop(t *testing.T) {
+	t.Setenv("LINES", "")
+	f := startFake(t, false)
+	for _, cols := range []int{80, 50, 132} {
+		t.Run(fmt.Sprint(cols), func(t *testing.T) {
+			t.Setenv("COLUMNS", fmt.Sprint(cols))
+			out, frames := topFrames(t, opts(f.addr, "admin", fakeAdminPW), TopOptions{Iterations: 2, Interval: 20 * time.Millisecond})
+			if !strings.HasPrefix(out, ansiHideCursor+ansiClear+ansiHome) || !strings.HasSuffix(out, ansiShowCursor) {
+				t.Errorf("cursor not hidden then restored: starts %q, ends %q", out[:min(20, len(out))], out[max(0, len(out)-20):])
+			}
+			if len(frames) != 2 {
+				t.Fatalf("%d frames, want 2:\n%s", len(frames), out)
+			}
+			for i, fr := range frames {
+				t.Logf("frame %d at %d columns:\n%s", i+1, cols, strings.Join(fr, "\n"))
+				web, batch := -1, -1
+				for j, l := range fr {
+					if n := utf8.RuneCountInString(l); n > cols {
+						t.Errorf("frame %d line %d is %d columns wide: %q", i+1, j, n, l)
+					}
+					switch {
+					case strings.HasPrefix(l, "web "):
+						web = j
+					case strings.HasPrefix(l, "analy"):
+						batch = j
+					}
+				}
+				if web < 0 || batch < 0 || web > batch {
+					t.Errorf("frame %d: web at line %d, analytics at line %d; want both, web (busier) first", i+1, web, batch)
+				}
+				if all := strings.Join(fr, "\n"); !strings.Contains(all, "capacity 25000/s  free pool 15000/s") || !strings.Contains(all, "used 16600/s (66%)") {
+					t.Errorf("frame %d lacks the node header", i+1)
+				}
+			}
+			// The second frame has a rate of held commands for web.
+			for _, l := range frames[1] {
+				if fs := strings.Fields(l); cols >= 80 && strings.HasPrefix(l, "web ") && fs[len(fs)-3] == "-" {
+					t.Errorf("no throttled/s in the second frame: %q", l)
+				}
+			}
+		})
+	}
+}
+
+func TestCtlTopFewLines(t *testing.T) {
+	t.Setenv("COLUMNS", "80")
+	t.Setenv("LINES", "7")
+	f := startFake(t, false)
+	_, frames := topFrames(t, opts(f.addr, "", ""), TopOptions{Iterations: 1})
+	if len(frames) != 1 || len(frames[0]) != 6 || !strings.HasPrefix(frames[0][5], "... and 2 more buckets") {
+		t.Fatalf("frames: %q", frames)
+	}
+}
+
+func TestTopBar(t *testing.T) {
+	lim := func(n uint64) mcclient.Limit { return mcclient.Limit{Units: n} }
+	unl := mcclient.Limit{Unlimited: true}
+	cases := []struct {
+		name           string
+		width          int
+		use            uint64
+		reserved, hard mcclient.Limit
+		scale          uint64
+		want           string
+	}{
+		{"marks", 18, 30, lim(35), lim(80), 100, "[#####|......:   ]"},
+		{"use past reservation", 12, 70, lim(20), lim(100), 100, "[#|#####..:]"},
+		{"at hard limit", 12, 100, lim(20), lim(100), 100, "[#|#######:]"},
+		{"over hard limit", 12, 100, lim(10), lim(50), 100, "[|###:#####]"},
+		{"unlimited hard limit", 12, 50, lim(0), unl, 100, "[#####.....]"},
+		{"unlimited reservation", 12, 0, unl, unl, 100, "[..........]"},
+		{"reservation equals hard limit", 12, 0, lim(50), lim(50), 100, "[....:     ]"},
+		{"tiny use shows", 12, 1, lim(0), unl, 1000000, "[#.........]"},
+		{"zero scale", 12, 0, lim(0), unl, 0, "[..........]"},
+		{"zero scale, zero hard limit", 12, 0, lim(0), lim(0), 0, "[:         ]"},
+		{"zero hard limit", 12, 0, lim(0), lim(0), 100, "[:         ]"},
+		{"too narrow", 1, 5, lim(1), lim(10), 10, "[:]"},
+	}
+	for _, tc := range cases {
+		if got := renderBar(tc.width, tc.use, tc.reserved, tc.hard, tc.scale); got != tc.want {
+			t.Errorf("%s: renderBar(%d, %d, %v, %v, %d) = %q, want %q", tc.name, tc.width, tc.use, tc.reserved, tc.hard, tc.scale, got, tc.want)
+		}
+	}
+	// Always exactly the width asked for.
+	for w := 3; w < 40; w++ {
+		for _, use := range []uint64{0, 1, 33, 99, 100} {
+			if got := renderBar(w, use, lim(use/2), lim(100), 100); len(got) != w {
+				t.Errorf("renderBar(%d, %d) = %q: %d columns", w, use, got, len(got))
+			}
+		}
+	}
+}
+
+func TestTopHuman(t *testing.T) {
+	for x, want := range map[float64]string{
+		0: "0", 0.25: "0.2", 7: "7", 9999: "9999", 9999.6: "10.0k", 16600: "16.6k", 123456: "123k",
+		999999: "1.00M", 1234567: "1.23M", 123456789012: "123G", 1e21: "1000E",
+	} {
+		if got := human(x); got != want {
+			t.Errorf("human(%v) = %q, want %q", x, got, want)
+		}
+	}
+}
