@@ -6,8 +6,6 @@ import (
 	"testing"
 )
 
-func lim(n int64) Limit { return UnitsPerSecond(n) }
-
 func TestParseBucketThrottle(t *testing.T) {
 	unl := Unlimited()
 	cases := []struct {

@@ -7,39 +7,9 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/crypto/bcrypt"
 )
-
-var (
-	testHashOnce sync.Once
-	testHash     string // bcrypt of "secret" at the minimum cost (fast tests)
-)
-
-// fastHash returns a cost-4 bcrypt hash of "secret".
-func fastHash(t testing.TB) string {
-	t.Helper()
-	testHashOnce.Do(func() {
-		h, err := hashPassword("secret", bcrypt.MinCost)
-		if err != nil {
-			panic(err)
-		}
-		testHash = h
-	})
-	return testHash
-}
-
-func mustParse(t *testing.T, doc string) *Config {
-	t.Helper()
-	cfg, err := Parse([]byte(doc))
-	if err != nil {
-		t.Fatalf("Parse:\n%s\nerror: %v", doc, err)
-	}
-	return cfg
-}
 
 func TestParseDefaults(t *testing.T) {
 	for _, doc := range []string{"", "# nothing\n", "[proxy]\n[upstream]\n[throttle]\n[metrics]\n[log]\n"} {

@@ -13,32 +13,6 @@ import (
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
-func authConfig(t *testing.T) *Config {
-	t.Helper()
-	h := fastHash(t) // password "secret"
-	return mustParse(t, `
-[[bucket]]
-name = "default"
-[[bucket]]
-name = "alice"
-[[bucket]]
-name = "bob"
-[[user]]
-name = "admin"
-password_hash = "`+h+`"
-buckets = ["*"]
-privileges = ["admin", "unthrottled"]
-[[user]]
-name = "alice"
-password_hash = "`+h+`"
-buckets = ["alice"]
-privileges = ["unthrottled"]
-[[user]]
-name = "nobody"
-password_hash = "`+h+`"
-`)
-}
-
 func TestAuthenticate(t *testing.T) {
 	cfg := authConfig(t)
 	cases := []struct {

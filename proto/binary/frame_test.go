@@ -7,15 +7,6 @@ import (
 	"testing"
 )
 
-func getReq(key string, opaque uint32) []byte {
-	return AppendFrame(nil, Header{Magic: MagicRequest, Opcode: OpGetK, Opaque: opaque}, nil, nil, []byte(key), nil)
-}
-
-func setReq(key, value string, opaque uint32) []byte {
-	extras := []byte{0, 0, 0, 7, 0, 0, 0, 0} // flags, expiry
-	return AppendFrame(nil, Header{Magic: MagicRequest, Opcode: OpSet, Opaque: opaque, CAS: 42}, nil, extras, []byte(key), []byte(value))
-}
-
 func TestRoundTrip(t *testing.T) {
 	raw := setReq("hello", "world!", 0xdeadbeef)
 	f, n, err := Decode(raw, 1024)
