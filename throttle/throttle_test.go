@@ -9,49 +9,6 @@ import (
 	"time"
 )
 
-const ms = time.Millisecond
-
-// newEngine returns an engine on a fake clock reading 1 s, with no burst
-// unless burst says otherwise, so that waits are exact.
-func newEngine(t testing.TB, capacity Limit, burst time.Duration) (*Engine, *FakeClock) {
-	t.Helper()
-	clk := NewFakeClock(time.Second)
-	if burst == 0 {
-		burst = -1
-	}
-	e, err := New(Config{Capacity: capacity, Burst: burst, Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e, clk
-}
-
-func addBucket(t testing.TB, e *Engine, name string, reserved, hard Limit) *Bucket {
-	t.Helper()
-	b, err := e.AddBucket(name, reserved, hard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// run admits one command of the given units, charging it at once; it
-// returns the domain, or Held and the wait.
-func run(b *Bucket, w *Waiter, mode Mode, units int64) (Domain, time.Duration) {
-	d, wait := b.Admit(w, mode)
-	if d != Held {
-		b.Charge(d, units)
-	}
-	return d, wait
-}
-
-func wantAdmit(t *testing.T, b *Bucket, mode Mode, units int64, want Domain) {
-	t.Helper()
-	if d, wait := run(b, nil, mode, units); d != want {
-		t.Fatalf("%s: Admit = %v (wait %v), want %v", b.Name(), d, wait, want)
-	}
-}
-
 func wantHeld(t *testing.T, b *Bucket, mode Mode, want time.Duration) {
 	t.Helper()
 	d, wait := b.Admit(nil, mode)
@@ -410,12 +367,6 @@ func fifoSetup(t *testing.T) (*Engine, *FakeClock, *Bucket) {
 	return e, clk, b
 }
 
-type fifoConn struct {
-	id   int
-	w    Waiter
-	wake time.Duration
-}
-
 // drive steps the clock by 100 µs and re-tries every due waiter, the latest
 // held first, admitting (and charging units) whoever may run. It returns
 // the order of admission.
@@ -463,18 +414,6 @@ func holdAll(t *testing.T, clk *FakeClock, b *Bucket, n int) []*fifoConn {
 		conns = append(conns, c)
 	}
 	return conns
-}
-
-func equalOrder(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestFIFO(t *testing.T) {
