@@ -31,56 +31,6 @@ func seedLarge(t *testing.T, p *testProxy) {
 	}
 }
 
-// pipelineGets keeps depth GETs of key in flight on c until stop is
-// closed, and reports the arrival time of each hit. At stop it closes c
-// (without waiting for the GETs still held by the throttle) and returns;
-// errors before stop fail t.
-func pipelineGets(t *testing.T, c *mcclient.Client, key string, depth int, stop <-chan struct{}, arrived func(time.Time)) {
-	slots := make(chan struct{}, depth) // taken before a GET is sent
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-stop:
-		case <-done:
-		}
-		c.Close() // ends the Read below
-	}()
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-done:
-				return
-			case slots <- struct{}{}:
-			}
-			c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte(key)})
-			if err := c.Flush(); err != nil {
-				return // closed: Read reports what matters
-			}
-		}
-	}()
-	for {
-		r, err := c.Read()
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		if err != nil {
-			t.Errorf("read: %v", err)
-			return
-		}
-		if r.Status() != mc.StatusSuccess {
-			t.Errorf("GET %s: status %v %q", key, r.Status(), r.Value)
-			return
-		}
-		arrived(time.Now())
-		<-slots
-	}
-}
-
 // The first scenario: one connection keeps 50 GETs of a 1 MB
 // value in flight against hard_limit 500. Billing one unit per GET at
 // admission let about 12,000 units through in the first second (24x), then

@@ -136,23 +136,6 @@ func TestUpstreamKilledUnderLoad(t *testing.T) {
 	t.Logf("ok %d, Etmpfail %d", ok.Load(), tmpfail.Load())
 }
 
-func startTwoServerProxy(t *testing.T, upstreamExtra string) (*testProxy, *testmc.Server, *testmc.Server) {
-	a, b := testmc.Start(t), testmc.Start(t)
-	statePath := t.TempDir() + "/state.json"
-	listen := testmc.FreeAddr(t)
-	tc := testConfig{upstream: upstreamExtra, throttle: `capacity = "unlimited"`}
-	cfg, err := bucketcfg.Parse([]byte(tc.render(listen, []string{a.Addr, b.Addr}, statePath)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := New(Options{Config: cfg, Logger: testLogger(t), HealthInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &testProxy{Server: srv, Addr: listen, MC: a, StatePath: statePath, stop: testmc.Serve(t, srv)}
-	return p, a, b
-}
-
 // onServer reports whether key (as the client sees it, in bucket
 // "default") is stored on memcached server m.
 func onServer(t *testing.T, m *testmc.Server, key string) bool {

@@ -12,66 +12,8 @@ import (
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
-	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
-
-// hashes returns the password hashes of the test users, each user's
-// password being its name and "-pw" (cheap hashes, the same on every call).
-func hashes(t testing.TB) map[string]string {
-	h := map[string]string{}
-	for _, u := range []string{"admin", "alice", "bob", "limited", "free"} {
-		h[u] = testmc.PasswordHash(t, u+"-pw")
-	}
-	return h
-}
-
-// tenantTail is a bucket and user layout: default, alice (flush
-// enabled), bob, and users admin (all buckets, admin + unthrottled), alice
-// and bob (their own bucket each).
-func tenantTail(t testing.TB) string {
-	h := hashes(t)
-	return fmt.Sprintf(`
-[[bucket]]
-name = "default"
-[[bucket]]
-name = "alice"
-flush_enabled = true
-[[bucket]]
-name = "bob"
-[[user]]
-name = "admin"
-password_hash = %q
-buckets = ["*"]
-privileges = ["admin", "unthrottled"]
-[[user]]
-name = "alice"
-password_hash = %q
-buckets = ["alice"]
-[[user]]
-name = "bob"
-password_hash = %q
-buckets = ["bob"]
-`, h["admin"], h["alice"], h["bob"])
-}
-
-func login(t testing.TB, addr, user string) *mcclient.Client {
-	t.Helper()
-	c := dial(t, addr)
-	r, err := c.Do(mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: []byte("\x00" + user + "\x00" + user + "-pw")})
-	if err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("login %s: %v %+v", user, err, r)
-	}
-	return c
-}
-
-func status(t testing.TB, r *mcclient.Response, err error) mc.Status {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r.Status()
-}
 
 func TestSASL(t *testing.T) {
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
@@ -196,15 +138,6 @@ func TestAuthRequired(t *testing.T) {
 	if r, err := a.Get([]byte("k")); status(t, r, err) != mc.StatusKeyEnoent {
 		t.Fatalf("admin GET in bob: %s", r.Status())
 	}
-}
-
-func adminDo(t testing.TB, c *mcclient.Client, op mc.Opcode, key, body string) *mcclient.Response {
-	t.Helper()
-	r, err := c.Do(mcclient.Request{Opcode: op, Key: []byte(key), Value: []byte(body)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
 }
 
 // TestAdminOpcodes covers every rule of DESIGN.md section 5.
@@ -336,18 +269,6 @@ func TestAdminChangeAltersThrottling(t *testing.T) {
 	}
 	if r := burstUntilThrottled(); r != nil {
 		t.Fatalf("still throttled after removing the limit: %q", r.Value)
-	}
-}
-
-func hello(t testing.TB, c *mcclient.Client, features ...mc.Feature) {
-	t.Helper()
-	var v []byte
-	for _, f := range features {
-		v = append(v, byte(f>>8), byte(f))
-	}
-	r, err := c.Do(mcclient.Request{Opcode: mc.OpHello, Key: []byte("test"), Value: v})
-	if err != nil || r.Status() != mc.StatusSuccess || !bytes.Equal(r.Value, v) {
-		t.Fatalf("HELLO %v: %v %+v", features, err, r)
 	}
 }
 

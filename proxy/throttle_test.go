@@ -14,27 +14,6 @@ import (
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
-func limitedTail(t testing.TB) string {
-	h := hashes(t)
-	return fmt.Sprintf(`
-[[bucket]]
-name = "default"
-[[bucket]]
-name = "limited"
-hard_limit = 2000
-[[bucket]]
-name = "free"
-[[user]]
-name = "limited"
-password_hash = %q
-buckets = ["limited"]
-[[user]]
-name = "free"
-password_hash = %q
-buckets = ["free"]
-`, h["limited"], h["free"])
-}
-
 // drive runs the connections, each doing SETs of 1 unit for d, and
 // returns the commands completed, the failures and the longest latency.
 func drive(conns []*mcclient.Client, d time.Duration) (done, failed int64, maxLatency time.Duration) {

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"net"
 	"os/exec"
@@ -95,60 +94,6 @@ func TestConcurrentClientsNoCrossTalk(t *testing.T) {
 			t.Error(err)
 		}
 	}
-}
-
-func runMixed(addr string, ci, ops int) error {
-	c, err := mcclient.Dial(addr)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	counter := []byte(fmt.Sprintf("c%d-counter", ci))
-	var count uint64
-	for i := 0; i < ops; i++ {
-		key := []byte(fmt.Sprintf("c%d-k%d", ci, i%10))
-		val := []byte(fmt.Sprintf("client %d value %d %s", ci, i, bytes.Repeat([]byte{'x'}, i%200)))
-		switch i % 4 {
-		case 0:
-			if r, err := c.Set(key, val); err != nil || r.Status() != mc.StatusSuccess {
-				return fmt.Errorf("client %d set %d: %v %v", ci, i, err, r)
-			}
-			r, err := c.Get(key)
-			if err != nil || r.Status() != mc.StatusSuccess || !bytes.Equal(r.Value, val) {
-				return fmt.Errorf("client %d get %d: got %q want %q (%v)", ci, i, r.Value, val, err)
-			}
-		case 1:
-			r, err := c.Incr(counter, 1, 1)
-			if err != nil || r.Status() != mc.StatusSuccess {
-				return fmt.Errorf("client %d incr: %v %v", ci, err, r)
-			}
-			count++
-			if got := binary.BigEndian.Uint64(r.Value); got != count {
-				return fmt.Errorf("client %d incr: counter %d, want %d", ci, got, count)
-			}
-		case 2:
-			if r, err := c.Delete(key); err != nil || (r.Status() != mc.StatusSuccess && r.Status() != mc.StatusKeyEnoent) {
-				return fmt.Errorf("client %d delete: %v %v", ci, err, r)
-			}
-			if r, err := c.Get(key); err != nil || r.Status() != mc.StatusKeyEnoent {
-				return fmt.Errorf("client %d get after delete: %v %v", ci, err, r)
-			}
-		case 3:
-			// A pipelined pair: SET then GETK, answered in order.
-			c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(uint32(ci), 0), Key: key, Value: val})
-			c.Send(mcclient.Request{Opcode: mc.OpGetK, Key: key})
-			if err := c.Flush(); err != nil {
-				return err
-			}
-			r1, err1 := c.Read()
-			r2, err2 := c.Read()
-			if err1 != nil || err2 != nil || r1.Opcode != mc.OpSet || r2.Opcode != mc.OpGetK ||
-				!bytes.Equal(r2.Key, key) || !bytes.Equal(r2.Value, val) || binary.BigEndian.Uint32(r2.Extras) != uint32(ci) {
-				return fmt.Errorf("client %d pipelined set/getk: %v %v %+v %+v", ci, err1, err2, r1, r2)
-			}
-		}
-	}
-	return nil
 }
 
 // TestDisconnectInFlight closes clients with requests in flight: later
