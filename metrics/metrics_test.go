@@ -312,20 +312,6 @@ func TestPromtool(t *testing.T) {
 	}
 }
 
-func get(t *testing.T, url string) (int, string, http.Header) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(body), resp.Header
-}
-
 func TestHealthAndReady(t *testing.T) {
 	var mu sync.Mutex
 	ok, reason := false, "upstream 127.0.0.1:11211 down\nsince boot"
@@ -338,36 +324,36 @@ func TestHealthAndReady(t *testing.T) {
 	ts := httptest.NewServer(m.Handler(ready))
 	defer ts.Close()
 
-	if code, body, h := get(t, ts.URL+"/healthz"); code != 200 || body != "ok\n" ||
+	if code, body, h := testmc.Get(t, ts.URL+"/healthz"); code != 200 || body != "ok\n" ||
 		!strings.HasPrefix(h.Get("Content-Type"), "text/plain") {
 		t.Errorf("/healthz: %d %q %v", code, body, h)
 	}
-	if code, body, _ := get(t, ts.URL+"/readyz"); code != 503 || body != "upstream 127.0.0.1:11211 down since boot\n" {
+	if code, body, _ := testmc.Get(t, ts.URL+"/readyz"); code != 503 || body != "upstream 127.0.0.1:11211 down since boot\n" {
 		t.Errorf("/readyz not ready: %d %q", code, body)
 	}
 	mu.Lock()
 	reason = ""
 	mu.Unlock()
-	if code, body, _ := get(t, ts.URL+"/readyz"); code != 503 || body != "not ready\n" {
+	if code, body, _ := testmc.Get(t, ts.URL+"/readyz"); code != 503 || body != "not ready\n" {
 		t.Errorf("/readyz not ready, no reason: %d %q", code, body)
 	}
 	mu.Lock()
 	ok = true
 	mu.Unlock()
-	if code, body, _ := get(t, ts.URL+"/readyz"); code != 200 || body != "ok\n" {
+	if code, body, _ := testmc.Get(t, ts.URL+"/readyz"); code != 200 || body != "ok\n" {
 		t.Errorf("/readyz ready: %d %q", code, body)
 	}
 	// healthz does not depend on readiness
 	mu.Lock()
 	ok = false
 	mu.Unlock()
-	if code, _, _ := get(t, ts.URL+"/healthz"); code != 200 {
+	if code, _, _ := testmc.Get(t, ts.URL+"/healthz"); code != 200 {
 		t.Errorf("/healthz while not ready: %d", code)
 	}
-	if code, _, _ := get(t, ts.URL+"/nope"); code != 404 {
+	if code, _, _ := testmc.Get(t, ts.URL+"/nope"); code != 404 {
 		t.Errorf("/nope: %d, want 404", code)
 	}
-	if code, body, _ := get(t, ts.URL+"/"); code != 200 || !strings.Contains(body, "/metrics") {
+	if code, body, _ := testmc.Get(t, ts.URL+"/"); code != 200 || !strings.Contains(body, "/metrics") {
 		t.Errorf("/: %d %q", code, body)
 	}
 	resp, err := http.Post(ts.URL+"/healthz", "text/plain", nil)
@@ -382,7 +368,7 @@ func TestHealthAndReady(t *testing.T) {
 	// nil ready: always ready
 	ts2 := httptest.NewServer(m.Handler(nil))
 	defer ts2.Close()
-	if code, body, _ := get(t, ts2.URL+"/readyz"); code != 200 || body != "ok\n" {
+	if code, body, _ := testmc.Get(t, ts2.URL+"/readyz"); code != 200 || body != "ok\n" {
 		t.Errorf("/readyz with nil ready: %d %q", code, body)
 	}
 }
@@ -456,7 +442,7 @@ func TestServeShutdownNoLeak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _, _ := get(t, "http://"+addr2+"/healthz"); code != 200 {
+	if code, _, _ := testmc.Get(t, "http://"+addr2+"/healthz"); code != 200 {
 		t.Errorf("healthz after restart: %d", code)
 	}
 	if err := m.Shutdown(ctx); err != nil {

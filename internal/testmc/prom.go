@@ -12,9 +12,9 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// Scrape GETs url (a Prometheus /metrics endpoint) and returns the body.
-// The test fails unless the answer is 200 OK.
-func Scrape(t testing.TB, url string) string {
+// Get GETs url and returns the answer's status code, body and header. The
+// test fails if there is no answer or its body cannot be read.
+func Get(t testing.TB, url string) (int, string, http.Header) {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -25,10 +25,18 @@ func Scrape(t testing.TB, url string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
+	return resp.StatusCode, string(body), resp.Header
+}
+
+// Scrape GETs url (a Prometheus /metrics endpoint) and returns the body.
+// The test fails unless the answer is 200 OK.
+func Scrape(t testing.TB, url string) string {
+	t.Helper()
+	code, body, _ := Get(t, url)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s\n%s", url, code, http.StatusText(code), body)
 	}
-	return string(body)
+	return body
 }
 
 // ParseMetrics parses text in the Prometheus text format, with the
