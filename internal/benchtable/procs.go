@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/bareforward"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 // cleaner runs registered functions once, last registered first. It is safe
@@ -210,35 +210,14 @@ func setGroupKill(cmd *exec.Cmd) {
 	cmd.WaitDelay = 5 * time.Second
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
+// waitListening waits until p listens on addr, giving up when ctx ends,
+// when p exits or after timeout.
 func waitListening(ctx context.Context, p *proc, addr string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		if err := p.ensureAlive(); err != nil {
-			return err
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: not listening on %s after %v: %v; its output:\n%s", p.name, addr, timeout, err, p.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	err := testmc.WaitListeningWhile(ctx, addr, timeout, p.ensureAlive)
+	if err == nil || ctx.Err() != nil || p.exited() {
+		return err
 	}
+	return fmt.Errorf("%s: %s: %w; its output:\n%s", p.name, addr, err, p.out.String())
 }
 
 type memcached struct {
@@ -247,7 +226,7 @@ type memcached struct {
 }
 
 func startMemcached(ctx context.Context, cl *cleaner, path string) (*memcached, error) {
-	port, err := freePort()
+	port, err := testmc.PickPort()
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +285,7 @@ hard_limit = "unlimited"
 }
 
 func startProxy(ctx context.Context, cl *cleaner, bin, dir, tag, upstream string) (*proxyProc, error) {
-	port, err := freePort()
+	port, err := testmc.PickPort()
 	if err != nil {
 		return nil, err
 	}
@@ -440,7 +419,7 @@ func startBareForwarder(ctx context.Context, cl *cleaner, upstream string) (*pro
 	if err != nil {
 		return nil, fmt.Errorf("bare forwarder: %w", err)
 	}
-	port, err := freePort()
+	port, err := testmc.PickPort()
 	if err != nil {
 		return nil, err
 	}

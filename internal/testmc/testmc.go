@@ -1,11 +1,12 @@
 // Package testmc holds the helpers that tests of several packages share:
 // real memcached servers, free loopback ports, running a server (such as
 // the proxy) for the length of a test, cheap password hashes, and reading
-// Prometheus scrapes. It is for tests only.
+// Prometheus scrapes. It is for tests and the benchmark driver only.
 package testmc
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"os/exec"
@@ -17,12 +18,22 @@ import (
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	port, err := PickPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+// PickPort is FreePort for code without a testing.TB (the benchmark
+// driver): it returns a loopback TCP port that was free a moment ago.
+func PickPort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("free port: %v", err)
+		return 0, fmt.Errorf("free port: %w", err)
 	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // FreeAddr returns "127.0.0.1:PORT" for a free port.
@@ -87,14 +98,30 @@ func (s *Server) Restart(t testing.TB) {
 	s.start(t)
 }
 
-// WaitListening waits until addr accepts a TCP connection.
+// WaitListening waits until addr accepts a TCP connection; after timeout
+// it returns an error saying so.
 func WaitListening(addr string, timeout time.Duration) error {
+	return WaitListeningWhile(context.Background(), addr, timeout, nil)
+}
+
+// WaitListeningWhile is WaitListening that also gives up when ctx is done,
+// returning ctx.Err(), or when alive (if not nil) returns an error (the
+// server's process has exited, say), returning that error.
+func WaitListeningWhile(ctx context.Context, addr string, timeout time.Duration, alive func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err == nil {
 			c.Close()
 			return nil
+		}
+		if alive != nil {
+			if err := alive(); err != nil {
+				return err
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("not listening after %v: %w", timeout, err)
