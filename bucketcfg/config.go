@@ -252,7 +252,6 @@ type Bucket struct {
 // Path returns the file the Config was loaded from ("" after [Parse]).
 func (c *Config) Path() string { return c.path }
 
-// Bucket returns the bucket called name, or nil when there is none. The
 // BucketNames returns the names of the configured buckets, in file order.
 func (c *Config) BucketNames() []string {
 	names := make([]string, len(c.Buckets))
@@ -262,6 +261,7 @@ func (c *Config) BucketNames() []string {
 	return names
 }
 
+// Bucket returns the bucket called name, or nil when there is none. The
 // result points into c and must not be modified.
 func (c *Config) Bucket(name string) *Bucket {
 	if i, ok := c.bucketIndex[name]; ok {

@@ -238,7 +238,8 @@ const (
 	FrameInfoThrottled      uint16 = 0x03 // response: microseconds the command was throttled (not sent by kvthrottle)
 )
 
-// ErrBadFramingExtras: flexible framing extras that do not parse.
+// ErrBadFramingExtras is the error of flexible framing extras that do not
+// parse.
 var ErrBadFramingExtras = errors.New("binary: malformed framing extras")
 
 // ParseFramingExtras calls fn for each entry in b, the framing extras of a
