@@ -1,6 +1,10 @@
 package bucketcfg
 
-import "time"
+import (
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
 
 // Bounds of the numeric settings. They are deliberately generous: they only
 // catch typos and values that would make the proxy misbehave.
@@ -93,7 +97,7 @@ type Config struct {
 // fileNode keeps the node throttle values of the file so that [Effective]
 // can always start again from them.
 type fileNode struct {
-	capacity Limit
+	capacity throttle.Limit
 	defaults BucketThrottle
 }
 
@@ -167,7 +171,7 @@ type UpstreamConfig struct {
 // ThrottleConfig is the [throttle] table.
 type ThrottleConfig struct {
 	// Capacity is the node capacity (key capacity, default 25000).
-	Capacity Limit
+	Capacity throttle.Limit
 	// Defaults are the limits of buckets that do not set their own (keys
 	// default_throttle_reserved_units, default 0, and
 	// default_throttle_hard_limit, default "unlimited"); Reserved <= HardLimit.

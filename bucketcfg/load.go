@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/kvthrottle/kvthrottle/internal/echo"
 )
 
 // ConfigError reports every problem found in a configuration file. Each
@@ -219,11 +221,11 @@ func parse(data []byte) (*Config, error) {
 	switch cfg.Log.Level {
 	case "trace", "debug", "info", "warn", "error", "fatal", "panic", "disabled":
 	default:
-		probs.addf("log.level", "must be one of trace, debug, info, warn, error, fatal, panic, disabled; got %s", quoteShort(cfg.Log.Level))
+		probs.addf("log.level", "must be one of trace, debug, info, warn, error, fatal, panic, disabled; got %s", echo.Quote(cfg.Log.Level))
 	}
 	cfg.Log.Format = strOr(raw.Log.Format, defaultLogFormat)
 	if cfg.Log.Format != "json" && cfg.Log.Format != "console" {
-		probs.addf("log.format", `must be "json" or "console", got %s`, quoteShort(cfg.Log.Format))
+		probs.addf("log.format", `must be "json" or "console", got %s`, echo.Quote(cfg.Log.Format))
 	}
 
 	if md.IsDefined("bucket") {
@@ -246,7 +248,7 @@ func parse(data []byte) (*Config, error) {
 	} else {
 		cfg.Proxy.DefaultBucket = *raw.Proxy.DefaultBucket
 		if cfg.Proxy.DefaultBucket != "" && cfg.Bucket(cfg.Proxy.DefaultBucket) == nil {
-			probs.addf("proxy.default_bucket", "%s is not a [[bucket]]", quoteShort(cfg.Proxy.DefaultBucket))
+			probs.addf("proxy.default_bucket", "%s is not a [[bucket]]", echo.Quote(cfg.Proxy.DefaultBucket))
 		}
 	}
 

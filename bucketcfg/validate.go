@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/echo"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 func strOr(p *string, def string) string {
@@ -33,12 +36,12 @@ func intIn(key string, p *int64, def, lo, hi int64, probs *problems) int {
 
 // limitIn returns the Limit of a TOML value (def when v is nil), reporting a
 // problem naming key when it is invalid.
-func limitIn(key string, v any, def Limit, probs *problems) (Limit, bool) {
+func limitIn(key string, v any, def throttle.Limit, probs *problems) (throttle.Limit, bool) {
 	if v == nil {
 		return def, false
 	}
-	l, err := limitFromTOML(v)
-	if err != nil {
+	var l throttle.Limit
+	if err := l.UnmarshalTOML(v); err != nil {
 		probs.addf(key, "%s", err)
 		return def, false
 	}
@@ -67,7 +70,7 @@ func connTimeout(key string, p *string, def time.Duration, probs *problems) time
 	d, err := time.ParseDuration(*p)
 	switch {
 	case err != nil:
-		probs.addf(key, `invalid duration %s (write for example "10s", "500ms" or "0s" for never)`, quoteShort(*p))
+		probs.addf(key, `invalid duration %s (write for example "10s", "500ms" or "0s" for never)`, echo.Quote(*p))
 	case d != 0 && (d < MinConnTimeout || d > MaxConnTimeout):
 		probs.addf(key, "must be 0s (never) or from %s to %s, got %s", MinConnTimeout, MaxConnTimeout, d)
 	default:
@@ -90,7 +93,7 @@ func buildUpstream(u *UpstreamConfig, raw *tomlUpstream, probs *problems) {
 			if err := checkHostPort(s, false, false); err != nil {
 				probs.addf(key, "%s", err)
 			} else if seen[s] {
-				probs.addf(key, "duplicate server %s", quoteShort(s))
+				probs.addf(key, "duplicate server %s", echo.Quote(s))
 			}
 			seen[s] = true
 		}
@@ -100,7 +103,7 @@ func buildUpstream(u *UpstreamConfig, raw *tomlUpstream, probs *problems) {
 		d, err := time.ParseDuration(*raw.Timeout)
 		switch {
 		case err != nil:
-			probs.addf("upstream.timeout", `invalid duration %s (write for example "2s" or "500ms")`, quoteShort(*raw.Timeout))
+			probs.addf("upstream.timeout", `invalid duration %s (write for example "2s" or "500ms")`, echo.Quote(*raw.Timeout))
 		case d <= 0 || d > MaxUpstreamTimeout:
 			probs.addf("upstream.timeout", "must be greater than 0 and at most %s, got %s", MaxUpstreamTimeout, d)
 		default:
@@ -125,7 +128,7 @@ func buildUpstream(u *UpstreamConfig, raw *tomlUpstream, probs *problems) {
 		d, err := time.ParseDuration(*raw.EjectRetry)
 		switch {
 		case err != nil:
-			probs.addf("upstream.eject_retry", `invalid duration %s (write for example "30s")`, quoteShort(*raw.EjectRetry))
+			probs.addf("upstream.eject_retry", `invalid duration %s (write for example "30s")`, echo.Quote(*raw.EjectRetry))
 		case d < 100*time.Millisecond || d > time.Hour:
 			probs.addf("upstream.eject_retry", "must be from 100ms to 1h, got %s", d)
 		default:
@@ -141,15 +144,15 @@ const (
 )
 
 func buildThrottle(t *ThrottleConfig, raw *tomlThrottle, probs *problems) {
-	t.Capacity, _ = limitIn("throttle.capacity", raw.Capacity, UnitsPerSecond(defaultCapacity), probs)
+	t.Capacity, _ = limitIn("throttle.capacity", raw.Capacity, throttle.Limit(defaultCapacity), probs)
 	var okR, okH bool
-	t.Defaults.Reserved, okR = limitIn("throttle.default_throttle_reserved_units", raw.DefaultReserved, UnitsPerSecond(0), probs)
-	t.Defaults.HardLimit, okH = limitIn("throttle.default_throttle_hard_limit", raw.DefaultHardLimit, Unlimited(), probs)
+	t.Defaults.Reserved, okR = limitIn("throttle.default_throttle_reserved_units", raw.DefaultReserved, throttle.Limit(0), probs)
+	t.Defaults.HardLimit, okH = limitIn("throttle.default_throttle_hard_limit", raw.DefaultHardLimit, throttle.Unlimited, probs)
 	if (okR || raw.DefaultReserved == nil) && (okH || raw.DefaultHardLimit == nil) && t.Defaults.Validate() != nil {
 		probs.addf("throttle.default_throttle_reserved_units", "%s exceeds default_throttle_hard_limit %s", t.Defaults.Reserved, t.Defaults.HardLimit)
 	}
 	if t.Defaults.Validate() != nil { // keep the Config invariant even on error paths
-		t.Defaults = BucketThrottle{Reserved: UnitsPerSecond(0), HardLimit: Unlimited()}
+		t.Defaults = BucketThrottle{Reserved: throttle.Limit(0), HardLimit: throttle.Unlimited}
 	}
 	t.ReadUnitSize = intIn("throttle.read_unit_size", raw.ReadUnitSize, defaultUnitSize, 1, MaxUnitSize, probs)
 	t.WriteUnitSize = intIn("throttle.write_unit_size", raw.WriteUnitSize, defaultUnitSize, 1, MaxUnitSize, probs)
@@ -164,7 +167,7 @@ func buildThrottle(t *ThrottleConfig, raw *tomlThrottle, probs *problems) {
 		d, err := time.ParseDuration(*raw.MaxHold)
 		switch {
 		case err != nil:
-			probs.addf("throttle.max_hold", `invalid duration %s (write for example "500ms"; "0s" holds as long as needed)`, quoteShort(*raw.MaxHold))
+			probs.addf("throttle.max_hold", `invalid duration %s (write for example "500ms"; "0s" holds as long as needed)`, echo.Quote(*raw.MaxHold))
 		case d < 0 || d > MaxMaxHold:
 			probs.addf("throttle.max_hold", "must be from 0s to %s, got %s", MaxMaxHold, d)
 		default:
@@ -199,8 +202,8 @@ func buildBuckets(cfg *Config, raws []tomlBucket, probs *problems) {
 			seen[b.Name] = true
 		}
 		var okR, okH bool
-		b.file.Reserved, okR = limitIn(label+": reserved", rb.Reserved, Limit{}, probs)
-		b.file.HardLimit, okH = limitIn(label+": hard_limit", rb.HardLimit, Limit{}, probs)
+		b.file.Reserved, okR = limitIn(label+": reserved", rb.Reserved, 0, probs)
+		b.file.HardLimit, okH = limitIn(label+": hard_limit", rb.HardLimit, 0, probs)
 		b.ReservedSet, b.HardLimitSet = okR, okH
 		if rb.FlushEnabled != nil {
 			b.FlushEnabled = *rb.FlushEnabled
@@ -251,7 +254,7 @@ func CheckBucketName(name string) error {
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '%' || c == '-') {
-			return fmt.Errorf("bucket name %s has a character outside A-Z a-z 0-9 . _ %% -", quoteShort(name))
+			return fmt.Errorf("bucket name %s has a character outside A-Z a-z 0-9 . _ %% -", echo.Quote(name))
 		}
 	}
 	return nil
@@ -268,18 +271,18 @@ func checkListen(key, addr string, probs *problems) {
 func checkHostPort(addr string, allowEmptyHost, allowPortZero bool) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("must be host:port, got %s", quoteShort(addr))
+		return fmt.Errorf("must be host:port, got %s", echo.Quote(addr))
 	}
 	p, err := strconv.Atoi(port)
 	if err != nil || port[0] < '0' || port[0] > '9' || p < 0 || p > 65535 {
-		return fmt.Errorf("port must be a number between 0 and 65535 in %s", quoteShort(addr))
+		return fmt.Errorf("port must be a number between 0 and 65535 in %s", echo.Quote(addr))
 	}
 	if p == 0 && !allowPortZero {
-		return fmt.Errorf("port 0 is not allowed in %s", quoteShort(addr))
+		return fmt.Errorf("port 0 is not allowed in %s", echo.Quote(addr))
 	}
 	if host == "" {
 		if !allowEmptyHost {
-			return fmt.Errorf("host is missing in %s", quoteShort(addr))
+			return fmt.Errorf("host is missing in %s", echo.Quote(addr))
 		}
 		return nil
 	}
@@ -287,7 +290,7 @@ func checkHostPort(addr string, allowEmptyHost, allowPortZero bool) error {
 		return nil
 	}
 	if !isDNSName(host) {
-		return fmt.Errorf("host is neither an IP address nor a DNS name in %s", quoteShort(addr))
+		return fmt.Errorf("host is neither an IP address nor a DNS name in %s", echo.Quote(addr))
 	}
 	return nil
 }
