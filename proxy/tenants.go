@@ -71,13 +71,10 @@ func (t *tenants) bucket(name string) *bucket {
 	return nil
 }
 
-// throttleLimit converts a configuration limit to the engine's.
-func throttleLimit(l bucketcfg.Limit) throttle.Limit {
-	if n, ok := l.Finite(); ok {
-		return throttle.Limit(n)
-	}
-	return throttle.Unlimited
-}
+// throttleLimit returns l: the configuration and the engine share one Limit
+// type. It is kept only for its last caller in server.go (being rewritten
+// elsewhere); drop both together.
+func throttleLimit(l throttle.Limit) throttle.Limit { return l }
 
 // buildTenants creates or updates the engine's buckets to match eff and
 // returns the new table. prev (may be nil) supplies the buckets that keep
@@ -88,7 +85,7 @@ func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m 
 	t := &tenants{cfg: eff, buckets: make(map[string]*bucket, len(eff.Buckets))}
 	var errs []error
 	for _, bc := range eff.Buckets {
-		res, hard := throttleLimit(bc.Throttle.Reserved), throttleLimit(bc.Throttle.HardLimit)
+		res, hard := bc.Throttle.Reserved, bc.Throttle.HardLimit
 		if prev != nil {
 			if old := prev.buckets[bc.Name]; old != nil {
 				if err := old.tb.SetLimits(res, hard); err != nil {
