@@ -802,7 +802,7 @@ func (sl *slot) Fail(st binary.Status, reason string) {
 
 // appendWithUnits appends the client's view of a metered command's response
 // with flexible framing (magic 0x18) carrying the read and write units it
-// was charged (framing-info IDs 3 and 4), for clients that negotiated
+// was charged (framing-info IDs 0x01 and 0x02, read and write units), for clients that negotiated
 // ReportUnitUsage.
 func (sl *slot) appendWithUnits(dst []byte, f *binary.Frame) []byte {
 	srv := sl.s.lp.srv

@@ -71,11 +71,6 @@ func (t *tenants) bucket(name string) *bucket {
 	return nil
 }
 
-// throttleLimit returns l: the configuration and the engine share one Limit
-// type. It is kept only for its last caller in server.go (being rewritten
-// elsewhere); drop both together.
-func throttleLimit(l throttle.Limit) throttle.Limit { return l }
-
 // buildTenants creates or updates the engine's buckets to match eff and
 // returns the new table. prev (may be nil) supplies the buckets that keep
 // their state; new buckets start in namespace epochs[name]. Buckets of prev
