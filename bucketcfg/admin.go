@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+
+	"github.com/kvthrottle/kvthrottle/internal/echo"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // MaxAdminBodyBytes is the largest JSON body accepted by [ParseBucketThrottle]
@@ -32,8 +35,8 @@ const (
 // A valid BucketThrottle has Reserved <= HardLimit (see Validate). The zero
 // value is {0, 0}: valid, but a bucket with it can run nothing.
 type BucketThrottle struct {
-	Reserved  Limit `json:"reserved"`
-	HardLimit Limit `json:"hard_limit"`
+	Reserved  throttle.Limit `json:"reserved"`
+	HardLimit throttle.Limit `json:"hard_limit"`
 }
 
 // Validate returns an error when Reserved exceeds HardLimit.
@@ -60,7 +63,7 @@ func (b BucketThrottle) String() string {
 // exactly (case-sensitively), an unknown or repeated field is an error; a
 // missing field means "unlimited" (so {} is unlimited/unlimited, and
 // {"hard_limit": 100} is rejected because its reservation is unlimited); the
-// values follow the [Limit] rules; Reserved must not exceed HardLimit.
+// values follow the [throttle.Limit] rules; Reserved must not exceed HardLimit.
 //
 // The returned error's text is a short reason meant for the body of the
 // memcached 0x04 Einval response, for example
@@ -71,7 +74,7 @@ func ParseBucketThrottle(body []byte) (BucketThrottle, error) {
 	if err != nil {
 		return BucketThrottle{}, err
 	}
-	bt := BucketThrottle{Reserved: Unlimited(), HardLimit: Unlimited()}
+	bt := BucketThrottle{Reserved: throttle.Unlimited, HardLimit: throttle.Unlimited}
 	if raw, ok := fields[fieldReserved]; ok {
 		if bt.Reserved, err = limitField(fieldReserved, raw); err != nil {
 			return BucketThrottle{}, err
@@ -106,7 +109,7 @@ func ParseBucketThrottle(body []byte) (BucketThrottle, error) {
 //
 // with every field optional.
 type NodeThrottle struct {
-	Capacity *Limit
+	Capacity *throttle.Limit
 	Defaults *BucketThrottle
 }
 
@@ -115,22 +118,35 @@ func (nt NodeThrottle) IsEmpty() bool { return nt.Capacity == nil && nt.Defaults
 
 // MarshalJSON encodes nt in the wire form read by [ParseNodeThrottle],
 // omitting unchanged fields. It is what `kvthrottle ctl set-node` may send.
+// It fails, naming the field, for a limit ParseNodeThrottle would reject
+// (see [throttle.Limit.MarshalJSON]); values from this package's parsers
+// never do.
 func (nt NodeThrottle) MarshalJSON() ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteByte('{')
 	sep := ""
-	put := func(name string, l Limit) {
-		v, _ := l.MarshalJSON() // never fails
+	put := func(name string, l throttle.Limit) error {
+		v, err := l.MarshalJSON()
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
 		b.WriteString(sep + strconv.Quote(name) + ":")
 		b.Write(v)
 		sep = ","
+		return nil
 	}
 	if nt.Capacity != nil {
-		put(fieldCapacity, *nt.Capacity)
+		if err := put(fieldCapacity, *nt.Capacity); err != nil {
+			return nil, err
+		}
 	}
 	if nt.Defaults != nil {
-		put(fieldDefaultReserved, nt.Defaults.Reserved)
-		put(fieldDefaultHardLimit, nt.Defaults.HardLimit)
+		if err := put(fieldDefaultReserved, nt.Defaults.Reserved); err != nil {
+			return nil, err
+		}
+		if err := put(fieldDefaultHardLimit, nt.Defaults.HardLimit); err != nil {
+			return nil, err
+		}
 	}
 	b.WriteByte('}')
 	return b.Bytes(), nil
@@ -142,7 +158,7 @@ func (nt NodeThrottle) MarshalJSON() ([]byte, error) {
 // default_throttle_reserved_units and default_throttle_hard_limit must be
 // both present or both absent, and the reserved default must not exceed the
 // hard-limit default. The other rules (size, exactly one object, exact field
-// names, no unknown or repeated field, [Limit] values) and the style of the
+// names, no unknown or repeated field, [throttle.Limit] values) and the style of the
 // error text are those of [ParseBucketThrottle].
 func ParseNodeThrottle(body []byte) (NodeThrottle, error) {
 	fields, err := scanObject(body, fieldCapacity, fieldDefaultReserved, fieldDefaultHardLimit)
@@ -179,10 +195,10 @@ func ParseNodeThrottle(body []byte) (NodeThrottle, error) {
 }
 
 // limitField decodes one Limit-valued field, prefixing errors with its name.
-func limitField(name string, raw json.RawMessage) (Limit, error) {
-	l, err := limitFromJSON(raw)
-	if err != nil {
-		return Limit{}, fmt.Errorf("%s: %w", name, err)
+func limitField(name string, raw json.RawMessage) (throttle.Limit, error) {
+	var l throttle.Limit
+	if err := l.UnmarshalJSON(raw); err != nil {
+		return 0, fmt.Errorf("%s: %w", name, err)
 	}
 	return l, nil
 }
@@ -232,7 +248,7 @@ func scanObject(body []byte, known ...string) (map[string]json.RawMessage, error
 			}
 		}
 		if !isKnown {
-			return nil, fmt.Errorf("unknown field %s", quoteShort(key))
+			return nil, fmt.Errorf("unknown field %s", echo.Quote(key))
 		}
 		if _, dup := fields[key]; dup {
 			return nil, fmt.Errorf("duplicate field %q", key)
@@ -260,7 +276,7 @@ func jsonErr(err error) error {
 	}
 	msg := err.Error()
 	if len(msg) > 80 {
-		msg, _ = cutShortN(msg, 80)
+		msg, _ = echo.Cut(msg, 80)
 		msg += "..."
 	}
 	var se *json.SyntaxError

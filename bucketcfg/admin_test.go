@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 func TestParseBucketThrottle(t *testing.T) {
-	unl := Unlimited()
+	unl := throttle.Unlimited
 	cases := []struct {
 		name    string
 		body    string
@@ -23,7 +25,7 @@ func TestParseBucketThrottle(t *testing.T) {
 		{"missing hard", `{"reserved": 10}`, BucketThrottle{lim(10), unl}, ""},
 		{"white space", " \n\t{ \"reserved\" : 1 }\r\n ", BucketThrottle{lim(1), unl}, ""},
 		{"field order", `{"hard_limit": 9, "reserved": 3}`, BucketThrottle{lim(3), lim(9)}, ""},
-		{"max", `{"reserved": 1000000000, "hard_limit": 1000000000}`, BucketThrottle{lim(MaxUnits), lim(MaxUnits)}, ""},
+		{"max", `{"reserved": 1000000000, "hard_limit": 1000000000}`, BucketThrottle{lim(throttle.MaxUnits), lim(throttle.MaxUnits)}, ""},
 
 		{"missing reserved", `{"hard_limit": 100}`, BucketThrottle{}, `reserved is missing, which means "unlimited", and that exceeds hard_limit 100`},
 		{"reserved over hard", `{"reserved": 200, "hard_limit": 100}`, BucketThrottle{}, "reserved 200 exceeds hard_limit 100"},
@@ -90,7 +92,7 @@ func TestParseBucketThrottleBodySizeBoundary(t *testing.T) {
 }
 
 func TestBucketThrottleJSONRoundTrip(t *testing.T) {
-	for _, bt := range []BucketThrottle{{lim(0), lim(0)}, {lim(5), Unlimited()}, {Unlimited(), Unlimited()}} {
+	for _, bt := range []BucketThrottle{{lim(0), lim(0)}, {lim(5), throttle.Unlimited}, {throttle.Unlimited, throttle.Unlimited}} {
 		b, err := json.Marshal(bt)
 		if err != nil {
 			t.Fatal(err)
@@ -103,12 +105,12 @@ func TestBucketThrottleJSONRoundTrip(t *testing.T) {
 }
 
 func TestParseNodeThrottle(t *testing.T) {
-	unl := Unlimited()
+	unl := throttle.Unlimited
 	type want struct {
-		capacity *Limit
+		capacity *throttle.Limit
 		defaults *BucketThrottle
 	}
-	lp := func(l Limit) *Limit { return &l }
+	lp := func(l throttle.Limit) *throttle.Limit { return &l }
 	cases := []struct {
 		name    string
 		body    string
@@ -170,7 +172,7 @@ func TestParseNodeThrottle(t *testing.T) {
 }
 
 func TestNodeThrottleMarshalJSON(t *testing.T) {
-	c := Unlimited()
+	c := throttle.Unlimited
 	cases := []struct {
 		nt   NodeThrottle
 		want string

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 func TestParseDefaults(t *testing.T) {
@@ -23,7 +25,7 @@ func TestParseDefaults(t *testing.T) {
 		if !reflect.DeepEqual(cfg.Upstream, UpstreamConfig{Servers: []string{"127.0.0.1:11211"}, Timeout: 2 * time.Second, MaxInflight: 4096, EjectRetry: 30 * time.Second}) {
 			t.Errorf("Upstream = %+v", cfg.Upstream)
 		}
-		wantT := ThrottleConfig{Capacity: lim(25000), Defaults: BucketThrottle{lim(0), Unlimited()},
+		wantT := ThrottleConfig{Capacity: lim(25000), Defaults: BucketThrottle{lim(0), throttle.Unlimited},
 			ReadUnitSize: 4096, WriteUnitSize: 4096, StateFile: "kvthrottle-state.json", Burst: 100 * time.Millisecond, MaxItemBytes: 1 << 20}
 		if cfg.Throttle != wantT {
 			t.Errorf("Throttle = %+v, want %+v", cfg.Throttle, wantT)
@@ -32,7 +34,7 @@ func TestParseDefaults(t *testing.T) {
 			t.Errorf("Metrics = %+v, Log = %+v", cfg.Metrics, cfg.Log)
 		}
 		if len(cfg.Buckets) != 1 || cfg.Buckets[0].Name != "default" || cfg.Buckets[0].FlushEnabled ||
-			cfg.Buckets[0].Throttle != (BucketThrottle{lim(0), Unlimited()}) || cfg.Buckets[0].ReservedSet || cfg.Buckets[0].HardLimitSet {
+			cfg.Buckets[0].Throttle != (BucketThrottle{lim(0), throttle.Unlimited}) || cfg.Buckets[0].ReservedSet || cfg.Buckets[0].HardLimitSet {
 			t.Errorf("Buckets = %+v, want the implied default bucket", cfg.Buckets)
 		}
 		if cfg.Bucket("default") == nil {
@@ -72,7 +74,7 @@ flush_enabled = true
 		{"default", BucketThrottle{lim(10), lim(100)}, false, false, false},
 		{"r", BucketThrottle{lim(50), lim(100)}, true, false, false},
 		{"h", BucketThrottle{lim(10), lim(20)}, false, true, false},
-		{"both", BucketThrottle{Unlimited(), Unlimited()}, true, true, true},
+		{"both", BucketThrottle{throttle.Unlimited, throttle.Unlimited}, true, true, true},
 	}
 	for i, c := range cases {
 		b := cfg.Bucket(c.name)
@@ -140,7 +142,7 @@ privileges = ["unthrottled"]
 `)
 	if cfg.Upstream.Timeout != 90*time.Second || cfg.Throttle.Burst != 0 || cfg.Metrics.Listen != "" ||
 		cfg.Throttle.MaxHold != 750*time.Millisecond || cfg.Throttle.MaxItemBytes != 5<<20 ||
-		!cfg.Throttle.Capacity.IsUnlimited() || cfg.Buckets[0].Throttle.Reserved != Unlimited() ||
+		!cfg.Throttle.Capacity.IsUnlimited() || cfg.Buckets[0].Throttle.Reserved != throttle.Unlimited ||
 		cfg.Proxy.AuthTimeout != 0 || cfg.Proxy.IdleTimeout != 720*time.Hour || cfg.Proxy.MaxUnsentBytes != 1<<20 {
 		t.Fatalf("unexpected %+v", cfg)
 	}

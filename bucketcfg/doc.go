@@ -2,8 +2,6 @@
 //
 // It owns:
 //
-//   - [Limit], a rate in units per second or "unlimited", as it appears in the
-//     TOML file, in the admin JSON bodies and in the state file;
 //   - [Config], the TOML configuration file of DESIGN.md section 6, loaded with
 //     [Load] or [Parse] and strictly validated (unknown keys and bad values
 //     are rejected with an error naming the key);
@@ -13,6 +11,10 @@
 //     0x2c ([ParseNodeThrottle]);
 //   - the persisted runtime state ([State], [LoadState], [State.Save]) and how
 //     it overrides the file ([Effective]).
+//
+// Every rate (capacity, reservation, hard limit) is a [throttle.Limit], whose
+// TOML and JSON forms (a non-negative integer or "unlimited") and error
+// messages that type defines; this package adds the key names.
 //
 // The package does no network I/O; it reads and writes files only in [Load],
 // [LoadState] and [State.Save]. Values returned by this package are plain data:

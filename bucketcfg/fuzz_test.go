@@ -4,13 +4,15 @@ import (
 	"encoding/json"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
-// checkLimit fails when l is outside the values a Limit may hold.
-func checkLimit(t *testing.T, what string, l Limit) {
+// checkLimit fails when l is outside the values a throttle.Limit may hold.
+func checkLimit(t *testing.T, what string, l throttle.Limit) {
 	t.Helper()
-	if n, ok := l.Finite(); ok && (n < 0 || n > MaxUnits) {
-		t.Fatalf("%s = %d, outside [0, %d]", what, n, MaxUnits)
+	if n, ok := l.Finite(); ok && (n < 0 || n > throttle.MaxUnits) {
+		t.Fatalf("%s = %d, outside [0, %d]", what, n, throttle.MaxUnits)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // Helpers the tests of several files share.
@@ -36,7 +38,7 @@ func mustParse(t *testing.T, doc string) *Config {
 	return cfg
 }
 
-func lim(n int64) Limit { return UnitsPerSecond(n) }
+func lim(n int64) throttle.Limit { return throttle.Limit(n) }
 
 func authConfig(t *testing.T) *Config {
 	t.Helper()

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // StateVersion is the version of the state file format written by
@@ -50,7 +52,7 @@ const maxStateBytes = 64 << 20
 // written before they existed.
 type State struct {
 	// Capacity overrides throttle.capacity when not nil.
-	Capacity *Limit
+	Capacity *throttle.Limit
 	// Defaults overrides the two throttle.default_throttle_* keys when not
 	// nil.
 	Defaults *BucketThrottle
@@ -225,17 +227,17 @@ func (s *State) Validate() error {
 // stateJSON is the file format of State.
 type stateJSON struct {
 	Version          int                        `json:"version"`
-	Capacity         *Limit                     `json:"capacity,omitempty"`
-	DefaultReserved  *Limit                     `json:"default_throttle_reserved_units,omitempty"`
-	DefaultHardLimit *Limit                     `json:"default_throttle_hard_limit,omitempty"`
+	Capacity         *throttle.Limit            `json:"capacity,omitempty"`
+	DefaultReserved  *throttle.Limit            `json:"default_throttle_reserved_units,omitempty"`
+	DefaultHardLimit *throttle.Limit            `json:"default_throttle_hard_limit,omitempty"`
 	Buckets          map[string]stateBucketJSON `json:"buckets"`
 	Epochs           map[string]uint64          `json:"epochs,omitempty"`
 	Retired          []string                   `json:"retired,omitempty"`
 }
 
 type stateBucketJSON struct {
-	Reserved  *Limit `json:"reserved"`
-	HardLimit *Limit `json:"hard_limit"`
+	Reserved  *throttle.Limit `json:"reserved"`
+	HardLimit *throttle.Limit `json:"hard_limit"`
 }
 
 // MarshalJSON encodes s in the state file format (map keys sorted, so the

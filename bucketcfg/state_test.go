@@ -7,15 +7,17 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 func sampleState() *State {
 	s := NewState()
-	c := UnitsPerSecond(30000)
+	c := throttle.Limit(30000)
 	s.Capacity = &c
-	s.Defaults = &BucketThrottle{lim(5), Unlimited()}
+	s.Defaults = &BucketThrottle{lim(5), throttle.Unlimited}
 	s.Buckets["b1"] = BucketThrottle{lim(100), lim(1000)}
-	s.Buckets["b2"] = BucketThrottle{Unlimited(), Unlimited()}
+	s.Buckets["b2"] = BucketThrottle{throttle.Unlimited, throttle.Unlimited}
 	s.Epochs["b1"], s.Epochs["b2"], s.Epochs["old"] = 0, 3, 1
 	s.Retired["old"] = true
 	return s
@@ -329,11 +331,11 @@ func TestEffective(t *testing.T) {
 	}
 
 	st := NewState()
-	c := UnitsPerSecond(5000)
+	c := throttle.Limit(5000)
 	st.Capacity = &c
 	st.Defaults = &BucketThrottle{lim(1), lim(50)}
-	st.Buckets["explicit"] = BucketThrottle{lim(7), Unlimited()} // overrides the file
-	st.Buckets["gone"] = BucketThrottle{lim(1), lim(1)}          // ignored
+	st.Buckets["explicit"] = BucketThrottle{lim(7), throttle.Unlimited} // overrides the file
+	st.Buckets["gone"] = BucketThrottle{lim(1), lim(1)}                 // ignored
 	eff, err := Effective(cfg, st)
 	if err != nil {
 		t.Fatal(err)
@@ -342,10 +344,10 @@ func TestEffective(t *testing.T) {
 		t.Errorf("Throttle = %+v", eff.Throttle)
 	}
 	want := map[string]BucketThrottle{
-		"default":   {lim(1), lim(50)},     // both from the state's defaults
-		"explicit":  {lim(7), Unlimited()}, // state entry
-		"res_only":  {lim(30), lim(50)},    // file reserved, state default hard
-		"hard_only": {lim(1), lim(300)},    // state default reserved, file hard
+		"default":   {lim(1), lim(50)},            // both from the state's defaults
+		"explicit":  {lim(7), throttle.Unlimited}, // state entry
+		"res_only":  {lim(30), lim(50)},           // file reserved, state default hard
+		"hard_only": {lim(1), lim(300)},           // state default reserved, file hard
 	}
 	if got := bucketThrottles(eff); !reflect.DeepEqual(got, want) {
 		t.Errorf("buckets = %v, want %v", got, want)
@@ -399,7 +401,7 @@ func TestSetNodePinsExistingBuckets(t *testing.T) {
 	}
 	st := NewState()
 	st.Buckets["hard_only"] = BucketThrottle{lim(2), lim(3)} // already overridden: kept
-	c := UnitsPerSecond(9)
+	c := throttle.Limit(9)
 	if err := st.SetNode(NodeThrottle{Capacity: &c, Defaults: &BucketThrottle{lim(40), lim(400)}}, current); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/kvthrottle/kvthrottle/internal/echo"
 )
 
 // Privilege is a user privilege of the [[user]] privileges list.
@@ -147,7 +149,7 @@ func checkUserName(name string) error {
 	}
 	for _, r := range name {
 		if unicode.IsControl(r) || unicode.IsSpace(r) {
-			return fmt.Errorf("%s contains a space or control character", quoteShort(name))
+			return fmt.Errorf("%s contains a space or control character", echo.Quote(name))
 		}
 	}
 	return nil
@@ -188,7 +190,7 @@ func buildUsers(cfg *Config, raws []tomlUser, probs *problems) {
 			case b == AllBuckets:
 				u.allBuckets = true
 			case cfg.Bucket(b) == nil:
-				probs.addf(label+": buckets", "%s is not a [[bucket]] (use \"*\" for every bucket)", quoteShort(b))
+				probs.addf(label+": buckets", "%s is not a [[bucket]] (use \"*\" for every bucket)", echo.Quote(b))
 			default:
 				u.buckets[b] = true
 			}
@@ -201,7 +203,7 @@ func buildUsers(cfg *Config, raws []tomlUser, probs *problems) {
 				case PrivilegeUnthrottled:
 					u.unthrottled = true
 				default:
-					probs.addf(label+": privileges", `unknown privilege %s (known: "admin", "unthrottled")`, quoteShort(p))
+					probs.addf(label+": privileges", `unknown privilege %s (known: "admin", "unthrottled")`, echo.Quote(p))
 					continue
 				}
 				dup := false

@@ -202,17 +202,17 @@ func TestCtlParseThrottleStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ts.Node.Capacity != (mcclient.Limit{Units: 25000}) || ts.Node.FreePool != (mcclient.Limit{Units: 15000}) || len(ts.Buckets) != 2 {
+	if ts.Node.Capacity != 25000 || ts.Node.FreePool != 15000 || len(ts.Buckets) != 2 {
 		t.Fatalf("%+v", ts)
 	}
 	web, ok := ts.Bucket("web")
-	want := mcclient.BucketStats{Name: "web", Reserved: mcclient.Limit{Units: 10000}, HardLimit: mcclient.Limit{Units: 20000},
+	want := mcclient.BucketStats{Name: "web", Reserved: 10000, HardLimit: 20000,
 		UnitsPerSec: 14500, UnitsTotal: 5400000, ReadUnitsTotal: 5000000, WriteUnitsTotal: 400000, CommandsTotal: 5300000,
 		ThrottledTotal: 1050, RejectedTotal: 7, HeldSessions: 3, Connections: 250}
 	if !ok || web != want {
 		t.Fatalf("web = %+v, want %+v", web, want)
 	}
-	if a := ts.Buckets[0]; a.Name != "analytics-batch-nightly" || !a.HardLimit.Unlimited || a.UnitsTotal != 123456789012 {
+	if a := ts.Buckets[0]; a.Name != "analytics-batch-nightly" || !a.HardLimit.IsUnlimited() || a.UnitsTotal != 123456789012 {
 		t.Fatalf("first bucket %+v", a)
 	}
 	for name, kv := range map[string][][2]string{

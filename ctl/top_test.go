@@ -10,7 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
@@ -86,13 +86,13 @@ func TestCtlTopFewLines(t *testing.T) {
 }
 
 func TestTopBar(t *testing.T) {
-	lim := func(n uint64) mcclient.Limit { return mcclient.Limit{Units: n} }
-	unl := mcclient.Limit{Unlimited: true}
+	lim := func(n uint64) throttle.Limit { return throttle.Limit(n) }
+	unl := throttle.Unlimited
 	cases := []struct {
 		name           string
 		width          int
 		use            uint64
-		reserved, hard mcclient.Limit
+		reserved, hard throttle.Limit
 		scale          uint64
 		want           string
 	}{

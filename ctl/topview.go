@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // ANSI sequences used by top: nothing beyond what every terminal emulator
@@ -115,11 +116,11 @@ func (v *topView) lines(status string, now time.Time) []string {
 	for _, b := range buckets {
 		used += b.UnitsPerSec
 		scale = max(scale, b.UnitsPerSec)
-		if !b.HardLimit.Unlimited {
-			scale = max(scale, b.HardLimit.Units)
+		if n, ok := b.HardLimit.Finite(); ok {
+			scale = max(scale, uint64(n))
 		}
-		if !b.Reserved.Unlimited {
-			scale = max(scale, b.Reserved.Units)
+		if n, ok := b.Reserved.Finite(); ok {
+			scale = max(scale, uint64(n))
 		}
 		longest = max(longest, len(b.Name))
 	}
@@ -136,8 +137,8 @@ func (v *topView) lines(status string, now time.Time) []string {
 		"free pool " + ts.Node.FreePool.String() + "/s",
 		"used " + strconv.FormatUint(used, 10) + "/s",
 	}
-	if c := ts.Node.Capacity; !c.Unlimited && c.Units > 0 {
-		parts[2] += fmt.Sprintf(" (%.0f%%)", 100*float64(used)/float64(c.Units))
+	if c, ok := ts.Node.Capacity.Finite(); ok && c > 0 {
+		parts[2] += fmt.Sprintf(" (%.0f%%)", 100*float64(used)/float64(c))
 	}
 	parts = append(parts, fmt.Sprintf("buckets %d", len(buckets)))
 	out = append(out, fitParts(parts, usable)...)
@@ -217,7 +218,7 @@ func (v *topView) render(lines []string, ansi, first bool) string {
 // each in the cell whose right edge is nearest its value; the hard-limit
 // mark wins when both fall in one cell. With scale 0 every value counts as
 // 0: an empty gauge, with the hard-limit mark first when the limit is finite.
-func renderBar(width int, use uint64, reserved, hard mcclient.Limit, scale uint64) string {
+func renderBar(width int, use uint64, reserved, hard throttle.Limit, scale uint64) string {
 	n := max(width, 3) - 2
 	frac := func(x uint64) float64 {
 		if scale == 0 {
@@ -233,8 +234,9 @@ func renderBar(width int, use uint64, reserved, hard mcclient.Limit, scale uint6
 		fill = 1 // any use shows
 	}
 	hardAt := n
-	if !hard.Unlimited {
-		hardAt = mark(hard.Units)
+	hardUnits, hardFinite := hard.Finite()
+	if hardFinite {
+		hardAt = mark(uint64(hardUnits))
 	}
 	cells := make([]byte, n)
 	for i := range cells {
@@ -247,10 +249,10 @@ func renderBar(width int, use uint64, reserved, hard mcclient.Limit, scale uint6
 			cells[i] = '.'
 		}
 	}
-	if !reserved.Unlimited && reserved.Units > 0 {
-		cells[mark(reserved.Units)] = '|'
+	if r, ok := reserved.Finite(); ok && r > 0 {
+		cells[mark(uint64(r))] = '|'
 	}
-	if !hard.Unlimited {
+	if hardFinite {
 		cells[hardAt] = ':'
 	}
 	return "[" + string(cells) + "]"
@@ -294,11 +296,12 @@ func fitNumber(n uint64, w int) string {
 }
 
 // fitLimit is fitNumber for a limit, "unlim" when unlimited.
-func fitLimit(l mcclient.Limit, w int) string {
-	if l.Unlimited {
+func fitLimit(l throttle.Limit, w int) string {
+	n, ok := l.Finite()
+	if !ok {
 		return "unlim"
 	}
-	return fitNumber(l.Units, w)
+	return fitNumber(uint64(n), w)
 }
 
 // truncName shortens name to w columns, marking the cut with '~'.

@@ -149,7 +149,7 @@ func (srv *Server) commit(next *bucketcfg.State) error {
 // apply makes eff the configuration in force on every loop. The caller
 // holds adminMu.
 func (srv *Server) apply(eff *bucketcfg.Config) error {
-	if err := srv.throttle.SetCapacity(throttleLimit(eff.Throttle.Capacity)); err != nil {
+	if err := srv.throttle.SetCapacity(eff.Throttle.Capacity); err != nil {
 		return fmt.Errorf("capacity: %w", err)
 	}
 	ten, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs)

@@ -197,30 +197,82 @@ func (lp *loop) closeSession(s *session) {
 	s.releaseUnsent()
 }
 
-// evictUnauth closes the oldest unauthenticated session of the loop whose
-// password is not being checked, to make room for a new connection; it
-// reports whether it found one. A session waiting out the delay of a
-// refused SASL AUTH may be evicted: otherwise refusals, which cost no
-// password check, would keep the share full of connections nobody can
-// close. On the loop.
-// evictUnauthOf makes room for a new connection of src, which holds its
-// limit of unauthenticated connections: it closes the oldest of them on
-// this loop (among the loop's oldest evictScan*4 unauthenticated ones)
-// whose password is not being checked, and keeps src's count for the new
-// one. It reports whether it found one. On the loop.
-func (lp *loop) evictUnauthOf(src string) bool {
-	seen := 0
-	for s := lp.unauth.head; s != nil && seen < evictScan*4; s = s.links[listUnauth].next {
-		seen++
-		if s.checking || s.quitting || s.closed || s.src != src {
-			continue
-		}
-		lp.unauth.remove(s)
-		lp.srv.unauthConns.Add(-1) // src's count passes to the new connection
-		lp.evict(s)
-		return true
+// evictRank orders eviction candidates among the unauthenticated: a
+// connection already refused goes first, then one that has sent nothing
+// yet, then any other; the oldest within a rank. A client on its way in
+// has sent its first frame (HELLO, SASL) within a round trip of opening,
+// so connections opened and left silent, as a flood of them is, are
+// closed before it even when they come from the same address. Sessions
+// whose password is being checked, or that are closing, are not
+// candidates (rank 0).
+func evictRank(s *session) int {
+	switch {
+	case s.checking || s.quitting || s.closed:
+		return 0
+	case s.authFails > 0:
+		return 3
+	case !s.framed:
+		return 2
 	}
-	return false
+	return 1
+}
+
+// evictUnauthOf makes room for a new connection of src, which holds its
+// limit of unauthenticated connections: it closes the best-ranked
+// (evictRank) of src's connections among the loop's oldest evictScan*4
+// unauthenticated ones, and keeps src's count for the new one. It reports
+// whether it found one. On the loop.
+func (lp *loop) evictUnauthOf(src string) bool {
+	victim := lp.evictCandidate(src, evictScan*4)
+	if victim == nil {
+		return false
+	}
+	lp.unauth.remove(victim)
+	lp.srv.unauthConns.Add(-1) // src's count passes to the new connection
+	lp.evict(victim)
+	return true
+}
+
+// evictUnauth closes the best-ranked (evictRank) of the loop's oldest
+// evictScan unauthenticated sessions, to make room for a new connection;
+// it reports whether it found one. A session waiting out the delay of a
+// refused SASL AUTH may be evicted, first: otherwise refusals, which cost
+// no password check, would keep the share full of connections nobody can
+// close. On the loop.
+func (lp *loop) evictUnauth() bool {
+	victim := lp.evictCandidate("", evictScan)
+	if victim == nil {
+		return false
+	}
+	victim.leaveUnauth()
+	lp.evict(victim)
+	return true
+}
+
+// evictCandidate returns the best-ranked candidate, the oldest within a
+// rank, or nil: among the oldest n candidates of the loop when src is "",
+// or among src's sessions within the loop's oldest n unauthenticated ones.
+func (lp *loop) evictCandidate(src string, n int) *session {
+	var victim *session
+	best := 0
+	for s := lp.unauth.head; s != nil && n > 0; s = s.links[listUnauth].next {
+		r := evictRank(s)
+		if src != "" {
+			n--
+			if s.src != src {
+				continue
+			}
+		} else if r > 0 {
+			n--
+		}
+		if r > best {
+			victim, best = s, r
+			if r == 3 {
+				break
+			}
+		}
+	}
+	return victim
 }
 
 // evict closes s, an unauthenticated session taken off lp.unauth, to make
@@ -240,33 +292,6 @@ func (lp *loop) evict(s *session) {
 
 // evictScan bounds the candidates evictUnauth looks at for a refused one.
 const evictScan = 64
-
-func (lp *loop) evictUnauth() bool {
-	// Connections that have already been refused go first (among the
-	// oldest evictScan): a client that has not yet had its chance to
-	// authenticate is spared while they last.
-	var victim *session
-	seen := 0
-	for s := lp.unauth.head; s != nil && seen < evictScan; s = s.links[listUnauth].next {
-		if s.checking || s.quitting || s.closed {
-			continue
-		}
-		seen++
-		if s.authFails > 0 {
-			victim = s
-			break
-		}
-		if victim == nil {
-			victim = s
-		}
-	}
-	if victim == nil {
-		return false
-	}
-	victim.leaveUnauth()
-	lp.evict(victim)
-	return true
-}
 
 // authenticated records that the session's client has proved who it is
 // (SASL succeeded): the pre-authentication bounds and auth_timeout no

@@ -21,10 +21,12 @@ type loop struct {
 	dirty    []*session       // sessions with output to write
 	slots    []*slot          // free slots
 
-	sessions  map[*session]struct{} // open client sessions
-	paused    []*session            // sessions waiting for their output to drain
-	retry     []*session            // held sessions to re-admit now (one of their reads settled)
-	unauthSrc unauthSources         // unauthenticated sessions by source (connlimits.go)
+	sessions    map[*session]struct{} // open client sessions
+	paused      []*session            // sessions waiting for their output to drain, or room for a read, in pause order
+	pausedSpare []*session            // resumePaused's second buffer
+	retry       []*session            // held sessions to re-admit now (one of their reads settled)
+	flight      map[*bucket]int       // expected response bytes of each bucket's reads in flight (session.flightRoom)
+	unauthSrc   unauthSources         // unauthenticated sessions by source (connlimits.go)
 
 	holds   wakeHeap // held sessions by wake-up time
 	timer   *time.Timer
@@ -44,7 +46,7 @@ type loop struct {
 }
 
 func newLoop(s *Server, el gnet.EventLoop) *loop {
-	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{})}
+	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{}), flight: make(map[*bucket]int)}
 	lp.unauth.k, lp.idle.k = listUnauth, listIdle
 	lp.clock()
 	lp.wakeRun = lp.wakeDue
@@ -152,13 +154,17 @@ func (lp *loop) flushUpstreams() {
 	}
 }
 
-// resumePaused restarts the output-paused sessions that may go on.
+// resumePaused restarts the output-paused sessions that may go on, in the
+// order they paused. Those that still may not keep their place ahead of
+// those that ran and paused again, so sessions competing for their
+// bucket's reads in flight (flightRoom) take turns.
 func (lp *loop) resumePaused() {
 	if len(lp.paused) == 0 {
 		return
 	}
 	ps := lp.paused
-	lp.paused = nil
+	lp.paused = lp.pausedSpare[:0]
+	kept := ps[:0]
 	for _, s := range ps {
 		switch {
 		case s.closed:
@@ -166,9 +172,16 @@ func (lp *loop) resumePaused() {
 			s.outPaused = false
 			s.resume()
 		default:
-			lp.paused = append(lp.paused, s)
+			kept = append(kept, s)
 		}
 	}
+	again := lp.paused
+	lp.paused = append(kept, again...)
+	if n := len(lp.paused); n < len(ps) {
+		clear(ps[n:]) // kept shares ps's array: drop what it no longer holds
+	}
+	clear(again)
+	lp.pausedSpare = again[:0]
 }
 
 // retryHeld re-admits the held sessions in lp.retry.

@@ -185,11 +185,11 @@ func TestThrottleStatGroup(t *testing.T) {
 		return st
 	}
 	all := parse(admin)
-	if len(all.Buckets) != 3 || all.Node.Capacity.Units != 9000 || all.Node.FreePool.Units != 8000 {
+	if len(all.Buckets) != 3 || all.Node.Capacity != 9000 || all.Node.FreePool != 8000 {
 		t.Fatalf("admin view: %+v", all)
 	}
 	a, ok := all.Bucket("alice")
-	if !ok || a.Reserved.Units != 1000 || a.HardLimit.Units != 4000 || a.CommandsTotal != 5 || a.WriteUnitsTotal != 5 || a.Connections != 1 {
+	if !ok || a.Reserved != 1000 || a.HardLimit != 4000 || a.CommandsTotal != 5 || a.WriteUnitsTotal != 5 || a.Connections != 1 {
 		t.Fatalf("alice as the admin sees it: %+v", a)
 	}
 	own := parse(alice)

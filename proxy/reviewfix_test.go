@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -85,4 +86,51 @@ func TestUnauthenticatedPerSource(t *testing.T) {
 	if n := p.unauthConns.Load(); n != int64(limit) {
 		t.Fatalf("%d unauthenticated connections after another host's login, want %d (none of 127.0.0.2's pushed out)", n, limit)
 	}
+}
+
+// Among one source's unauthenticated connections, those that have sent
+// nothing are pushed out before one that has begun talking: a client
+// behind the same address as a host flooding silent connections (NAT, a
+// shared application host) keeps its connection while it authenticates.
+func TestSilentConnectionsGoFirst(t *testing.T) {
+	const maxConns = 40 // share 36 on the one loop, a source 9
+	p := startProxy(t, testConfig{proxy: "default_bucket = \"\"\nmax_connections = 40", tail: tenantTail(t), loops: 1})
+	limit := unauthSourceLimit(int(unauthLimit(maxConns)))
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	client, err := d.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	noop := mc.AppendFrame(nil, mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpNoop, Opaque: 9}, nil, nil, nil, nil)
+	talk := func(when string) {
+		t.Helper()
+		if _, err := client.Write(noop); err != nil {
+			t.Fatalf("NOOP %s: %v", when, err)
+		}
+		if h, err := readStatus(t, client, 5*time.Second); err != nil || h.Opcode != mc.OpNoop || h.Opaque != 9 {
+			t.Fatalf("NOOP %s: %v %+v", when, err, h)
+		}
+	}
+	talk("on opening")
+	var silent []net.Conn
+	defer func() {
+		for _, c := range silent {
+			_ = c.Close()
+		}
+	}()
+	for range 3 * limit {
+		c, err := d.Dial("tcp", p.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	eventually(t, 5*time.Second, "the proxy to take in every connection from 127.0.0.2", func() bool {
+		return p.unauthConns.Load()+int64(p.unauthEvicted.Load()+p.refusedSource.Load()) == int64(1+3*limit)
+	})
+	if n := p.unauthEvicted.Load(); n != uint64(2*limit+1) {
+		t.Fatalf("%d connections pushed out, want %d", n, 2*limit+1)
+	}
+	talk(fmt.Sprintf("after %d silent connections from the same address", 3*limit))
 }

@@ -151,7 +151,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: apply runtime state: %w", err)
 	}
 	eng, err := throttle.New(throttle.Config{
-		Capacity: throttleLimit(eff.Throttle.Capacity),
+		Capacity: eff.Throttle.Capacity,
 		Burst:    engineBurst(eff.Throttle.Burst),
 		Clock:    opts.Clock,
 		// A read of unknown size may return the largest item with its

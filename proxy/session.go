@@ -87,6 +87,7 @@ type slot struct {
 	gotKV  int            // key+value bytes returned (read units)
 
 	reserved bool // counted in session.readsOut until finished
+	flight   int  // expected response bytes counted in lp.flight[bkt] until finished
 }
 
 func (s *session) pending() int { return len(s.q) - s.qh }
@@ -227,6 +228,10 @@ func (s *session) reserve(sl *slot) {
 	if !sl.done && isRead(sl.req.Opcode) {
 		sl.reserved = true
 		s.readsOut++
+		if sl.bkt != nil {
+			sl.flight = s.expectedRead()
+			s.lp.flight[sl.bkt] += sl.flight
+		}
 	}
 }
 
@@ -239,6 +244,14 @@ func (s *session) unreserve(sl *slot) {
 	}
 	sl.reserved = false
 	s.readsOut--
+	if sl.flight > 0 {
+		if n := s.lp.flight[sl.bkt] - sl.flight; n > 0 {
+			s.lp.flight[sl.bkt] = n
+		} else {
+			delete(s.lp.flight, sl.bkt)
+		}
+		sl.flight = 0
+	}
 	n := binary.HeaderLen + 4 + sl.gotKV
 	if n >= s.readSize {
 		s.readSize = n
@@ -273,22 +286,26 @@ func (s *session) mustPause(f *binary.Frame) bool {
 		isRead(f.Opcode) && (!s.readRoom(maxResponseBytes) || !s.flightRoom())
 }
 
-// maxReadsInFlight bounds the expected response bytes of one session's
-// reads in flight upstream (one read always may run). memcached answers a
-// connection in order, and every session of a loop shares the loop's
-// connection to a server: this is how much of one client's responses can
-// stand ahead of a neighbour's (4 MiB: about 40 ms at the ~100 MB/s one
-// loop moves, and far more than a client needs in flight to keep a
-// connection busy).
+// maxReadsInFlight bounds the expected response bytes of one bucket's
+// reads in flight upstream from one loop (one read always may run while
+// the bucket has none). memcached answers a connection in order, and
+// every session of a loop, whatever its bucket, shares the loop's
+// connection to a server: this is how much of one tenant's responses can
+// stand ahead of a neighbour's, however many connections the tenant opens
+// (4 MiB: about 40 ms at the ~100 MB/s one loop moves, and far more than
+// a tenant needs in flight to keep a connection busy).
 const maxReadsInFlight = 4 << 20
 
 // flightRoom reports whether one more read's expected response fits under
-// maxReadsInFlight with those of the reads already in flight.
+// maxReadsInFlight with those of the reads its bucket already has in
+// flight on this loop. A session paused here resumes when the bucket's
+// reads settle (loop.resumePaused runs after every batch of responses).
 func (s *session) flightRoom() bool {
-	if s.readsOut == 0 {
+	if s.bkt == nil {
 		return true
 	}
-	return (s.readsOut+1)*s.expectedRead() <= maxReadsInFlight
+	n := s.lp.flight[s.bkt]
+	return n == 0 || n+s.expectedRead() <= maxReadsInFlight
 }
 
 // canResume reports whether an output-paused session may dispatch again.
@@ -785,7 +802,7 @@ func (sl *slot) Fail(st binary.Status, reason string) {
 
 // appendWithUnits appends the client's view of a metered command's response
 // with flexible framing (magic 0x18) carrying the read and write units it
-// was charged (framing-info IDs 3 and 4), for clients that negotiated
+// was charged (framing-info IDs 0x01 and 0x02, read and write units), for clients that negotiated
 // ReportUnitUsage.
 func (sl *slot) appendWithUnits(dst []byte, f *binary.Frame) []byte {
 	srv := sl.s.lp.srv

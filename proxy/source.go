@@ -1,23 +1,14 @@
 package proxy
 
 import (
-	"math"
 	"sort"
 
 	"github.com/kvthrottle/kvthrottle/metrics"
-	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // The Server is the metrics.Source of its metrics: everything is read from
 // atomics at scrape time.
 var _ metrics.Source = (*Server)(nil)
-
-func rate(l throttle.Limit) float64 {
-	if l == throttle.Unlimited {
-		return math.Inf(1)
-	}
-	return float64(l)
-}
 
 // AppendBuckets implements metrics.Source.
 func (srv *Server) AppendBuckets(dst []metrics.BucketSnapshot) []metrics.BucketSnapshot {
@@ -30,8 +21,8 @@ func (srv *Server) AppendBuckets(dst []metrics.BucketSnapshot) []metrics.BucketS
 		st := b.tb.Stats()
 		dst = append(dst, metrics.BucketSnapshot{
 			Name:        name,
-			Reserved:    rate(st.Reserved),
-			HardLimit:   rate(st.HardLimit),
+			Reserved:    st.Reserved.Float64(),
+			HardLimit:   st.HardLimit.Float64(),
 			Commands:    st.Commands,
 			ReadUnits:   b.readUnits.Load(),
 			WriteUnits:  b.writeUnits.Load(),
@@ -46,10 +37,10 @@ func (srv *Server) AppendBuckets(dst []metrics.BucketSnapshot) []metrics.BucketS
 }
 
 // NodeCapacity implements metrics.Source.
-func (srv *Server) NodeCapacity() float64 { return rate(srv.throttle.Capacity()) }
+func (srv *Server) NodeCapacity() float64 { return srv.throttle.Capacity().Float64() }
 
 // FreePool implements metrics.Source.
-func (srv *Server) FreePool() float64 { return rate(srv.throttle.FreePool()) }
+func (srv *Server) FreePool() float64 { return srv.throttle.FreePool().Float64() }
 
 // AppendUpstreams implements metrics.Source.
 func (srv *Server) AppendUpstreams(dst []metrics.UpstreamSnapshot) []metrics.UpstreamSnapshot {

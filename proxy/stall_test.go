@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -194,12 +195,11 @@ func TestPausedNonReaderResumesWhenItReads(t *testing.T) {
 	}
 }
 
-// A client that reads as fast as it can and pipelines GETs of 1 MB keeps
-// at most maxReadsInFlight of them upstream, so a neighbour on the same
-// loop (and the same upstream connection) waits behind a few of them, not
-// behind everything the client asked for at once (up to 64 with only the
-// bound on bytes held, and four such clients put 256 MB ahead of it).
-func TestReaderBoundsItsNeighboursWait(t *testing.T) {
+// startWithBigValue starts a one-loop proxy with no limits and returns it
+// with a neighbour's connection, having stored "small" (1 byte) and "big"
+// (1,000,000 bytes) in the default bucket.
+func startWithBigValue(t *testing.T) (*testProxy, *mcclient.Client) {
+	t.Helper()
 	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1})
 	neighbour := dial(t, p.Addr)
 	if r, err := neighbour.Set([]byte("small"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
@@ -208,6 +208,16 @@ func TestReaderBoundsItsNeighboursWait(t *testing.T) {
 	if r, err := neighbour.Set([]byte("big"), bytes.Repeat([]byte("x"), 1000*1000)); err != nil || r.Status() != mc.StatusSuccess {
 		t.Fatal(err, r)
 	}
+	return p, neighbour
+}
+
+// A client that reads as fast as it can and pipelines GETs of 1 MB keeps
+// at most maxReadsInFlight of them upstream, so a neighbour on the same
+// loop (and the same upstream connection) waits behind a few of them, not
+// behind everything the client asked for at once (up to 64 with only the
+// bound on bytes held, and four such clients put 256 MB ahead of it).
+func TestReaderBoundsItsNeighboursWait(t *testing.T) {
+	p, neighbour := startWithBigValue(t)
 	reader := dial(t, p.Addr)
 	reader.Timeout = 30 * time.Second
 	stop := make(chan struct{})
@@ -236,6 +246,58 @@ func TestReaderBoundsItsNeighboursWait(t *testing.T) {
 		t.Fatalf("the reader had up to %d GETs of 1 MB in flight; want 1 to %d", most, limit)
 	}
 	// And the neighbour is answered.
+	if r, err := neighbour.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("neighbour's GET: %v %v", err, r)
+	}
+}
+
+// TestTenantBoundsItsNeighboursWait: a tenant that opens several
+// connections of pipelined 1 MB reads still has at most maxReadsInFlight
+// of expected responses ahead of a neighbour on the loop's shared
+// upstream connection, not that much per connection.
+func TestTenantBoundsItsNeighboursWait(t *testing.T) {
+	p, neighbour := startWithBigValue(t)
+	const readers = 4
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var got [readers]atomic.Int64
+	for i := 0; i < readers; i++ {
+		reader := dial(t, p.Addr)
+		reader.Timeout = 30 * time.Second
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pipelineGets(t, reader, "big", 100, stop, func(time.Time) { got[i].Add(1) })
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	// Each of them, not one: they take turns at the tenant's share.
+	eventually(t, 30*time.Second, "every reader to be streaming", func() bool {
+		for i := range got {
+			if got[i].Load() < 10 {
+				return false
+			}
+		}
+		return true
+	})
+	// Sampled on the loop while they stream: the tenant's reads in flight,
+	// over all its connections, never expect more than maxReadsInFlight
+	// (one more may have been dispatched as the first of a batch).
+	most := 0
+	for i := 0; i < 50; i++ {
+		onLoop(t, p, func(lp *loop) {
+			n := 0
+			for s := range lp.sessions {
+				n += s.readsOut
+			}
+			most = max(most, n)
+		})
+		time.Sleep(2 * time.Millisecond) // spread the samples, not a synchronisation
+	}
+	const respSize = mc.HeaderLen + 4 + 1000*1000
+	if limit := maxReadsInFlight/respSize + 1; most > limit || most == 0 {
+		t.Fatalf("%d connections of one tenant had up to %d GETs of 1 MB in flight; want 1 to %d", readers, most, limit)
+	}
 	if r, err := neighbour.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
 		t.Fatalf("neighbour's GET: %v %v", err, r)
 	}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
-	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // stat answers STAT. The general group and the "throttle" group are
@@ -91,20 +90,13 @@ func (s *session) generalStats() [][2]string {
 	return kv
 }
 
-func limitString(l throttle.Limit) string {
-	if l == throttle.Unlimited {
-		return "unlimited"
-	}
-	return strconv.FormatInt(int64(l), 10)
-}
-
 // throttleStats is the "throttle" group: the node, then each bucket the
 // session may see (admins: all; others: their own).
 func (s *session) throttleStats() [][2]string {
 	srv := s.lp.srv
 	kv := [][2]string{
-		{"node:capacity", limitString(srv.throttle.Capacity())},
-		{"node:free_pool", limitString(srv.throttle.FreePool())},
+		{"node:capacity", srv.throttle.Capacity().String()},
+		{"node:free_pool", srv.throttle.FreePool().String()},
 	}
 	ten := srv.ten.Load()
 	var bs []*bucket
@@ -126,8 +118,8 @@ func (s *session) throttleStats() [][2]string {
 		p := "bucket:" + name + ":"
 		u := func(v uint64) string { return strconv.FormatUint(v, 10) }
 		kv = append(kv,
-			[2]string{p + "reserved", limitString(st.Reserved)},
-			[2]string{p + "hard_limit", limitString(st.HardLimit)},
+			[2]string{p + "reserved", st.Reserved.String()},
+			[2]string{p + "hard_limit", st.HardLimit.String()},
 			[2]string{p + "units_per_sec", strconv.FormatInt(int64(st.UnitsPerSecond+0.5), 10)},
 			[2]string{p + "units_total", u(st.Units)},
 			[2]string{p + "read_units_total", u(b.readUnits.Load())},

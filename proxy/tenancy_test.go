@@ -527,9 +527,7 @@ state_file = %q
 	good := conf("[[bucket]]\nname = \"old\"\n")
 	// Runtime state: the default hard limit was set to 50 by 0x2c.
 	st := bucketcfg.NewState()
-	zero, _ := bucketcfg.NewLimit(0)
-	fifty, _ := bucketcfg.NewLimit(50)
-	st.Defaults = &bucketcfg.BucketThrottle{Reserved: zero, HardLimit: fifty}
+	st.Defaults = &bucketcfg.BucketThrottle{Reserved: 0, HardLimit: 50}
 	if err := st.Save(statePath); err != nil {
 		t.Fatal(err)
 	}

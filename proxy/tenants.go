@@ -71,14 +71,6 @@ func (t *tenants) bucket(name string) *bucket {
 	return nil
 }
 
-// throttleLimit converts a configuration limit to the engine's.
-func throttleLimit(l bucketcfg.Limit) throttle.Limit {
-	if n, ok := l.Finite(); ok {
-		return throttle.Limit(n)
-	}
-	return throttle.Unlimited
-}
-
 // buildTenants creates or updates the engine's buckets to match eff and
 // returns the new table. prev (may be nil) supplies the buckets that keep
 // their state; new buckets start in namespace epochs[name]. Buckets of prev
@@ -88,7 +80,7 @@ func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m 
 	t := &tenants{cfg: eff, buckets: make(map[string]*bucket, len(eff.Buckets))}
 	var errs []error
 	for _, bc := range eff.Buckets {
-		res, hard := throttleLimit(bc.Throttle.Reserved), throttleLimit(bc.Throttle.HardLimit)
+		res, hard := bc.Throttle.Reserved, bc.Throttle.HardLimit
 		if prev != nil {
 			if old := prev.buckets[bc.Name]; old != nil {
 				if err := old.tb.SetLimits(res, hard); err != nil {

@@ -3,11 +3,12 @@ package mcclient
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // Err returns nil when r is a success, and otherwise a *StatusError
@@ -120,62 +121,27 @@ func (c *Client) admin(r Request) ([]byte, error) {
 	return resp.Value, nil
 }
 
-// Limit is a rate in units per second that may be "unlimited", as found in
-// the values of the STAT group "throttle".
-type Limit struct {
-	Units     uint64 // meaningful when !Unlimited
-	Unlimited bool
-}
-
-// ParseLimit parses an ASCII decimal number of units or "unlimited".
-func ParseLimit(s string) (Limit, error) {
-	if s == "unlimited" {
-		return Limit{Unlimited: true}, nil
-	}
-	n, err := parseCount(s)
-	if err != nil {
-		return Limit{}, fmt.Errorf("want a decimal number or \"unlimited\", got %q", s)
-	}
-	return Limit{Units: n}, nil
-}
-
-// String returns the decimal number or "unlimited".
-func (l Limit) String() string {
-	if l.Unlimited {
-		return "unlimited"
-	}
-	return strconv.FormatUint(l.Units, 10)
-}
-
-// Float returns the limit as a float64, +Inf when unlimited.
-func (l Limit) Float() float64 {
-	if l.Unlimited {
-		return math.Inf(1)
-	}
-	return float64(l.Units)
-}
-
 // NodeStats is the node part of the STAT group "throttle".
 type NodeStats struct {
-	Capacity Limit // node:capacity
-	FreePool Limit // node:free_pool
+	Capacity throttle.Limit // node:capacity
+	FreePool throttle.Limit // node:free_pool
 }
 
 // BucketStats is one bucket of the STAT group "throttle" (the keys
 // bucket:NAME:FIELD).
 type BucketStats struct {
 	Name            string
-	Reserved        Limit  // reserved
-	HardLimit       Limit  // hard_limit
-	UnitsPerSec     uint64 // units_per_sec: units charged over the last second
-	UnitsTotal      uint64 // units_total
-	ReadUnitsTotal  uint64 // read_units_total
-	WriteUnitsTotal uint64 // write_units_total
-	CommandsTotal   uint64 // commands_total
-	ThrottledTotal  uint64 // throttled_total: commands held
-	RejectedTotal   uint64 // rejected_total: non-blocking rejections
-	HeldSessions    uint64 // held_sessions: connections held right now
-	Connections     uint64 // connections
+	Reserved        throttle.Limit // reserved
+	HardLimit       throttle.Limit // hard_limit
+	UnitsPerSec     uint64         // units_per_sec: units charged over the last second
+	UnitsTotal      uint64         // units_total
+	ReadUnitsTotal  uint64         // read_units_total
+	WriteUnitsTotal uint64         // write_units_total
+	CommandsTotal   uint64         // commands_total
+	ThrottledTotal  uint64         // throttled_total: commands held
+	RejectedTotal   uint64         // rejected_total: non-blocking rejections
+	HeldSessions    uint64         // held_sessions: connections held right now
+	Connections     uint64         // connections
 }
 
 // ThrottleStats is the parsed STAT group "throttle".
@@ -199,11 +165,11 @@ func (t *ThrottleStats) Bucket(name string) (BucketStats, bool) {
 // one is stored.
 var bucketFields = []struct {
 	name  string
-	limit func(*BucketStats) *Limit
+	limit func(*BucketStats) *throttle.Limit
 	count func(*BucketStats) *uint64
 }{
-	{name: "reserved", limit: func(b *BucketStats) *Limit { return &b.Reserved }},
-	{name: "hard_limit", limit: func(b *BucketStats) *Limit { return &b.HardLimit }},
+	{name: "reserved", limit: func(b *BucketStats) *throttle.Limit { return &b.Reserved }},
+	{name: "hard_limit", limit: func(b *BucketStats) *throttle.Limit { return &b.HardLimit }},
 	{name: "units_per_sec", count: func(b *BucketStats) *uint64 { return &b.UnitsPerSec }},
 	{name: "units_total", count: func(b *BucketStats) *uint64 { return &b.UnitsTotal }},
 	{name: "read_units_total", count: func(b *BucketStats) *uint64 { return &b.ReadUnitsTotal }},
@@ -234,8 +200,8 @@ var bucketFields = []struct {
 //
 // N is ASCII decimal. It is strict, so that the proxy's tests can use it to
 // check the contract: both node keys and every field of every bucket must be
-// present exactly once, values must parse, and bucket names must be
-// non-empty and made of [A-Za-z0-9._%-]. Keys with other prefixes and
+// present exactly once, limits must parse with [throttle.ParseLimit], and
+// bucket names must pass [bucketcfg.CheckBucketName]. Keys with other prefixes and
 // unknown fields of a bucket are ignored (the contract may grow).
 func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 	var ts ThrottleStats
@@ -255,7 +221,7 @@ func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 		seen[key] = struct{}{}
 		switch {
 		case key == "node:capacity" || key == "node:free_pool":
-			l, err := ParseLimit(val)
+			l, err := throttle.ParseLimit(val)
 			if err != nil {
 				return ThrottleStats{}, fmt.Errorf("throttle stats: %s: %v", key, err)
 			}
@@ -271,8 +237,8 @@ func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 				return ThrottleStats{}, fmt.Errorf("throttle stats: key %q: want bucket:NAME:FIELD", key)
 			}
 			name, field := rest[:colon], rest[colon+1:]
-			if !ValidBucketName(name) {
-				return ThrottleStats{}, fmt.Errorf("throttle stats: key %q: bad bucket name %q", key, name)
+			if err := bucketcfg.CheckBucketName(name); err != nil {
+				return ThrottleStats{}, fmt.Errorf("throttle stats: key %q: %w", key, err)
 			}
 			fi, known := fieldIdx[field]
 			if !known {
@@ -288,7 +254,7 @@ func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 			b := &ts.Buckets[bi]
 			f := bucketFields[fi]
 			if f.limit != nil {
-				l, err := ParseLimit(val)
+				l, err := throttle.ParseLimit(val)
 				if err != nil {
 					return ThrottleStats{}, fmt.Errorf("throttle stats: %s: %v", key, err)
 				}
@@ -321,23 +287,6 @@ func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 		}
 	}
 	return ts, nil
-}
-
-// ValidBucketName reports whether name is a non-empty bucket name made of
-// the characters the throttle stats allow: [A-Za-z0-9._%-].
-func ValidBucketName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		switch c := name[i]; {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9',
-			c == '.', c == '_', c == '%', c == '-':
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // parseCount parses plain ASCII decimal digits (no sign, no spaces).

@@ -1,0 +1,82 @@
+package throttle
+
+import "sync/atomic"
+
+// Bucket is one tenant's throttle state. Get it from Engine.AddBucket or
+// Engine.Bucket; all methods are safe for concurrent use.
+type Bucket struct {
+	e    *Engine
+	name string
+	lim  atomic.Pointer[bucketLimits]
+	slot atomic.Int64 // the last window slot snapshotted
+	_    [cacheLine]byte
+
+	// written by every admission (and charge of more than one unit)
+	res, hard gauge
+	commands  atomic.Uint64 // commands admitted: their first units
+	extra     atomic.Uint64 // units charged beyond the first of each command
+	_         [cacheLine]byte
+
+	// written by reads (see cost.go)
+	est       atomic.Int64 // read estimate, units << estShift; < 0: none yet
+	unknown   atomic.Int64 // units of unknown cost in flight
+	fullSince atomic.Int64 // when the budget for them was found full, no read settling since; 0: not
+	_         [cacheLine]byte
+
+	// snapshots of commands+extra, written once per window slot
+	window window
+	_      [cacheLine]byte
+
+	// the FIFO line, written only when somebody is held
+	tail       atomic.Uint64    // places handed out
+	served     atomic.Uint64    // places admitted or given back
+	lastServed atomic.Int64     // when served last moved
+	forgiven   [8]atomic.Uint64 // places forgiven as lost, by place number mod 8, until they come back
+	held       atomic.Uint64
+	rejected   atomic.Uint64
+}
+
+type bucketLimits struct {
+	reserved, hard Limit
+	res, hrd       rate
+	removed        bool
+}
+
+func newBucketLimits(reserved, hard Limit, removed bool) *bucketLimits {
+	return &bucketLimits{reserved: reserved, hard: hard, res: newRate(reserved), hrd: newRate(hard), removed: removed}
+}
+
+// Name returns the bucket's name.
+func (b *Bucket) Name() string { return b.name }
+
+// Limits returns the bucket's reservation and hard limit.
+func (b *Bucket) Limits() (reserved, hard Limit) {
+	l := b.lim.Load()
+	return l.reserved, l.hard
+}
+
+// SetLimits changes the bucket's reservation and hard limit at once; both
+// gauges keep their debt (rescaled to the new rates; forgiven by a change
+// to or from Unlimited or 0) and the free pool is
+// recomputed. It fails with ErrInvalidLimit, ErrReservedOverHard, or
+// ErrUnknownBucket after RemoveBucket. Callers should re-try held commands
+// afterwards: their waits may have become shorter.
+func (b *Bucket) SetLimits(reserved, hard Limit) error {
+	if err := validate(reserved, hard); err != nil {
+		return err
+	}
+	e := b.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := b.lim.Load()
+	if old.removed {
+		return ErrUnknownBucket
+	}
+	now := e.now()
+	n := newBucketLimits(reserved, hard, false)
+	b.lim.Store(n)
+	b.res.rescale(now, &old.res, &n.res)
+	b.hard.rescale(now, &old.hrd, &n.hrd)
+	e.publishNode(now)
+	return nil
+}

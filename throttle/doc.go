@@ -1,0 +1,98 @@
+// Package throttle is kvthrottle's throttle engine: it decides whether a
+// bucket (tenant) may run its next command now, charges the units a command
+// used once it has run, and computes how long a held command must wait.
+// It does no I/O and reads time only from an injectable [Clock].
+//
+// # Model
+//
+// A node ([Engine]) has a capacity; each [Bucket] has a reservation and a
+// hard limit, all [Limit] values in units per second. The free pool is what
+// the reservations leave of the capacity: max(0, capacity - sum of the
+// finite reservations of the node's buckets), shared first come, first
+// served. Each finite rate is enforced by a gauge: a token bucket with
+// continuous refill, kept as a "theoretical arrival time" (GCRA) in
+// nanoseconds of the engine clock and updated with atomic operations. A
+// gauge has room while what it has billed ends at most one burst after now:
+// a gauge of rate r may run r*burst units ahead of its rate, plus one
+// command, and idle time does not build up more room than that. Costs are
+// kept to 1/65536 ns per unit and rounded up to the nanosecond per charge.
+//
+// [Bucket.Admit] applies the rules of DESIGN.md section 4 in order:
+//
+//  1. an unthrottled caller, or a bucket whose reservation is Unlimited:
+//     admit;
+//  2. the bucket's reservation gauge has room: admit, charge the reservation;
+//  3. the free pool has no room: hold;
+//  4. the bucket's hard-limit gauge has no room: hold;
+//  5. admit, charge the free pool.
+//
+// Every charge also counts against the bucket's hard limit. Unthrottled
+// callers are never held, but their units are charged like any other (to
+// the reservation if it has room, else to the free pool, even into debt), so
+// they slow down their bucket's other connections and the node. A bucket
+// whose reservation is Unlimited charges no gauge at all.
+//
+// With capacity Unlimited the free pool never holds anybody, but hard limits
+// (and reservations, which then merely count) still apply. A capacity below
+// the sum of the reservations leaves a free pool of zero; reservations are
+// still honoured, so the node then runs above its capacity.
+//
+// # Charging
+//
+// A command is billed when it is admitted and settled once it has run.
+// [Bucket.AdmitCost] bills what is known in advance: a write's units (its
+// key and value are in the request), and for a read the bucket's read
+// estimate, a moving average of its reads (MaxReadUnits, the largest read
+// there can be, until one read is known). [Bucket.Settle] bills the
+// difference to the same domain and the hard limit, or gives it back. So
+// commands pipelined before any response already use up room at about
+// their real size, and a pipeline of large reads is paced by its limit
+// instead of running up a debt that would silence the bucket afterwards.
+// ([Bucket.Admit] and [Bucket.Charge] are the same with one unit billed in
+// advance, for callers that know nothing of the cost.)
+//
+// What no estimate can foresee is bounded. A read in flight holds
+// MaxReadUnits minus its estimate of the bucket's budget for reads of
+// unknown cost, one burst of the bucket's highest rate (at least one read);
+// a read that would overrun the budget waits for reads in flight to settle
+// ([Grant.WaitsForReads]). So what a bucket's reads can cost beyond their
+// bills at any time, billed to its gauges when they settle, is at most one
+// burst of its rate: a neighbour within its reservation never waits for
+// it, one drawing on the free pool at most about a burst.
+//
+// Gauges may go into debt (a big command); the debt delays the next
+// admission, which is how a limit holds exactly over time. Over any window
+// of length w in which the limits do not change, units billed against a
+// gauge of rate r (counted when billed) are at most r*w + r*burst + the
+// largest single command; for a bucket's hard limit h with reservation v,
+// at most h*w + (h+v)*burst + twice the largest command, since rule 2 does
+// not look at the hard limit. Reads add at most their budget for unknown
+// cost (a burst of the bucket's highest rate, or one largest read) and one
+// read per caller admitting at the same instant: the budget is checked,
+// then taken, without a lock.
+//
+// # Waiting
+//
+// A held caller gets the exact duration until the gauges that hold it have
+// room: the later of the free pool and the hard limit, or the time the
+// reservation has room if that is sooner. Blocking callers keep a place in
+// a per-bucket FIFO line with a [Waiter], and a place behind others waits
+// for room for those ahead of it too (see [Bucket.Admit]). [InfDuration]
+// means only a change of limits can admit the bucket (no reservation, and a
+// free pool or hard limit of zero). After changing limits, callers should
+// re-try their held commands at once: waits may have become shorter.
+//
+// The burst must exceed the callers' wake-up latency, or throughput is lost
+// while a gauge has room and nobody is awake to use it: [DefaultBurst] is
+// 20 ms for a proxy that wakes held sessions within 5 ms.
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use (a Waiter, by one goroutine at a
+// time). Admit and Charge take no lock and do not allocate. Configuration
+// changes (SetCapacity, AddBucket, SetLimits, RemoveBucket) take an
+// engine-wide mutex, apply at once, and keep every gauge's debt (rescaled to
+// the new rate; a change to or from Unlimited or 0 forgives it). Nothing in
+// this package panics on bad input: invalid limits are errors, out-of-range
+// units are clamped.
+package throttle

@@ -1,0 +1,182 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// connect starts a dial in a goroutine. The result comes back on the loop:
+// success through the engine's OnOpen (HandleOpen), failure through
+// Execute.
+func (c *Conn) connect() {
+	c.state = stateConnecting
+	c.dialedAt = time.Now()
+	c.dialGen++
+	gen := c.dialGen
+	addr, timeout, loop := c.cfg.Addr, c.cfg.Timeout, c.loop
+	go func() {
+		fail := func(err error) {
+			_ = loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+				if gen == c.dialGen && c.state == stateConnecting {
+					c.down(fmt.Errorf("connect %s: %w", addr, err))
+				}
+				return nil
+			}))
+		}
+		nc, err := net.DialTimeout("tcp", addr, timeout)
+		if err != nil {
+			fail(err)
+			return
+		}
+		if tc, ok := nc.(*net.TCPConn); ok {
+			_ = tc.SetNoDelay(true)
+		}
+		ch, err := loop.Enroll(gnet.NewContext(context.Background(), c), nc)
+		if err != nil {
+			nc.Close()
+			fail(err)
+			return
+		}
+		if res := <-ch; res.Err != nil {
+			fail(res.Err)
+		}
+	}()
+}
+
+// HandleOpen must be called from the engine's OnOpen for a connection whose
+// context is c.
+func (c *Conn) HandleOpen(gc gnet.Conn) {
+	if c.closed || c.state != stateConnecting {
+		_ = gc.Close()
+		return
+	}
+	c.gc = gc
+	c.state = stateUp
+	c.failures = 0
+	c.lastErr = nil
+	if c.cfg.OnState != nil {
+		c.cfg.OnState(c, true, nil)
+	}
+	c.Flush()
+}
+
+// HandleClose must be called from the engine's OnClose for a connection
+// whose context is c. It fails every request in flight.
+func (c *Conn) HandleClose(gc gnet.Conn, err error) {
+	if gc != c.gc {
+		return
+	}
+	if err == nil {
+		err = io.EOF
+	}
+	c.down(fmt.Errorf("connection to %s lost: %w", c.cfg.Addr, err))
+}
+
+// Reasons given with Etmpfail to requests that had been written to the
+// server when the connection failed: memcached may have run them.
+const (
+	reasonTimedOut = "upstream timed out; the command may have run"
+	reasonLost     = "upstream connection lost; the command may have run"
+)
+
+// errTimedOut is wrapped by the error CheckTimeout brings the connection
+// down with.
+var errTimedOut = errors.New("timed out")
+
+// down marks the connection failed: every request in flight fails with
+// Etmpfail (the reason says whether it may have run), new requests fail
+// until a jittered backoff elapses.
+func (c *Conn) down(err error) {
+	wasUp := c.state == stateUp
+	if c.gc != nil {
+		gc := c.gc
+		c.gc = nil
+		_ = gc.Close()
+	}
+	c.state = stateDown
+	c.lastErr = err
+	c.failures++
+	// 50 ms doubling to 400 ms, jittered to half..full: a server back on its
+	// port gets traffic again within half a second.
+	backoff := 50 * time.Millisecond << min(c.failures-1, 3)
+	backoff = backoff/2 + rand.N(backoff/2+1)
+	c.retryAt = time.Now().Add(backoff)
+	c.out = c.out[:0]
+	c.lastQuiet = false
+	unsent, sent := c.unavailableReason(), reasonLost
+	if errors.Is(err, errTimedOut) {
+		sent = reasonTimedOut
+	}
+	for c.n > 0 {
+		e := c.pop()
+		switch {
+		case e.w == nil:
+		case e.sent != 0:
+			// Written to the server: it may have run (a write may be
+			// applied); the client must not take Etmpfail for "not done".
+			e.w.Fail(binary.StatusEtmpfail, sent)
+		default:
+			e.w.Fail(binary.StatusEtmpfail, unsent)
+		}
+	}
+	c.wakeWaiters()
+	if c.cfg.OnState != nil && (wasUp || c.failures == 1) {
+		c.cfg.OnState(c, false, err)
+	}
+	if c.cfg.AfterRead != nil {
+		c.cfg.AfterRead()
+	}
+}
+
+// Close closes the connection for good: requests in flight fail, new ones
+// fail at once.
+func (c *Conn) Close() {
+	if c.closed {
+		return
+	}
+	c.down(errors.New("closed"))
+	c.closed = true
+}
+
+// connectDeadline is how long a connect may take in all: the dial's own
+// timeout and as much again for handing the socket to the loop.
+func connectDeadline(timeout time.Duration) time.Duration { return 2 * timeout }
+
+// CheckTimeout fails the connection when its oldest flushed request has
+// waited longer than the timeout (Config.Timeout: since it was written, or
+// since the server last answered, as seen by an earlier call), or a
+// connect has taken longer. Call it periodically on the loop: answers are
+// noticed at the call after they arrive, so the period adds to the
+// timeout.
+func (c *Conn) CheckTimeout(now time.Time) {
+	if c.state == stateConnecting && now.Sub(c.dialedAt) > connectDeadline(c.cfg.Timeout) {
+		// The dial is bounded by the timeout; what follows it (registering
+		// the socket with the loop) takes no time, unless it failed without
+		// a word: do not let requests queue behind it forever.
+		c.down(fmt.Errorf("connect %s: not established after %v", c.cfg.Addr, connectDeadline(c.cfg.Timeout)))
+		return
+	}
+	if c.state != stateUp {
+		return
+	}
+	if c.answered != c.seenAnswer {
+		// The server answered since the last check: the request oldest
+		// now has waited for its own response only since then.
+		c.seenAnswer, c.answerAt = c.answered, now.UnixNano()
+	}
+	if c.n == 0 {
+		return
+	}
+	if s := c.front().sent; s != 0 && now.UnixNano()-max(s, c.answerAt) > int64(c.cfg.Timeout) {
+		c.down(fmt.Errorf("request to %s %w after %v", c.cfg.Addr, errTimedOut, c.cfg.Timeout))
+	}
+}
