@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -331,4 +333,19 @@ func runMixed(addr string, ci, ops int) error {
 		}
 	}
 	return nil
+}
+
+// readStatus reads one response from conn within d.
+func readStatus(t testing.TB, conn net.Conn, d time.Duration) (mc.Header, error) {
+	t.Helper()
+	_ = conn.SetReadDeadline(time.Now().Add(d))
+	var hb [mc.HeaderLen]byte
+	if _, err := io.ReadFull(conn, hb[:]); err != nil {
+		return mc.Header{}, err
+	}
+	h, _ := mc.ParseHeader(hb[:])
+	if _, err := io.CopyN(io.Discard, conn, int64(h.BodyLen)); err != nil {
+		return h, err
+	}
+	return h, nil
 }

@@ -43,21 +43,6 @@ func bigSetHeader(bodyLen int) []byte {
 	return b
 }
 
-// readStatus reads one response from conn within d.
-func readStatus(t testing.TB, conn net.Conn, d time.Duration) (mc.Header, error) {
-	t.Helper()
-	_ = conn.SetReadDeadline(time.Now().Add(d))
-	var hb [mc.HeaderLen]byte
-	if _, err := io.ReadFull(conn, hb[:]); err != nil {
-		return mc.Header{}, err
-	}
-	h, _ := mc.ParseHeader(hb[:])
-	if _, err := io.CopyN(io.Discard, conn, int64(h.BodyLen)); err != nil {
-		return h, err
-	}
-	return h, nil
-}
-
 // waitClosed waits up to d for the proxy to close conn (EOF or reset),
 // discarding anything it sends first.
 func waitClosed(t testing.TB, conn net.Conn, d time.Duration) {
