@@ -25,7 +25,8 @@ type loop struct {
 	paused      []*session            // sessions waiting for their output to drain, or room for a read, in pause order
 	pausedSpare []*session            // resumePaused's second buffer
 	retry       []*session            // held sessions to re-admit now (one of their reads settled)
-	flight      map[*bucket]int       // expected response bytes of each bucket's reads in flight (session.flightRoom)
+	lanes       map[*bucket]*lane     // each bucket's reads in flight upstream (lane.go)
+	pass        uint64                // resumePaused passes so far (lane.full)
 	unauthSrc   unauthSources         // unauthenticated sessions by source (connlimits.go)
 
 	holds   wakeHeap // held sessions by wake-up time
@@ -46,7 +47,7 @@ type loop struct {
 }
 
 func newLoop(s *Server, el gnet.EventLoop) *loop {
-	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{}), flight: make(map[*bucket]int)}
+	lp := &loop{srv: s, el: el, sessions: make(map[*session]struct{}), lanes: make(map[*bucket]*lane), pass: 1}
 	lp.unauth.k, lp.idle.k = listUnauth, listIdle
 	lp.clock()
 	lp.wakeRun = lp.wakeDue
@@ -162,8 +163,10 @@ func (lp *loop) resumePaused() {
 	if len(lp.paused) == 0 {
 		return
 	}
+	lp.pass++
 	ps := lp.paused
 	lp.paused = lp.pausedSpare[:0]
+	lp.pausedSpare = nil // in use: a nested call must not share it
 	kept := ps[:0]
 	for _, s := range ps {
 		switch {
@@ -172,6 +175,9 @@ func (lp *loop) resumePaused() {
 			s.outPaused = false
 			s.resume()
 		default:
+			if s.laneWait && !s.flightRoom() {
+				s.ln.full = lp.pass // later waiters of its lane keep their turn behind it
+			}
 			kept = append(kept, s)
 		}
 	}
@@ -230,6 +236,7 @@ func (lp *loop) tick(context.Context) error {
 	}
 	lp.retiring = kept
 	lp.compactHolds()
+	lp.dropIdleLanes()
 	lp.clock()
 	lp.sweepConns()
 	lp.refreshUnsent()

@@ -33,6 +33,8 @@ type session struct {
 	slotBytes int    // response bytes waiting in slots behind an earlier command
 	readsOut  int    // reads in flight (slot.reserved)
 	readSize  int    // response bytes a read is expected to bring; 0: none answered yet (unreserve)
+	ln        *lane  // its bucket's lane on the loop (lane.go); nil until needed, and after a bucket change
+	laneWait  bool   // paused until a read fits in its lane, counted in ln.waiting
 	framed    bool   // a binary request magic has arrived: bad input gets Einval, not a text line
 
 	user        *bucketcfg.User // nil until SASL succeeds
@@ -86,8 +88,9 @@ type slot struct {
 	sentKV int            // key+value bytes the client sent (write units)
 	gotKV  int            // key+value bytes returned (read units)
 
-	reserved bool // counted in session.readsOut until finished
-	flight   int  // expected response bytes counted in lp.flight[bkt] until finished
+	reserved bool  // counted in session.readsOut until finished
+	lane     *lane // the lane its expected response is counted in (lane.go); nil: none
+	flight   int   // its expected response bytes counted in lane.bytes
 }
 
 func (s *session) pending() int { return len(s.q) - s.qh }
@@ -155,6 +158,7 @@ func (s *session) onTraffic() gnet.Action {
 			// answers made by the proxy itself included.
 			s.outPaused = true
 			s.lp.paused = append(s.lp.paused, s)
+			s.waitForLane(&f)
 			if s.account(s.unsent()) {
 				s.lp.shedUnsent()
 			}
@@ -163,6 +167,7 @@ func (s *session) onTraffic() gnet.Action {
 		if !s.dispatch(&f) {
 			break
 		}
+		s.leaveLaneWait() // its turn is taken, whether the frame went upstream or not
 		off += n
 		if s.quitting || s.waiting || s.held {
 			break
@@ -222,53 +227,6 @@ func isRead(op binary.Opcode) bool {
 	return cls == binary.ClassRead || cls == binary.ClassReadWrite
 }
 
-// reserve counts a slot just queued among the session's reads in flight
-// when it is a read still to be answered.
-func (s *session) reserve(sl *slot) {
-	if !sl.done && isRead(sl.req.Opcode) {
-		sl.reserved = true
-		s.readsOut++
-		if sl.bkt != nil {
-			sl.flight = s.expectedRead()
-			s.lp.flight[sl.bkt] += sl.flight
-		}
-	}
-}
-
-// unreserve stops counting a finished slot among the reads in flight, and
-// learns the size of its response: readSize follows a larger response at
-// once and a smaller one by an eighth of the difference per read.
-func (s *session) unreserve(sl *slot) {
-	if !sl.reserved {
-		return
-	}
-	sl.reserved = false
-	s.readsOut--
-	if sl.flight > 0 {
-		if n := s.lp.flight[sl.bkt] - sl.flight; n > 0 {
-			s.lp.flight[sl.bkt] = n
-		} else {
-			delete(s.lp.flight, sl.bkt)
-		}
-		sl.flight = 0
-	}
-	n := binary.HeaderLen + 4 + sl.gotKV
-	if n >= s.readSize {
-		s.readSize = n
-	} else {
-		s.readSize -= (s.readSize - n) >> 3
-	}
-}
-
-// expectedRead is the response bytes a read of the session is expected to
-// bring: readSize, or the largest a read can be until one is answered.
-func (s *session) expectedRead() int {
-	if s.readSize == 0 {
-		return s.lp.srv.opts.maxReadResp
-	}
-	return s.readSize
-}
-
 // readRoom reports whether one more read fits under limit with the
 // response bytes held and the expected responses of the reads in flight.
 func (s *session) readRoom(limit int) bool {
@@ -284,28 +242,6 @@ func (s *session) readRoom(limit int) bool {
 func (s *session) mustPause(f *binary.Frame) bool {
 	return s.pending() >= maxPending || s.unsent() > maxUnsentOutput ||
 		isRead(f.Opcode) && (!s.readRoom(maxResponseBytes) || !s.flightRoom())
-}
-
-// maxReadsInFlight bounds the expected response bytes of one bucket's
-// reads in flight upstream from one loop (one read always may run while
-// the bucket has none). memcached answers a connection in order, and
-// every session of a loop, whatever its bucket, shares the loop's
-// connection to a server: this is how much of one tenant's responses can
-// stand ahead of a neighbour's, however many connections the tenant opens
-// (4 MiB: about 40 ms at the ~100 MB/s one loop moves, and far more than
-// a tenant needs in flight to keep a connection busy).
-const maxReadsInFlight = 4 << 20
-
-// flightRoom reports whether one more read's expected response fits under
-// maxReadsInFlight with those of the reads its bucket already has in
-// flight on this loop. A session paused here resumes when the bucket's
-// reads settle (loop.resumePaused runs after every batch of responses).
-func (s *session) flightRoom() bool {
-	if s.bkt == nil {
-		return true
-	}
-	n := s.lp.flight[s.bkt]
-	return n == 0 || n+s.expectedRead() <= maxReadsInFlight
 }
 
 // canResume reports whether an output-paused session may dispatch again.
@@ -467,6 +403,8 @@ func (s *session) setBucket(b *bucket) {
 		return
 	}
 	s.waiter.Cancel()
+	s.leaveLaneWait()
+	s.ln = nil
 	if s.bkt != nil {
 		s.bkt.conns.Add(-1)
 	}
