@@ -1,0 +1,228 @@
+package upstream
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// healthConfig configures probing and ejection.
+type healthConfig struct {
+	timeout    time.Duration // per probe
+	interval   time.Duration // between probes of a server
+	ejectAfter int           // failures in a row before ejection; 0: never
+	ejectRetry time.Duration // how long an ejected server stays out
+}
+
+// health probes every memcached server of one server list with a VERSION
+// on a connection of its own, so readiness and the servers' up state do
+// not depend on client traffic, and ejects servers that fail ejectAfter
+// times in a row. Its goroutine is owned by the Pool: started by
+// Pool.Start (or by Pool.Update for a new list of a started Pool), stopped
+// by Pool.Close (or by the Update that replaces the list).
+type health struct {
+	servers []string
+	cfg     healthConfig
+	log     zerolog.Logger
+
+	up      []atomic.Bool
+	ejected []atomic.Bool
+	alive   atomic.Pointer[[]bool] // nil while no server is ejected
+
+	versions []atomic.Pointer[[]byte] // each server's VERSION answer, from its last good probe
+
+	kick    chan struct{} // a loop saw a connection fail: probe now
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	once    sync.Once
+	started bool // start was called (under Pool.mu; read by tests)
+}
+
+func newHealth(servers []string, cfg healthConfig, log zerolog.Logger) *health {
+	if cfg.timeout <= 0 || cfg.timeout > time.Second {
+		cfg.timeout = time.Second
+	}
+	if cfg.interval <= 0 {
+		cfg.interval = time.Second
+	}
+	return &health{
+		servers:  servers,
+		cfg:      cfg,
+		log:      log,
+		up:       make([]atomic.Bool, len(servers)),
+		ejected:  make([]atomic.Bool, len(servers)),
+		versions: make([]atomic.Pointer[[]byte], len(servers)),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+	}
+}
+
+// start starts the prober goroutine; the caller (the Pool, under its
+// mutex) calls it at most once and stops it with close.
+func (h *health) start() {
+	h.started = true
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		fails := make([]int, len(h.servers))
+		retryAt := make([]time.Time, len(h.servers))
+		t := time.NewTicker(h.cfg.interval)
+		defer t.Stop()
+		for {
+			h.probeAll(fails, retryAt)
+			select {
+			case <-h.stop:
+				return
+			case <-t.C:
+			case <-h.kick:
+			}
+		}
+	}()
+}
+
+// close stops the prober and waits for it; safe to call twice.
+func (h *health) close() {
+	h.once.Do(func() { close(h.stop) })
+	h.wg.Wait()
+}
+
+// connFailed tells the prober that a loop lost a connection; it probes at
+// once instead of at the next interval. Safe from any goroutine.
+func (h *health) connFailed() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (h *health) probeAll(fails []int, retryAt []time.Time) {
+	changed := false
+probes:
+	for i, addr := range h.servers {
+		select {
+		case <-h.stop: // closing: do not hold it up with more probes
+			break probes
+		default:
+		}
+		now := time.Now()
+		if h.ejected[i].Load() && now.Before(retryAt[i]) {
+			continue
+		}
+		v, err := probe(addr, h.cfg.timeout)
+		if err == nil {
+			if old := h.versions[i].Load(); old == nil || !bytes.Equal(*old, v) {
+				h.versions[i].Store(&v)
+			}
+		}
+		was := h.up[i].Swap(err == nil)
+		switch {
+		case err != nil && was:
+			h.log.Warn().Str("server", addr).Err(err).Msg("upstream server stopped answering")
+		case err == nil && !was:
+			h.log.Info().Str("server", addr).Msg("upstream server answers")
+		}
+		if err == nil {
+			fails[i] = 0
+			if h.ejected[i].Swap(false) {
+				h.log.Info().Str("server", addr).Msg("upstream server back: its keys return to it")
+				changed = true
+			}
+			continue
+		}
+		fails[i]++
+		if h.cfg.ejectAfter > 0 && fails[i] >= h.cfg.ejectAfter {
+			retryAt[i] = now.Add(h.cfg.ejectRetry)
+			if !h.ejected[i].Swap(true) {
+				h.log.Warn().Str("server", addr).Int("failures", fails[i]).Dur("retry_in", h.cfg.ejectRetry).
+					Msg("upstream server ejected: its keys go to the other servers")
+				changed = true
+			}
+		}
+	}
+	if changed {
+		h.publish()
+	}
+}
+
+// publish makes the ejection state visible to the loops.
+func (h *health) publish() {
+	alive := make([]bool, len(h.servers))
+	any := false
+	for i := range alive {
+		alive[i] = !h.ejected[i].Load()
+		any = any || !alive[i]
+	}
+	if !any {
+		h.alive.Store(nil)
+		return
+	}
+	h.alive.Store(&alive)
+}
+
+// anyUp reports whether at least one server answered the last probe.
+func (h *health) anyUp() bool {
+	for i := range h.up {
+		if h.up[i].Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// version returns the VERSION answer of the first server that answered
+// its last probe, or nil when none did. The slice must not be modified.
+// Safe from any goroutine.
+func (h *health) version() []byte {
+	for i := range h.up {
+		if h.up[i].Load() {
+			if v := h.versions[i].Load(); v != nil {
+				return *v
+			}
+		}
+	}
+	return nil
+}
+
+// maxVersionLen bounds the VERSION answer a probe accepts (memcached's is
+// a few bytes, such as "1.6.18").
+const maxVersionLen = 64
+
+// probe sends a VERSION to addr and returns its answer. VERSION costs
+// memcached no more than a NOOP, and the proxy answers its clients'
+// VERSION with it (Pool.Version).
+func probe(addr string, timeout time.Duration) ([]byte, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	req := binary.AppendFrame(nil, binary.Header{Magic: binary.MagicRequest, Opcode: binary.OpVersion, Opaque: 0x6b767468}, nil, nil, nil, nil)
+	if _, err := c.Write(req); err != nil {
+		return nil, err
+	}
+	var resp [binary.HeaderLen]byte
+	if _, err := io.ReadFull(c, resp[:]); err != nil {
+		return nil, err
+	}
+	h, _ := binary.ParseHeader(resp[:])
+	if h.Magic != binary.MagicResponse || h.Opcode != binary.OpVersion || h.Status() != binary.StatusSuccess ||
+		h.BodyLen == 0 || h.BodyLen > maxVersionLen || h.ExtLen != 0 || h.KeyLen != 0 {
+		return nil, errBadProbe
+	}
+	v := make([]byte, h.BodyLen)
+	if _, err := io.ReadFull(c, v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+var errBadProbe = errors.New("unexpected response to VERSION")
