@@ -311,3 +311,21 @@ func TestPoolProbesEjectsAndReadmits(t *testing.T) {
 		t.Fatalf("Version %q with no server answering, want nil", v)
 	}
 }
+
+// BenchmarkLoopPoolPick: the hot path's routing over three servers, one
+// of them ejected.
+func BenchmarkLoopPoolPick(b *testing.B) {
+	p, err := NewPool(PoolConfig{Servers: []string{"10.0.0.1:11211", "10.0.0.2:11211", "10.0.0.3:11211"}}, PoolOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	lp := p.Loop(nil, nil)
+	set := p.set.Load()
+	set.health.ejected[1].Store(true)
+	set.health.publish()
+	keys := testKeys(64)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		lp.Pick(keys[i%len(keys)])
+	}
+}
