@@ -5,7 +5,6 @@ import (
 	be "encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/panjf2000/gnet/v2"
@@ -193,8 +192,7 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	if err != nil {
 		return fmt.Errorf("reload: %w", err)
 	}
-	rt, err := srv.newRoutingFor(cfg)
-	if err != nil {
+	if err := poolConfig(cfg).Validate(); err != nil {
 		return fmt.Errorf("reload: %w", err)
 	}
 	// A removed bucket that comes back later must not find its old keys
@@ -206,7 +204,9 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 		}
 		srv.state = next
 	}
-	srv.reroute(cfg, rt)
+	if err := srv.pool.Update(poolConfig(cfg)); err != nil {
+		return fmt.Errorf("reload: %w", err) // not reached: validated above
+	}
 	srv.file = cfg
 	if err := srv.apply(eff); err != nil {
 		return fmt.Errorf("reload: %w", err)
@@ -214,43 +214,6 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	srv.log.Info().Str("config", cfg.Path()).Int("buckets", len(eff.Buckets)).Int("users", len(eff.Users)).Msg("configuration reloaded")
 	srv.warnOvercommit(eff)
 	return nil
-}
-
-// newRoutingFor returns the routing for cfg's server list, or nil when
-// the servers, weights and ejection settings in force stay. The routing's
-// prober is not started. The caller holds adminMu.
-func (srv *Server) newRoutingFor(cfg *bucketcfg.Config) (*routing, error) {
-	cur := srv.routing.Load()
-	if slices.Equal(cur.servers, cfg.Upstream.Servers) && slices.Equal(srv.file.Upstream.Weights, cfg.Upstream.Weights) &&
-		srv.file.Upstream.EjectAfterFailures == cfg.Upstream.EjectAfterFailures && srv.file.Upstream.EjectRetry == cfg.Upstream.EjectRetry {
-		return nil, nil
-	}
-	hc := srv.healthCfg
-	hc.ejectAfter, hc.ejectRetry = cfg.Upstream.EjectAfterFailures, cfg.Upstream.EjectRetry
-	return newRouting(cfg.Upstream.Servers, cfg.Upstream.Weights, hc, srv.log)
-}
-
-// reroute publishes rt (from newRoutingFor; nil changes nothing); each
-// loop adopts it at its next tick, keeping connections to servers that
-// stay and letting removed ones finish their requests. The caller holds
-// adminMu.
-func (srv *Server) reroute(cfg *bucketcfg.Config, rt *routing) {
-	if rt == nil {
-		return
-	}
-	cur := srv.routing.Load()
-	srv.healthCfg.ejectAfter, srv.healthCfg.ejectRetry = cfg.Upstream.EjectAfterFailures, cfg.Upstream.EjectRetry
-	rt.health.start()
-	srv.routing.Store(rt)
-	cur.health.close()
-	if srv.metrics != nil {
-		for _, addr := range cur.servers {
-			if !slices.Contains(rt.servers, addr) {
-				srv.metrics.ForgetUpstream(addr)
-			}
-		}
-	}
-	srv.log.Info().Strs("servers", rt.servers).Ints("weights", cfg.Upstream.Weights).Msg("upstream servers changed")
 }
 
 // recheckSessions applies a new configuration to open sessions; on the

@@ -39,18 +39,18 @@ func (s *session) notRequest(b []byte) {
 }
 
 // version answers VERSION with the version of the memcached servers behind
-// the proxy as the health prober last read it. Clients parse it as
-// memcached's (libmemcached fails on anything but digits and dots), and a
-// flood of VERSION, which is not metered, never reaches memcached. While
-// no answering server's version is known (the first probe has not
-// answered yet, or every server is down) the request is forwarded, as
-// before.
+// the proxy as the pool's health prober last read it (upstream.Pool.Version).
+// Clients parse it as memcached's (libmemcached fails on anything but
+// digits and dots), and a flood of VERSION, which is not metered, never
+// reaches memcached. While no answering server's version is known (the
+// first probe has not answered yet, or every server is down) the request
+// is forwarded, as before.
 func (s *session) version(f *binary.Frame) bool {
 	if err := binary.ValidateRequest(f); err != nil {
 		s.localStatus(f, binary.StatusEinval, err.Error())
 		return true
 	}
-	v := s.lp.srv.routing.Load().health.version()
+	v := s.lp.srv.pool.Version()
 	if v == nil {
 		return s.forward(f, nil)
 	}

@@ -354,7 +354,7 @@ func TestVersionAnsweredLocally(t *testing.T) {
 	}
 	want := r.Value
 	eventually(t, 5*time.Second, "the health probe to read the version", func() bool {
-		return p.routing.Load().health.version() != nil
+		return p.pool.Version() != nil
 	})
 	bytesRead := func() int { return memcachedStat(t, p.MC.Addr, "bytes_read") }
 	before := bytesRead()

@@ -6,20 +6,19 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/upstream"
 )
 
-// loop is the state one gnet event loop owns: its upstream connections,
-// the sessions with output to flush, and a pool of request slots. Only
-// that loop's goroutine touches it.
+// loop is the state one gnet event loop owns: its view of the upstream
+// pool, the sessions with output to flush, and a pool of request slots.
+// Only that loop's goroutine touches it.
 type loop struct {
-	srv      *Server
-	el       gnet.EventLoop
-	rt       *routing         // the server list this loop routes with
-	ups      []*upstream.Conn // one per rt.servers entry
-	retiring []*upstream.Conn // connections to removed servers, closed once idle
-	dirty    []*session       // sessions with output to write
-	slots    []*slot          // free slots
+	srv   *Server
+	el    gnet.EventLoop
+	pool  *upstream.LoopPool // this loop's connections to the servers in force
+	dirty []*session         // sessions with output to write
+	slots []*slot            // free slots
 
 	sessions    map[*session]struct{} // open client sessions
 	paused      []*session            // sessions waiting for their output to drain, or room for a read, in pause order
@@ -56,77 +55,49 @@ func newLoop(s *Server, el gnet.EventLoop) *loop {
 		lp.flushUpstreams()
 		return nil
 	}
-	lp.adopt(s.routing.Load())
+	lp.pool = s.pool.Loop(el, lp.flushClients)
 	return lp
 }
 
-// adopt makes rt the loop's routing: connections to servers that stay are
-// kept, new servers get new connections, connections to removed servers
-// finish their requests and close. On the loop.
-func (lp *loop) adopt(rt *routing) {
-	if lp.rt == rt {
-		return
+// poolConfig is the part of cfg the upstream pool may change on a reload.
+func poolConfig(cfg *bucketcfg.Config) upstream.PoolConfig {
+	return upstream.PoolConfig{
+		Servers:    cfg.Upstream.Servers,
+		Weights:    cfg.Upstream.Weights,
+		EjectAfter: cfg.Upstream.EjectAfterFailures,
+		EjectRetry: cfg.Upstream.EjectRetry,
 	}
-	old := make(map[string]*upstream.Conn, len(lp.ups))
-	for _, u := range lp.ups {
-		old[u.Addr()] = u
-	}
-	ups := make([]*upstream.Conn, len(rt.servers))
-	for i, addr := range rt.servers {
-		if u := old[addr]; u != nil {
-			ups[i] = u
-			delete(old, addr)
-			continue
-		}
-		ups[i] = lp.newUpstream(addr)
-	}
-	for _, u := range old {
-		lp.retiring = append(lp.retiring, u)
-	}
-	lp.rt, lp.ups = rt, ups
 }
 
-func (lp *loop) newUpstream(addr string) *upstream.Conn {
-	s := lp.srv
-	var observe func(float64)
+// upstreamObserver is the pool's PoolOptions.Observer: a server's
+// kvthrottle_upstream_request_duration_seconds.
+func (s *Server) upstreamObserver(addr string) func(float64) {
+	if s.metrics == nil {
+		return nil
+	}
+	return s.metrics.UpstreamObserver(addr).Observe
+}
+
+// forgetUpstream is the pool's PoolOptions.OnRemove: a removed server's
+// metric series go.
+func (s *Server) forgetUpstream(addr string) {
 	if s.metrics != nil {
-		observe = s.metrics.UpstreamObserver(addr).Observe
+		s.metrics.ForgetUpstream(addr)
 	}
-	return upstream.New(upstream.Config{
-		Addr:        addr,
-		Timeout:     s.opts.timeout,
-		MaxInflight: s.opts.maxInflight,
-		AfterRead:   lp.flushClients,
-		OnState:     lp.upstreamState,
-		Observe:     observe,
-	}, lp.el)
 }
 
-func (lp *loop) upstreamState(c *upstream.Conn, up bool, err error) {
+// upstreamState is the pool's PoolOptions.OnConnState: it logs a loop's
+// upstream connection going up or down.
+func (s *Server) upstreamState(addr string, up bool, err error) {
 	if up {
-		lp.srv.log.Debug().Str("server", c.Addr()).Msg("upstream connected")
+		s.log.Debug().Str("server", addr).Msg("upstream connected")
 		return
 	}
-	if lp.srv.draining.Load() {
-		lp.srv.log.Debug().Str("server", c.Addr()).Err(err).Msg("upstream connection closed while stopping")
+	if s.draining.Load() {
+		s.log.Debug().Str("server", addr).Err(err).Msg("upstream connection closed while stopping")
 		return
 	}
-	lp.srv.log.Warn().Str("server", c.Addr()).Err(err).Msg("upstream connection down")
-	lp.rt.health.connFailed()
-}
-
-// pick returns the upstream connection for a key: the ketama ring over the
-// servers, skipping ejected ones.
-func (lp *loop) pick(key []byte) *upstream.Conn {
-	if len(lp.ups) == 1 {
-		return lp.ups[0]
-	}
-	if alive := lp.rt.health.alive.Load(); alive != nil {
-		if i := lp.rt.ring.PickExcluding(key, *alive); i >= 0 {
-			return lp.ups[i]
-		}
-	}
-	return lp.ups[lp.rt.ring.Pick(key)]
+	s.log.Warn().Str("server", addr).Err(err).Msg("upstream connection down")
 }
 
 // requestFlush arranges for the upstream connections' buffered requests to
@@ -146,14 +117,7 @@ func (lp *loop) requestFlush() {
 }
 
 // flushUpstreams writes every upstream connection's buffered requests.
-func (lp *loop) flushUpstreams() {
-	for _, u := range lp.ups {
-		u.Flush()
-	}
-	for _, u := range lp.retiring {
-		u.Flush()
-	}
-}
+func (lp *loop) flushUpstreams() { lp.pool.FlushAll() }
 
 // resumePaused restarts the output-paused sessions that may go on, in the
 // order they paused. Those that still may not keep their place ahead of
@@ -218,23 +182,7 @@ func (lp *loop) flushClients() {
 }
 
 func (lp *loop) tick(context.Context) error {
-	if rt := lp.srv.routing.Load(); rt != lp.rt {
-		lp.adopt(rt)
-	}
-	now := time.Now()
-	for _, u := range lp.ups {
-		u.CheckTimeout(now)
-	}
-	kept := lp.retiring[:0]
-	for _, u := range lp.retiring {
-		u.CheckTimeout(now)
-		if u.Inflight() == 0 {
-			u.Close()
-			continue
-		}
-		kept = append(kept, u)
-	}
-	lp.retiring = kept
+	lp.pool.Tick(time.Now())
 	lp.compactHolds()
 	lp.dropIdleLanes()
 	lp.clock()

@@ -376,7 +376,7 @@ func TestChaosReloadServers(t *testing.T) {
 		p.eachLoop(func(lp *loop) {
 			done := make(chan struct{})
 			_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-				n += len(lp.retiring)
+				n += lp.pool.Retiring()
 				close(done)
 				return nil
 			}))

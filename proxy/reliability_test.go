@@ -381,9 +381,7 @@ func TestResponseBytesBounded(t *testing.T) {
 			done := make(chan struct{})
 			_ = lp.el.Execute(t.Context(), gnet.RunnableFunc(func(context.Context) error {
 				paused = paused || len(lp.paused) > 0
-				for _, u := range lp.ups {
-					answered = answered && u.Inflight() == 0
-				}
+				answered = answered && lp.pool.Inflight() == 0
 				close(done)
 				return nil
 			}))

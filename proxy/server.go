@@ -58,11 +58,9 @@ type Options struct {
 type settings struct {
 	listen          string
 	servers         []string
-	timeout         time.Duration
 	maxConnections  int
 	maxBodyBytes    int // proxy.max_frame_bytes less the header: the largest body accepted
 	maxHeldInput    int
-	maxInflight     int
 	readUnitSize    int64
 	writeUnitSize   int64
 	eventLoops      int
@@ -105,11 +103,10 @@ type Server struct {
 	unsentBytes   atomic.Int64  // response bytes held for clients, as counted by the sessions
 	unsentShed    atomic.Uint64 // connections closed by max_unsent_bytes
 
-	throttle  *throttle.Engine
-	metrics   *metrics.Metrics
-	routing   atomic.Pointer[routing] // upstream servers in force
-	healthCfg healthConfig
-	ten       atomic.Pointer[tenants] // buckets and users in force
+	throttle *throttle.Engine
+	metrics  *metrics.Metrics
+	pool     *upstream.Pool          // upstream servers in force, their health and connections
+	ten      atomic.Pointer[tenants] // buckets and users in force
 
 	adminMu sync.Mutex // serialises admin changes and reloads
 	file    *bucketcfg.Config
@@ -169,11 +166,9 @@ func New(opts Options) (*Server, error) {
 		opts: settings{
 			listen:          cfg.Proxy.Listen,
 			servers:         cfg.Upstream.Servers,
-			timeout:         cfg.Upstream.Timeout,
 			maxConnections:  cfg.Proxy.MaxConnections,
 			maxBodyBytes:    cfg.Proxy.MaxFrameBytes - binary.HeaderLen,
 			maxHeldInput:    cfg.Proxy.MaxHeldInputBytes,
-			maxInflight:     cfg.Upstream.MaxInflight,
 			readUnitSize:    int64(cfg.Throttle.ReadUnitSize),
 			writeUnitSize:   int64(cfg.Throttle.WriteUnitSize),
 			eventLoops:      loops,
@@ -200,17 +195,18 @@ func New(opts Options) (*Server, error) {
 		authCache: bucketcfg.NewAuthCache(bucketcfg.DefaultAuthCacheTTL,
 			bucketcfg.DefaultAuthCacheEntries, nil),
 	}
-	s.healthCfg = healthConfig{
-		timeout:    cfg.Upstream.Timeout,
-		interval:   opts.HealthInterval,
-		ejectAfter: cfg.Upstream.EjectAfterFailures,
-		ejectRetry: cfg.Upstream.EjectRetry,
-	}
-	rt, err := newRouting(cfg.Upstream.Servers, cfg.Upstream.Weights, s.healthCfg, opts.Logger)
+	s.pool, err = upstream.NewPool(poolConfig(cfg), upstream.PoolOptions{
+		Timeout:       cfg.Upstream.Timeout,
+		MaxInflight:   cfg.Upstream.MaxInflight,
+		ProbeInterval: opts.HealthInterval,
+		Logger:        opts.Logger,
+		Observer:      s.upstreamObserver,
+		OnConnState:   s.upstreamState,
+		OnRemove:      s.forgetUpstream,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: upstream.servers: %w", err)
 	}
-	s.routing.Store(rt)
 	if !opts.NoMetrics {
 		s.metrics = metrics.New(s)
 	}
@@ -269,8 +265,8 @@ func (s *Server) Serve() error {
 	// event loop. It stops when the engine has stopped.
 	stopAuth := s.authQ.start(s.checkAuth, s.dropAuth)
 	defer stopAuth()
-	s.routing.Load().health.start()
-	defer func() { s.routing.Load().health.close() }()
+	s.pool.Start()
+	defer s.pool.Close()
 	err := gnet.Run(s, "tcp://"+s.opts.listen,
 		gnet.WithMulticore(true),
 		gnet.WithNumEventLoop(s.opts.eventLoops),

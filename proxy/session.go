@@ -448,7 +448,7 @@ func (s *session) forward(f *binary.Frame, b *bucket) bool {
 		s.localStatus(f, binary.StatusEinval, "key too long")
 		return true
 	}
-	u := s.lp.pick(key)
+	u := s.lp.pool.Pick(key)
 	if u.Full() {
 		s.waiting = true
 		u.NotifyRoom(s.unpause)

@@ -44,9 +44,8 @@ func (srv *Server) FreePool() float64 { return srv.throttle.FreePool().Float64()
 
 // AppendUpstreams implements metrics.Source.
 func (srv *Server) AppendUpstreams(dst []metrics.UpstreamSnapshot) []metrics.UpstreamSnapshot {
-	h := srv.routing.Load().health
-	for i, addr := range h.servers {
-		dst = append(dst, metrics.UpstreamSnapshot{Server: addr, Up: h.up[i].Load(), Ejected: h.ejected[i].Load()})
+	for _, st := range srv.pool.AppendStates(nil) {
+		dst = append(dst, metrics.UpstreamSnapshot{Server: st.Addr, Up: st.Up, Ejected: st.Ejected})
 	}
 	return dst
 }
@@ -54,7 +53,7 @@ func (srv *Server) AppendUpstreams(dst []metrics.UpstreamSnapshot) []metrics.Ups
 // Ready reports whether at least one upstream server answers, with a
 // reason when not; for /readyz.
 func (srv *Server) Ready() (bool, string) {
-	if srv.routing.Load().health.anyUp() {
+	if srv.pool.AnyUp() {
 		return true, ""
 	}
 	return false, "no upstream server answers"

@@ -173,9 +173,7 @@ func TestPausedNonReaderResumesWhenItReads(t *testing.T) {
 	eventually(t, 30*time.Second, "the proxy to have received what it asked memcached for", func() bool {
 		idle := true
 		onLoop(t, p, func(lp *loop) {
-			for _, u := range lp.ups {
-				idle = idle && u.Inflight() == 0
-			}
+			idle = idle && lp.pool.Inflight() == 0
 		})
 		return idle
 	})

@@ -1,4 +1,12 @@
-// Package upstream holds kvthrottle's connections to memcached servers.
+// Package upstream holds kvthrottle's memcached servers and its
+// connections to them.
+//
+// A Pool is the set of servers in force: the ketama Ring over them, the
+// health prober that ejects servers that stop answering and lets them back,
+// and the VERSION their probes read. Each gnet event loop has its LoopPool
+// view of it, which picks the Conn for a key and adopts the servers of a
+// reload (Pool.Update). The proxy asks the pool for a connection and never
+// dials or probes a server itself.
 //
 // Each gnet event loop owns one Conn per server. Client requests from every
 // session of that loop are pipelined on it with rewritten opaques, and the

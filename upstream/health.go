@@ -1,7 +1,8 @@
-package proxy
+package upstream
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -11,33 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
-	"github.com/kvthrottle/kvthrottle/upstream"
 )
-
-// routing is one version of the upstream server list: the ketama ring over
-// it and the health prober that tells which servers answer and which are
-// ejected. It is immutable except for the prober's atomics; a reload
-// publishes a new one.
-type routing struct {
-	servers []string
-	ring    *upstream.Ring
-	health  *health
-}
-
-func newRouting(servers []string, weights []int, h healthConfig, log zerolog.Logger) (*routing, error) {
-	ss := make([]upstream.Server, len(servers))
-	for i, a := range servers {
-		ss[i].Addr = a
-		if i < len(weights) {
-			ss[i].Weight = weights[i]
-		}
-	}
-	ring, err := upstream.NewRing(ss)
-	if err != nil {
-		return nil, err
-	}
-	return &routing{servers: servers, ring: ring, health: newHealth(servers, h, log)}, nil
-}
 
 // healthConfig configures probing and ejection.
 type healthConfig struct {
@@ -47,11 +22,12 @@ type healthConfig struct {
 	ejectRetry time.Duration // how long an ejected server stays out
 }
 
-// health probes every memcached server with a NOOP on a connection of its
-// own, so readiness and kvthrottle_upstream_up do not depend on client
-// traffic, and ejects servers that fail ejectAfter times in a row. Its
-// goroutine is owned by the Server: started by Serve (or a reload), stopped
-// by Shutdown (or the next reload).
+// health probes every memcached server of one server list with a VERSION
+// on a connection of its own, so readiness and the servers' up state do
+// not depend on client traffic, and ejects servers that fail ejectAfter
+// times in a row. Its goroutine is owned by the Pool: started by
+// Pool.Start (or by Pool.Update for a new list of a started Pool), stopped
+// by Pool.Close (or by the Update that replaces the list).
 type health struct {
 	servers []string
 	cfg     healthConfig
@@ -63,10 +39,11 @@ type health struct {
 
 	versions []atomic.Pointer[[]byte] // each server's VERSION answer, from its last good probe
 
-	kick chan struct{} // a loop saw a connection fail: probe now
-	stop chan struct{}
-	wg   sync.WaitGroup
-	once sync.Once
+	kick    chan struct{} // a loop saw a connection fail: probe now
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	once    sync.Once
+	started bool // start was called (under Pool.mu; read by tests)
 }
 
 func newHealth(servers []string, cfg healthConfig, log zerolog.Logger) *health {
@@ -88,7 +65,10 @@ func newHealth(servers []string, cfg healthConfig, log zerolog.Logger) *health {
 	}
 }
 
+// start starts the prober goroutine; the caller (the Pool, under its
+// mutex) calls it at most once and stops it with close.
 func (h *health) start() {
+	h.started = true
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
@@ -125,7 +105,13 @@ func (h *health) connFailed() {
 
 func (h *health) probeAll(fails []int, retryAt []time.Time) {
 	changed := false
+probes:
 	for i, addr := range h.servers {
+		select {
+		case <-h.stop: // closing: do not hold it up with more probes
+			break probes
+		default:
+		}
 		now := time.Now()
 		if h.ejected[i].Load() && now.Before(retryAt[i]) {
 			continue
@@ -211,7 +197,7 @@ const maxVersionLen = 64
 
 // probe sends a VERSION to addr and returns its answer. VERSION costs
 // memcached no more than a NOOP, and the proxy answers its clients'
-// VERSION with it (session.version).
+// VERSION with it (Pool.Version).
 func probe(addr string, timeout time.Duration) ([]byte, error) {
 	c, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
@@ -239,8 +225,4 @@ func probe(addr string, timeout time.Duration) ([]byte, error) {
 	return v, nil
 }
 
-var errBadProbe = errorString("unexpected response to VERSION")
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
+var errBadProbe = errors.New("unexpected response to VERSION")
