@@ -199,23 +199,31 @@ func (lp *loop) closeSession(s *session) {
 
 // evictRank orders eviction candidates among the unauthenticated: a
 // connection already refused goes first, then one that has sent nothing
-// yet, then any other; the oldest within a rank. A client on its way in
-// has sent its first frame (HELLO, SASL) within a round trip of opening,
-// so connections opened and left silent, as a flood of them is, are
-// closed before it even when they come from the same address. Sessions
-// whose password is being checked, or that are closing, are not
-// candidates (rank 0).
+// for silentGrace since it opened, then any other; the oldest within a
+// rank. A client on its way in sends its first frame (HELLO, SASL) within
+// a round trip of opening, so connections opened and left silent, as a
+// flood of them is, are closed before it even when they come from the same
+// address; a connection just opened is not ranked silent yet, so that an
+// attacker whose connections each send a frame cannot push out, ahead of
+// them all, a client whose first frame is still on its way. Sessions whose
+// password is being checked, or that are closing, are not candidates
+// (rank 0).
 func evictRank(s *session) int {
 	switch {
 	case s.checking || s.quitting || s.closed:
 		return 0
 	case s.authFails > 0:
 		return 3
-	case !s.framed:
+	case !s.framed && s.lp.now-s.openedAt >= silentGrace:
 		return 2
 	}
 	return 1
 }
+
+// silentGrace is how long a new connection may stay silent before it
+// ranks among the silent for eviction: many round trips, even across
+// continents.
+const silentGrace = time.Second
 
 // evictUnauthOf makes room for a new connection of src, which holds its
 // limit of unauthenticated connections: it closes the best-ranked
@@ -229,7 +237,7 @@ func (lp *loop) evictUnauthOf(src string) bool {
 	}
 	lp.unauth.remove(victim)
 	lp.srv.unauthConns.Add(-1) // src's count passes to the new connection
-	lp.evict(victim)
+	lp.evict(victim, "the source holds its share of unauthenticated connections; closing one of its own")
 	return true
 }
 
@@ -245,7 +253,7 @@ func (lp *loop) evictUnauth() bool {
 		return false
 	}
 	victim.leaveUnauth()
-	lp.evict(victim)
+	lp.evict(victim, "unauthenticated connection share full; closing one to admit a new one")
 	return true
 }
 
@@ -277,13 +285,13 @@ func (lp *loop) evictCandidate(src string, n int) *session {
 
 // evict closes s, an unauthenticated session taken off lp.unauth, to make
 // room for a new connection.
-func (lp *loop) evict(s *session) {
+func (lp *loop) evict(s *session, why string) {
 	s.quitting = true
 	s.evicted = true
 	lp.srv.conns.Add(-1) // its place is the new connection's now
 	_ = s.c.Close()
 	n := lp.srv.unauthEvicted.Add(1)
-	lp.srv.log.Debug().Str("remote", s.remote).Msg("unauthenticated connection share full; closing the oldest unauthenticated connection")
+	lp.srv.log.Debug().Str("remote", s.remote).Msg(why)
 	if n%1000 == 1 {
 		lp.srv.log.Warn().Int64("unauthenticated_limit", lp.srv.opts.unauthMax).Str("remote", s.remote).
 			Uint64("evicted_total", n).Msg("unauthenticated connections fill their share; closing the oldest to admit new ones")

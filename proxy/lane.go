@@ -16,6 +16,15 @@ import "github.com/kvthrottle/kvthrottle/proto/binary"
 // ms, and the heavy tenant's throughput did not fall.
 const maxReadsInFlight = 1 << 20
 
+// maxLaneReads bounds the number of a bucket's reads in flight upstream
+// from one loop, whatever their expected size. The size a read is expected
+// to bring is learned from earlier ones, and a tenant can make it small
+// (many small reads) before asking for large values at once: this bounds
+// what such a burst puts ahead of a neighbour to maxLaneReads items
+// (throttle.max_item_bytes each at most). 32 still lets a multi-get of 32
+// keys go out in one batch.
+const maxLaneReads = 32
+
 // lane is one bucket's reads in flight upstream from one loop: their
 // expected response bytes, bounded by maxReadsInFlight, and the sessions
 // waiting for room in it. Waiting sessions go first come, first served:
@@ -24,6 +33,7 @@ const maxReadsInFlight = 1 << 20
 // keep fitting. Only its loop touches it.
 type lane struct {
 	bytes    int    // expected response bytes of the reads in flight
+	reads    int    // reads in flight
 	readSize int    // response bytes a read of the bucket brings here (learned); 0: none answered yet
 	waiting  int    // sessions paused until a read of theirs fits (session.laneWait)
 	full     uint64 // the loop.resumePaused pass in which a waiting session found no room
@@ -42,7 +52,7 @@ func (lp *loop) lane(b *bucket) *lane {
 // dropIdleLanes forgets the lanes of removed buckets once they are empty.
 func (lp *loop) dropIdleLanes() {
 	for b, l := range lp.lanes {
-		if b.gone.Load() && l.bytes == 0 && l.waiting == 0 {
+		if b.gone.Load() && l.reads == 0 && l.waiting == 0 {
 			delete(lp.lanes, b)
 		}
 	}
@@ -73,10 +83,13 @@ func (s *session) reserve(sl *slot) {
 	sl.lane = l
 	sl.flight = s.expectedRead()
 	l.bytes += sl.flight
+	l.reads++
 }
 
 // unreserve stops counting a finished slot among the reads in flight, and
-// learns the size of its response, for the session and its lane.
+// learns the size of its response, for the session and its lane, when it
+// found its item: misses and errors, which cost nothing to ask for, say
+// nothing of the size of the bucket's values.
 func (s *session) unreserve(sl *slot) {
 	if !sl.reserved {
 		return
@@ -84,10 +97,15 @@ func (s *session) unreserve(sl *slot) {
 	sl.reserved = false
 	s.readsOut--
 	n := binary.HeaderLen + 4 + sl.gotKV
-	learnSize(&s.readSize, n)
+	if sl.hit {
+		learnSize(&s.readSize, n)
+	}
 	if l := sl.lane; l != nil {
 		l.bytes -= sl.flight
-		learnSize(&l.readSize, n)
+		l.reads--
+		if sl.hit {
+			learnSize(&l.readSize, n)
+		}
 		sl.lane, sl.flight = nil, 0
 	}
 }
@@ -101,22 +119,24 @@ func (s *session) lane() *lane {
 }
 
 // expectedRead is the response bytes a read of the session is expected to
-// bring: the session's recent reads, else its bucket's on this loop, else
-// the largest a read can be.
+// bring: the larger of what the session's and its bucket's recent reads on
+// this loop brought, or the largest a read can be while neither has
+// found an item.
 func (s *session) expectedRead() int {
-	switch {
-	case s.readSize > 0:
-		return s.readSize
-	case s.bkt != nil && s.lane().readSize > 0:
-		return s.ln.readSize
+	n := s.readSize
+	if s.bkt != nil {
+		n = max(n, s.lane().readSize)
 	}
-	return s.lp.srv.opts.maxReadResp
+	if n == 0 {
+		return s.lp.srv.opts.maxReadResp
+	}
+	return n
 }
 
 // flightRoom reports whether the session may start one more read in its
 // bucket's lane: no earlier session waits for room (unless this is one),
-// and the read's expected response fits under maxReadsInFlight with the
-// reads in flight, or none is. A session refused here waits (laneWait)
+// fewer than maxLaneReads are in flight, and the read's expected response
+// fits under maxReadsInFlight with theirs, or none is in flight. A session refused here waits (laneWait)
 // and resumes in turn as the lane's reads settle (loop.resumePaused runs
 // after every batch of responses).
 func (s *session) flightRoom() bool {
@@ -127,18 +147,25 @@ func (s *session) flightRoom() bool {
 	if !s.laneWait && l.waiting > 0 || l.full == s.lp.pass {
 		return false
 	}
-	return l.bytes == 0 || l.bytes+s.expectedRead() <= maxReadsInFlight
+	return l.reads == 0 || l.reads < maxLaneReads && l.bytes+s.expectedRead() <= maxReadsInFlight
 }
 
 // waitForLane records that the session pauses for room in its lane, when
 // that is why it pauses before frame f; it keeps its turn until it has
-// dispatched f (session.onTraffic), or closes.
+// dispatched f (session.onTraffic), closes, or is found unable to go on
+// for another reason while the lane has room (loop.resumePaused).
 func (s *session) waitForLane(f *binary.Frame) {
 	if s.laneWait || s.bkt == nil || !isRead(f.Opcode) || s.flightRoom() {
 		return
 	}
 	s.laneWait = true
-	s.lane().waiting++
+	l := s.lane()
+	l.waiting++
+	if l.reads == 0 {
+		// No response of the bucket is coming to resume it: those
+		// ahead of it in line may go now, and then it may.
+		s.lp.requestResume()
+	}
 }
 
 // leaveLaneWait ends the session's wait for room in its lane, if it waits.

@@ -34,8 +34,10 @@ type loop struct {
 	armedAt time.Duration
 	wakeRun gnet.RunnableFunc
 
-	flushPending bool              // flushRun is queued on the loop
-	flushRun     gnet.RunnableFunc // writes the upstream connections' batches
+	flushPending  bool              // flushRun is queued on the loop
+	resumePending bool              // resumeRun is queued on the loop
+	resumeRun     gnet.RunnableFunc // a resumePaused pass (requestResume)
+	flushRun      gnet.RunnableFunc // writes the upstream connections' batches
 
 	// Connection limits (connlimits.go, unsent.go).
 	now       time.Duration // coarse clock: time since the server started, as of the last tick or open
@@ -50,6 +52,11 @@ func newLoop(s *Server, el gnet.EventLoop) *loop {
 	lp.unauth.k, lp.idle.k = listUnauth, listIdle
 	lp.clock()
 	lp.wakeRun = lp.wakeDue
+	lp.resumeRun = func(context.Context) error {
+		lp.resumePending = false
+		lp.flushClients()
+		return nil
+	}
 	lp.flushRun = func(context.Context) error {
 		lp.flushPending = false
 		lp.flushUpstreams()
@@ -139,8 +146,15 @@ func (lp *loop) resumePaused() {
 			s.outPaused = false
 			s.resume()
 		default:
-			if s.laneWait && !s.flightRoom() {
-				s.ln.full = lp.pass // later waiters of its lane keep their turn behind it
+			if s.laneWait {
+				if s.flightRoom() {
+					// Its lane has room but it cannot go on (its client
+					// does not read): it must not hold up the bucket's
+					// other sessions, which wait behind it.
+					s.leaveLaneWait()
+				} else {
+					s.ln.full = lp.pass // later waiters of its lane keep their turn behind it
+				}
 			}
 			kept = append(kept, s)
 		}
@@ -152,6 +166,19 @@ func (lp *loop) resumePaused() {
 	}
 	clear(again)
 	lp.pausedSpare = again[:0]
+}
+
+// requestResume arranges for a resumePaused pass once the loop has
+// handled the events at hand, for sessions paused with no response coming
+// that would start one.
+func (lp *loop) requestResume() {
+	if lp.resumePending {
+		return
+	}
+	if err := lp.el.Execute(context.Background(), lp.resumeRun); err != nil {
+		return // the engine is stopping
+	}
+	lp.resumePending = true
 }
 
 // retryHeld re-admits the held sessions in lp.retry.

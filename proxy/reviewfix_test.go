@@ -88,49 +88,93 @@ func TestUnauthenticatedPerSource(t *testing.T) {
 	}
 }
 
-// Among one source's unauthenticated connections, those that have sent
-// nothing are pushed out before one that has begun talking: a client
-// behind the same address as a host flooding silent connections (NAT, a
-// shared application host) keeps its connection while it authenticates.
+// Among one source's unauthenticated connections, those silent since they
+// opened (for silentGrace) are pushed out before one that has begun
+// talking: a client behind the same address as a host flooding silent
+// connections (NAT, a shared application host) keeps its connection while
+// it authenticates, though it is the oldest.
 func TestSilentConnectionsGoFirst(t *testing.T) {
+	p, client, dialSrc, limit := startSameSource(t)
+	talk(t, client, "on opening")
+	var silent []net.Conn
+	for range limit - 1 {
+		silent = append(silent, dialSrc())
+	}
+	waitPastGrace(t, p, silent[len(silent)-1])
+	for range limit - 1 { // each pushes out one of the silent ones
+		dialSrc()
+	}
+	eventually(t, 5*time.Second, "the proxy to take in every connection from 127.0.0.2", func() bool {
+		return p.unauthConns.Load()+int64(p.unauthEvicted.Load()) == int64(2*limit-1)
+	})
+	talk(t, client, fmt.Sprintf("after %d silent connections from the same address", 2*limit-2))
+}
+
+// A connection just opened is not ranked silent: a client whose first
+// frame is on its way is not pushed out ahead of older connections of its
+// address that have each sent a frame.
+func TestNewConnectionNotRankedSilent(t *testing.T) {
+	p, first, dialSrc, limit := startSameSource(t)
+	talkers := []net.Conn{first}
+	for range limit - 2 {
+		talkers = append(talkers, dialSrc())
+	}
+	for i, c := range talkers {
+		talk(t, c, fmt.Sprint("from talker ", i))
+	}
+	client := dialSrc() // the source is at its limit now; silent, but new
+	eventually(t, 5*time.Second, "the proxy to take in the client", func() bool {
+		return p.unauthConns.Load() == int64(limit)
+	})
+	dialSrc() // pushes out the oldest talker, not the client
+	eventually(t, 5*time.Second, "one connection pushed out", func() bool { return p.unauthEvicted.Load() == 1 })
+	talk(t, client, "after another connection from its address")
+}
+
+// startSameSource starts a proxy that requires authentication with one
+// loop, and returns it, a connection from 127.0.0.2, a function dialling
+// more from there (closed with the test), and how many unauthenticated
+// connections one source may hold.
+func startSameSource(t *testing.T) (*testProxy, net.Conn, func() net.Conn, int) {
+	t.Helper()
 	const maxConns = 40 // share 36 on the one loop, a source 9
 	p := startProxy(t, testConfig{proxy: "default_bucket = \"\"\nmax_connections = 40", tail: tenantTail(t), loops: 1})
-	limit := unauthSourceLimit(int(unauthLimit(maxConns)))
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
-	client, err := d.Dial("tcp", p.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	noop := mc.AppendFrame(nil, mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpNoop, Opaque: 9}, nil, nil, nil, nil)
-	talk := func(when string) {
+	dialSrc := func() net.Conn {
 		t.Helper()
-		if _, err := client.Write(noop); err != nil {
-			t.Fatalf("NOOP %s: %v", when, err)
-		}
-		if h, err := readStatus(t, client, 5*time.Second); err != nil || h.Opcode != mc.OpNoop || h.Opaque != 9 {
-			t.Fatalf("NOOP %s: %v %+v", when, err, h)
-		}
-	}
-	talk("on opening")
-	var silent []net.Conn
-	defer func() {
-		for _, c := range silent {
-			_ = c.Close()
-		}
-	}()
-	for range 3 * limit {
 		c, err := d.Dial("tcp", p.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		silent = append(silent, c)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
 	}
-	eventually(t, 5*time.Second, "the proxy to take in every connection from 127.0.0.2", func() bool {
-		return p.unauthConns.Load()+int64(p.unauthEvicted.Load()+p.refusedSource.Load()) == int64(1+3*limit)
+	return p, dialSrc(), dialSrc, unauthSourceLimit(int(unauthLimit(maxConns)))
+}
+
+// talk sends a NOOP on c and waits for its answer.
+func talk(t *testing.T, c net.Conn, when string) {
+	t.Helper()
+	noop := mc.AppendFrame(nil, mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpNoop, Opaque: 9}, nil, nil, nil, nil)
+	if _, err := c.Write(noop); err != nil {
+		t.Fatalf("NOOP %s: %v", when, err)
+	}
+	if h, err := readStatus(t, c, 5*time.Second); err != nil || h.Opcode != mc.OpNoop || h.Opaque != 9 {
+		t.Fatalf("NOOP %s: %v %+v", when, err, h)
+	}
+}
+
+// waitPastGrace waits until the loop's clock is silentGrace past the
+// opening of c's session.
+func waitPastGrace(t *testing.T, p *testProxy, c net.Conn) {
+	t.Helper()
+	eventually(t, 5*time.Second, "a connection to be silent for silentGrace", func() bool {
+		past := false
+		onLoop(t, p, func(lp *loop) {
+			if s := sessionOf(lp, c.LocalAddr()); s != nil {
+				past = lp.now-s.openedAt >= silentGrace
+			}
+		})
+		return past
 	})
-	if n := p.unauthEvicted.Load(); n != uint64(2*limit+1) {
-		t.Fatalf("%d connections pushed out, want %d", n, 2*limit+1)
-	}
-	talk(fmt.Sprintf("after %d silent connections from the same address", 3*limit))
 }

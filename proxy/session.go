@@ -87,6 +87,7 @@ type slot struct {
 	units  bool           // ReportUnitUsage was on when the command was sent
 	sentKV int            // key+value bytes the client sent (write units)
 	gotKV  int            // key+value bytes returned (read units)
+	hit    bool           // a read found its item (lane.go learns sizes from hits only)
 
 	reserved bool  // counted in session.readsOut until finished
 	lane     *lane // the lane its expected response is counted in (lane.go); nil: none
@@ -691,6 +692,9 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 		sl.gotKV += k
 	}
 	sl.gotKV += len(f.Value())
+	if f.Status() == binary.StatusSuccess {
+		sl.hit = true
+	}
 	if s.closed {
 		if done {
 			s.finish(sl)

@@ -336,3 +336,83 @@ func TestLargeReaderNotStarvedBySmallReaders(t *testing.T) {
 		}
 	}
 }
+
+// A tenant that makes its reads look small (many small ones) and then
+// asks for many large values at once still has at most maxLaneReads of
+// them in flight on the loop: that, not its whole pipeline, is what it
+// can put ahead of a neighbour. memcached is frozen while the pipeline
+// arrives, so nothing is answered and the count is exact.
+func TestPrimedLaneBounded(t *testing.T) {
+	p, neighbour := startWithBigValue(t)
+	attacker := dial(t, p.Addr)
+	for range 60 {
+		if r, err := attacker.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatal(err, r)
+		}
+	}
+	thaw := p.MC.Freeze(t)
+	const burst = 48
+	for range burst {
+		attacker.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("big")})
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var reads, readsOut int
+	eventually(t, 5*time.Second, "the attacker's session to pause, or to send all", func() bool {
+		stopped := false
+		onLoop(t, p, func(lp *loop) {
+			if s := sessionOf(lp, attacker.Conn().LocalAddr()); s != nil && s.bkt != nil {
+				stopped = s.outPaused || s.pending() == burst
+				readsOut, reads = s.readsOut, s.lane().reads
+			}
+		})
+		return stopped
+	})
+	if readsOut > maxLaneReads || reads > maxLaneReads {
+		t.Fatalf("%d GETs of 1 MB in flight (lane: %d) after small reads; want at most %d", readsOut, reads, maxLaneReads)
+	}
+	thaw()
+	attacker.Timeout = 30 * time.Second
+	for i := range burst {
+		if r, err := attacker.Read(); err != nil || r.Status() != mc.StatusSuccess || len(r.Value) != 1000*1000 {
+			t.Fatalf("GET %d of the burst: %v %v", i, err, r)
+		}
+	}
+	if r, err := neighbour.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("neighbour's GET: %v %v", err, r)
+	}
+}
+
+// A session that waited its turn in its lane, and then cannot go on
+// because its client stopped reading, gives its turn up: it does not make
+// every other session of its bucket on the loop wait for the next tick
+// before each read.
+func TestStalledWaiterGivesUpItsTurn(t *testing.T) {
+	p, _ := startWithBigValue(t)
+	stalled := dial(t, p.Addr)
+	if r, err := stalled.Get([]byte("big")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	for range 40 {
+		stalled.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("big")})
+	}
+	if err := stalled.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var waiting int
+	var laneWait bool
+	eventually(t, 10*time.Second, "the stalled client's reads to settle", func() bool {
+		settled := false
+		onLoop(t, p, func(lp *loop) {
+			if s := sessionOf(lp, stalled.Conn().LocalAddr()); s != nil && s.bkt != nil {
+				settled = s.outPaused && s.readsOut == 0
+				waiting, laneWait = s.lane().waiting, s.laneWait
+			}
+		})
+		return settled && waiting == 0
+	})
+	if laneWait {
+		t.Fatal("the stalled session still holds its turn in the lane")
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -90,6 +92,24 @@ func (s *Server) Stop() {
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
 	s.cmd = nil
+}
+
+// Freeze stops the server process (SIGSTOP) until the returned function
+// is called (SIGCONT), which the test's cleanup also does: its connections
+// stay open and what is sent to it waits unanswered.
+func (s *Server) Freeze(t testing.TB) (thaw func()) {
+	t.Helper()
+	if s.cmd == nil || s.cmd.Process == nil {
+		t.Fatal("freeze: memcached is not running")
+	}
+	proc := s.cmd.Process
+	if err := proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("freeze memcached: %v", err)
+	}
+	var once sync.Once
+	thaw = func() { once.Do(func() { _ = proc.Signal(syscall.SIGCONT) }) }
+	t.Cleanup(thaw)
+	return thaw
 }
 
 // Restart starts the server again on the same port after Stop.
