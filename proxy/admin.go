@@ -61,13 +61,13 @@ func (s *session) admin(f *binary.Frame) {
 		apply = func() error { return srv.SetNodeThrottle(nt, who) }
 	}
 	sl := s.later(f)
-	s.waiting = true
+	s.setPause(waitingOffLoop)
 	srv.jobs.Add(1)
 	go func() {
 		defer srv.jobs.Done()
 		err := apply()
 		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			s.waiting = false
+			s.setPause(running)
 			s.completeLater(sl, func(b []byte) []byte {
 				var ae *adminError
 				switch {
@@ -265,7 +265,7 @@ func (lp *loop) recheckSessions(context.Context) error {
 			u := ten.cfg.User(s.user.Name)
 			if u == nil {
 				lp.srv.log.Info().Str("user", s.user.Name).Str("remote", s.remote).Msg("user removed by reload; closing its connection")
-				s.held = false
+				s.unhold()
 				s.quit()
 				continue
 			}
@@ -275,7 +275,7 @@ func (lp *loop) recheckSessions(context.Context) error {
 			continue
 		}
 		if s.bkt.gone.Load() {
-			s.held = false
+			s.unhold()
 			s.quit()
 			continue
 		}
@@ -333,10 +333,10 @@ func (s *session) flushBucket(f *binary.Frame) bool {
 	b.writeUnits.Add(1) // the one unit, billed in full at admission
 	quiet := f.Opcode == binary.OpFlushQ
 	sl := s.later(f)
-	s.waiting = true
+	s.setPause(waitingOffLoop)
 	srv.queueFlush(b, func(err error) {
 		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			s.waiting = false
+			s.setPause(running)
 			s.completeLater(sl, func(out []byte) []byte {
 				switch {
 				case err != nil:

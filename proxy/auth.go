@@ -78,7 +78,7 @@ func (s *session) saslAuth(f *binary.Frame) {
 		return
 	}
 	sl := s.later(f)
-	s.waiting = true
+	s.setPause(waitingOffLoop)
 	srv.jobs.Add(1) // before the worker can answer it
 	if !srv.authQ.push(authSource(s.remote), &authJob{s: s, sl: sl, user: user, pass: pass}, time.Now()) {
 		srv.jobs.Done()
@@ -136,7 +136,7 @@ func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
 		s.refuseAuth(sl, name, binary.StatusAuthError, "authentication failed")
 	case s.closed:
 		s.completeLater(sl, nil)
-		s.waiting = false
+		s.setPause(running)
 	default:
 		srv := s.lp.srv
 		ten := srv.ten.Load()
@@ -155,9 +155,9 @@ func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
 		s.completeLater(sl, func(b []byte) []byte {
 			return binary.AppendResponse(b, &sl.req, binary.StatusSuccess, nil, nil, []byte("Authenticated"))
 		})
-		s.waiting = false
+		s.setPause(running)
 	}
-	if !s.waiting {
+	if s.pause == running {
 		s.resume()
 	}
 }
@@ -195,20 +195,20 @@ func (s *session) logout() {
 // refuseAuthNow refuses a SASL AUTH from dispatch, paced like any refusal.
 func (s *session) refuseAuthNow(f *binary.Frame, st binary.Status, reason string) {
 	sl := s.later(f)
-	s.waiting = true
+	s.setPause(waitingOffLoop)
 	s.refuseAuth(sl, "", st, reason)
 }
 
-// refuseAuth answers sl (a SASL AUTH slot from later; s.waiting is set)
+// refuseAuth answers sl (a SASL AUTH slot from later; s is waitingOffLoop)
 // with st and reason: it logs the session out, counts the failure, and
 // answers after authFailDelay, closing the connection at maxAuthFailures.
-// With no delay it answers before returning and clears s.waiting (the
+// With no delay it answers before returning and s runs again (the
 // caller resumes the session when outside dispatch); otherwise a timer
 // answers and resumes it. On the loop.
 func (s *session) refuseAuth(sl *slot, name string, st binary.Status, reason string) {
 	if s.closed {
 		s.completeLater(sl, nil)
-		s.waiting = false
+		s.setPause(running)
 		return
 	}
 	srv := s.lp.srv
@@ -223,7 +223,7 @@ func (s *session) refuseAuth(sl *slot, name string, st binary.Status, reason str
 			Int("failures", n).Str("reason", reason).Msg("authentication failed")
 	}
 	answer := func() {
-		s.waiting = false
+		s.setPause(running)
 		s.completeLater(sl, func(b []byte) []byte { return binary.AppendError(b, &sl.req, st, reason) })
 		if n >= maxAuthFailures && !s.closed {
 			srv.logAuthFail.event(&srv.log, zerolog.InfoLevel).Str("remote", s.remote).Int("failures", n).

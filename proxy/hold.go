@@ -13,17 +13,18 @@ import (
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
-// hold parks the session until the throttle engine lets its bucket run
-// again: nothing more of the connection is dispatched, its input stays
-// buffered (bounded by checkBuffered), and the loop wakes it at the time
-// the engine computed. A wait of InfDuration is only ended by a change of
-// limits (wakeHeld).
-func (s *session) hold(wait time.Duration) {
+// hold parks the session in pause state to (held, or heldOnReads to
+// re-try also when one of its reads settles) until the throttle engine
+// lets its bucket run again: nothing more of the connection is dispatched,
+// its input stays buffered (bounded by checkBuffered), and the loop wakes
+// it at the time the engine computed. A wait of InfDuration is only ended
+// by a change of limits (wakeHeld).
+func (s *session) hold(to pauseState, wait time.Duration) {
 	now := s.lp.srv.throttle.Now()
 	if s.heldAt == 0 {
 		s.heldAt = max(now, 1)
 	}
-	s.held = true
+	s.setPause(to)
 	s.holdSeq++
 	if wait == throttle.InfDuration {
 		return
@@ -57,8 +58,11 @@ func (s *session) throttled(f *binary.Frame, b *bucket, g throttle.Grant, wait t
 			return true
 		}
 	}
-	s.hold(wait)
-	s.onReads = g.WaitsForReads()
+	to := held
+	if g.WaitsForReads() {
+		to = heldOnReads
+	}
+	s.hold(to, wait)
 	return false
 }
 
@@ -94,7 +98,7 @@ type wakeEntry struct {
 }
 
 // live reports whether the entry still stands for a held session.
-func (e *wakeEntry) live() bool { return e.s.held && e.s.holdSeq == e.seq && !e.s.closed }
+func (e *wakeEntry) live() bool { return e.s.isHeld() && e.s.holdSeq == e.seq && !e.s.closed }
 
 type wakeHeap []wakeEntry
 
@@ -176,7 +180,7 @@ func (lp *loop) wakeDue(context.Context) error {
 		e := heap.Pop(&lp.holds).(wakeEntry)
 		if s := e.s; e.live() {
 			lp.srv.wakeDelay.observe(now - e.at)
-			s.held = false
+			s.setPause(running)
 			s.resume()
 		}
 	}
@@ -189,8 +193,8 @@ func (lp *loop) wakeDue(context.Context) error {
 // again (after a change of limits); on the loop.
 func (lp *loop) wakeAll(context.Context) error {
 	for s := range lp.sessions {
-		if s.held {
-			s.held = false
+		if s.isHeld() {
+			s.setPause(running)
 			s.resume()
 		}
 	}

@@ -172,7 +172,7 @@ func (lp *loop) resumePaused() {
 		switch {
 		case s.closed:
 		case s.canResume():
-			s.outPaused = false
+			s.setPause(running)
 			s.resume()
 		default:
 			if s.laneWait && !s.flightRoom() {
@@ -198,8 +198,8 @@ func (lp *loop) retryHeld() {
 	for i := 0; i < len(lp.retry); i++ { // resume may append
 		s := lp.retry[i]
 		lp.retry[i] = nil
-		if s.held && !s.closed {
-			s.held = false
+		if s.isHeld() && !s.closed {
+			s.setPause(running)
 			s.resume()
 		}
 	}

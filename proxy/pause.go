@@ -113,7 +113,7 @@ func (s *session) checkBuffered() gnet.Action {
 	}
 	if n > limit {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).Int("limit", limit).
-			Bool("held", s.held).Bool("output_paused", s.outPaused).Bool("authenticated", !s.needAuth).
+			Bool("held", s.isHeld()).Bool("output_paused", s.outPaused()).Bool("authenticated", !s.needAuth).
 			Msg("client input buffer limit exceeded; closing connection")
 		return gnet.Close
 	}
@@ -123,9 +123,9 @@ func (s *session) checkBuffered() gnet.Action {
 // unpause restarts dispatching after an upstream connection has room
 // again; called on the loop.
 func (s *session) unpause() {
-	if s.closed || !s.waiting {
+	if s.closed || s.pause != waitingUpstream {
 		return
 	}
-	s.waiting = false
+	s.setPause(running)
 	s.resume()
 }

@@ -127,7 +127,7 @@ func (s *session) forward(f *binary.Frame, b *bucket) bool {
 	}
 	u := s.lp.pick(key)
 	if u.Full() {
-		s.waiting = true
+		s.setPause(waitingUpstream)
 		u.NotifyRoom(s.unpause)
 		return false
 	}

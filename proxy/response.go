@@ -120,8 +120,8 @@ func (s *session) finish(sl *slot) {
 	s.unreserve(sl)
 	if sl.grant.Domain != throttle.Held {
 		s.lp.srv.settle(sl)
-		if s.held && s.onReads && !s.closed {
-			s.onReads = false
+		if s.pause == heldOnReads && !s.closed {
+			s.setPause(held)
 			s.lp.retry = append(s.lp.retry, s)
 		}
 	}

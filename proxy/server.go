@@ -105,6 +105,8 @@ type Server struct {
 	unsentBytes   atomic.Int64  // response bytes held for clients, as counted by the sessions
 	unsentShed    atomic.Uint64 // connections closed by max_unsent_bytes
 
+	badPauseMoves atomic.Uint64 // illegal session pause transitions refused (state.go): bugs
+
 	throttle  *throttle.Engine
 	metrics   *metrics.Metrics
 	routing   atomic.Pointer[routing] // upstream servers in force

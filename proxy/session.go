@@ -35,21 +35,20 @@ type session struct {
 	q  []*slot // commands not yet answered to the client, oldest first
 	qh int     // q[qh] is the oldest
 
-	out       []byte // response bytes to write at the next flush
-	dirty     bool   // queued on lp.dirty
-	closed    bool   // the client connection is gone
-	quitting  bool   // close once every queued response is written
-	waiting   bool   // paused: an upstream connection is full, or a password check or admin change runs
-	outPaused bool   // paused: too many responses pending or unsent (lp.paused)
-	slotBytes int    // response bytes waiting in slots behind an earlier command
-	readsOut  int    // reads in flight (slot.reserved)
-	readSize  int    // response bytes a read is expected to bring; 0: none answered yet (unreserve)
-	ln        *lane  // its bucket's lane on the loop (lane.go); nil until needed, and after a bucket change
-	laneWait  bool   // paused until a read fits in its lane, counted in ln.waiting
-	framed    bool   // a binary request magic has arrived: bad input gets Einval, not a text line
+	out       []byte     // response bytes to write at the next flush
+	dirty     bool       // queued on lp.dirty
+	pause     pauseState // why it dispatches nothing now, or running (state.go)
+	closed    bool       // the client connection is gone (set once; orthogonal to pause)
+	quitting  bool       // close once every queued response is written (set once; orthogonal to pause)
+	slotBytes int        // response bytes waiting in slots behind an earlier command
+	readsOut  int        // reads in flight (slot.reserved)
+	readSize  int        // response bytes a read is expected to bring; 0: none answered yet (unreserve)
+	ln        *lane      // its bucket's lane on the loop (lane.go); nil until needed, and after a bucket change
+	laneWait  bool       // holds its turn in its lane's line (state.go), counted in ln.waiting
+	framed    bool       // a binary request magic has arrived: bad input gets Einval, not a text line
 
 	user        *bucketcfg.User // nil until SASL succeeds
-	checking    bool            // its password is being checked (queued for or on the auth worker)
+	checking    bool            // waitingOffLoop for its password check (queued for or on the auth worker)
 	src         string          // authSource of the client, set while it counts as unauthenticated, and after a failed SASL AUTH
 	authFails   uint8           // SASL AUTHs refused on this connection (auth.go)
 	bkt         *bucket         // selected bucket; nil: none
@@ -58,8 +57,6 @@ type session struct {
 
 	// Throttling.
 	waiter  throttle.Waiter // place in the bucket's FIFO line while held
-	held    bool            // waiting for the throttle engine
-	onReads bool            // held until the bucket's reads in flight settle: re-try when one of ours does
 	heldAt  time.Duration   // engine time the current command was first held
 	holdSeq uint64          // identifies the current entry in lp.holds
 	remote  string
@@ -93,7 +90,7 @@ func (s *session) onTraffic() gnet.Action {
 		_, _ = s.c.Discard(-1)
 		return gnet.None
 	}
-	if s.waiting || s.held || s.outPaused {
+	if s.pause != running {
 		return s.checkBuffered()
 	}
 	maxBody := s.maxBody() // small until the client authenticates
@@ -146,7 +143,7 @@ func (s *session) onTraffic() gnet.Action {
 			// without bound): stop reading its requests until they drain.
 			// What it holds counts against max_unsent_bytes from now on,
 			// answers made by the proxy itself included.
-			s.outPaused = true
+			s.setPause(outputPaused)
 			s.lp.paused = append(s.lp.paused, s)
 			s.waitForLane(&f)
 			if s.account(s.unsent()) {
@@ -159,7 +156,7 @@ func (s *session) onTraffic() gnet.Action {
 		}
 		s.leaveLaneWait() // its turn is taken, whether the frame went upstream or not
 		off += n
-		if s.quitting || s.waiting || s.held {
+		if s.quitting || s.pause != running {
 			break
 		}
 	}
@@ -229,7 +226,7 @@ func (s *session) flush() {
 			s.out = s.out[:0]
 		}
 	}
-	if s.pending() == 0 && (s.quitting || s.lp.srv.draining.Load() && !s.held && s.drained()) {
+	if s.pending() == 0 && (s.quitting || s.lp.srv.draining.Load() && !s.isHeld() && s.drained()) {
 		_ = s.c.Close()
 	}
 }
@@ -246,7 +243,7 @@ func (s *session) drained() bool {
 func (s *session) close() {
 	s.closed = true
 	delete(s.lp.sessions, s)
-	s.held = false
+	s.unhold()
 	s.setBucket(nil)
 	for i := s.qh; i < len(s.q); i++ {
 		sl := s.q[i]

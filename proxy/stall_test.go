@@ -102,7 +102,7 @@ func startNonReader(t *testing.T, p *testProxy, n int, smallBuffers bool) *mccli
 		ready := false
 		onLoop(t, p, func(lp *loop) {
 			if s := sessionOf(lp, c.Conn().LocalAddr()); s != nil {
-				ready = ready || s.outPaused || s.pending() > 0 && s.drained()
+				ready = ready || s.outPaused() || s.pending() > 0 && s.drained()
 			}
 		})
 		return ready
@@ -155,8 +155,8 @@ func TestNonReaderDoesNotStallNeighbours(t *testing.T) {
 	}
 	onLoop(t, p, func(lp *loop) {
 		if s := sessionOf(lp, nonReader.Conn().LocalAddr()); s != nil {
-			if !s.outPaused || s.unsent() > maxResponseBytes {
-				t.Errorf("non-reader: paused %v, holding %d bytes; want paused, at most %d", s.outPaused, s.unsent(), maxResponseBytes)
+			if !s.outPaused() || s.unsent() > maxResponseBytes {
+				t.Errorf("non-reader: paused %v, holding %d bytes; want paused, at most %d", s.outPaused(), s.unsent(), maxResponseBytes)
 			}
 		}
 	})
