@@ -60,29 +60,21 @@ func (s *session) admin(f *binary.Frame) {
 		}
 		apply = func() error { return srv.SetNodeThrottle(nt, who) }
 	}
-	sl := s.later(f)
-	s.setPause(waitingOffLoop)
-	srv.jobs.Add(1)
-	go func() {
-		defer srv.jobs.Done()
+	c := s.offLoop(f)
+	c.run(func() func([]byte) []byte {
 		err := apply()
-		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			s.setPause(running)
-			s.completeLater(sl, func(b []byte) []byte {
-				var ae *adminError
-				switch {
-				case err == nil:
-					return binary.AppendResponse(b, &sl.req, binary.StatusSuccess, nil, nil, nil)
-				case errors.As(err, &ae):
-					return binary.AppendError(b, &sl.req, ae.status, ae.reason)
-				default:
-					return binary.AppendError(b, &sl.req, binary.StatusEinternal, err.Error())
-				}
-			})
-			s.resume()
-			return nil
-		}))
-	}()
+		return func(b []byte) []byte {
+			var ae *adminError
+			switch {
+			case err == nil:
+				return binary.AppendResponse(b, &c.sl.req, binary.StatusSuccess, nil, nil, nil)
+			case errors.As(err, &ae):
+				return binary.AppendError(b, &c.sl.req, ae.status, ae.reason)
+			default:
+				return binary.AppendError(b, &c.sl.req, binary.StatusEinternal, err.Error())
+			}
+		}
+	})
 }
 
 // SetBucketThrottle changes a bucket's limits: it writes the state file
@@ -332,24 +324,21 @@ func (s *session) flushBucket(f *binary.Frame) bool {
 	}
 	b.writeUnits.Add(1) // the one unit, billed in full at admission
 	quiet := f.Opcode == binary.OpFlushQ
-	sl := s.later(f)
-	s.setPause(waitingOffLoop)
-	srv.queueFlush(b, func(err error) {
-		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			s.setPause(running)
-			s.completeLater(sl, func(out []byte) []byte {
+	c := s.offLoop(f)
+	c.handOff(func() bool {
+		srv.queueFlush(b, func(err error) {
+			c.reply(func(out []byte) []byte {
 				switch {
 				case err != nil:
-					return binary.AppendError(out, &sl.req, binary.StatusEinternal, "could not persist the flush")
+					return binary.AppendError(out, &c.sl.req, binary.StatusEinternal, "could not persist the flush")
 				case quiet:
 					return out
 				default:
-					return binary.AppendResponse(out, &sl.req, binary.StatusSuccess, nil, nil, nil)
+					return binary.AppendResponse(out, &c.sl.req, binary.StatusSuccess, nil, nil, nil)
 				}
 			})
-			s.resume()
-			return nil
-		}))
+		})
+		return true
 	})
 	return true
 }

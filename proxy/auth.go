@@ -2,11 +2,8 @@ package proxy
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"time"
-
-	"github.com/panjf2000/gnet/v2"
 
 	"github.com/rs/zerolog"
 
@@ -21,7 +18,7 @@ import (
 // maxAuthFailures-th closes the connection once answered. Failures are
 // counted over the connection's life, successes do not reset them. The
 // delay holds only that connection (it dispatches nothing meanwhile); the
-// event loop goes on (a timer hands the answer back with Execute).
+// event loop goes on (a timer hands the answer back: offLoopCall.after).
 const (
 	maxAuthFailures   = 5
 	authFailDelayBase = 100 * time.Millisecond
@@ -47,9 +44,9 @@ var errAuthUnavailable = errors.New("authentication unavailable: the proxy is st
 // saslAuth handles SASL_AUTH with mechanism PLAIN. A password verified
 // recently (Server.authCache) logs in at once, on the loop. Otherwise the
 // check (bcrypt, tens of milliseconds) is queued for the Server's single
-// auth worker; the session dispatches nothing else until it is answered,
-// so later commands see the new identity. Any refusal logs the session out
-// (as memcached does) and is paced by refuseAuth.
+// auth worker (an offLoopCall); the session dispatches nothing else until
+// it is answered, so later commands see the new identity. Any refusal logs
+// the session out (as memcached does) and is paced by refuseAuth.
 func (s *session) saslAuth(f *binary.Frame) {
 	if string(f.Key()) != "PLAIN" {
 		s.refuseAuthNow(f, binary.StatusAuthError, "unsupported SASL mechanism; use PLAIN")
@@ -77,12 +74,10 @@ func (s *session) saslAuth(f *binary.Frame) {
 		})
 		return
 	}
-	sl := s.later(f)
-	s.setPause(waitingOffLoop)
-	srv.jobs.Add(1) // before the worker can answer it
-	if !srv.authQ.push(authSource(s.remote), &authJob{s: s, sl: sl, user: user, pass: pass}, time.Now()) {
-		srv.jobs.Done()
-		s.refuseAuth(sl, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
+	c := s.offLoop(f)
+	j := &authJob{call: c, user: user, pass: pass}
+	if !c.handOff(func() bool { return srv.authQ.push(authSource(s.remote), j, time.Now()) }) {
+		s.refuseAuth(c, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
 		return
 	}
 	s.checking = true
@@ -108,11 +103,7 @@ func (srv *Server) dropAuth(j *authJob) { srv.authAnswer(j, nil, errAuthUnavaila
 
 // authAnswer hands a check's result back to its session's loop.
 func (srv *Server) authAnswer(j *authJob, u *bucketcfg.User, err error) {
-	defer srv.jobs.Done()
-	_ = j.s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-		j.s.authDone(j, u, err)
-		return nil
-	}))
+	j.call.back(func() { j.call.s.authDone(j, u, err) })
 }
 
 // parsePlain splits a PLAIN message: [authzid] NUL authcid NUL passwd.
@@ -124,19 +115,16 @@ func parsePlain(v []byte) (authz, user, pass string, ok bool) {
 	return string(parts[0]), string(parts[1]), string(parts[2]), true
 }
 
-// authDone applies a password check's result; on the loop, outside
-// dispatch.
+// authDone applies a password check's result to the open session; on
+// the loop, outside dispatch (offLoopCall.back).
 func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
-	sl, name := j.sl, j.user
+	c, name := j.call, j.user
 	s.checking = false
 	switch {
 	case errors.Is(err, errAuthUnavailable):
-		s.refuseAuth(sl, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")
+		s.refuseAuth(c, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")
 	case err != nil:
-		s.refuseAuth(sl, name, binary.StatusAuthError, "authentication failed")
-	case s.closed:
-		s.completeLater(sl, nil)
-		s.setPause(running)
+		s.refuseAuth(c, name, binary.StatusAuthError, "authentication failed")
 	default:
 		srv := s.lp.srv
 		ten := srv.ten.Load()
@@ -148,17 +136,13 @@ func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
 		}
 		if u == nil {
 			srv.log.Warn().Str("user", name).Str("remote", s.remote).Msg("authentication failed: user changed or removed by a reload during the check")
-			s.refuseAuth(sl, name, binary.StatusAuthError, "authentication failed")
+			s.refuseAuth(c, name, binary.StatusAuthError, "authentication failed")
 			break
 		}
 		s.login(ten, u)
-		s.completeLater(sl, func(b []byte) []byte {
-			return binary.AppendResponse(b, &sl.req, binary.StatusSuccess, nil, nil, []byte("Authenticated"))
+		c.answer(func(b []byte) []byte {
+			return binary.AppendResponse(b, &c.sl.req, binary.StatusSuccess, nil, nil, []byte("Authenticated"))
 		})
-		s.setPause(running)
-	}
-	if s.pause == running {
-		s.resume()
 	}
 }
 
@@ -194,21 +178,18 @@ func (s *session) logout() {
 
 // refuseAuthNow refuses a SASL AUTH from dispatch, paced like any refusal.
 func (s *session) refuseAuthNow(f *binary.Frame, st binary.Status, reason string) {
-	sl := s.later(f)
-	s.setPause(waitingOffLoop)
-	s.refuseAuth(sl, "", st, reason)
+	s.refuseAuth(s.offLoop(f), "", st, reason)
 }
 
-// refuseAuth answers sl (a SASL AUTH slot from later; s is waitingOffLoop)
-// with st and reason: it logs the session out, counts the failure, and
-// answers after authFailDelay, closing the connection at maxAuthFailures.
-// With no delay it answers before returning and s runs again (the
-// caller resumes the session when outside dispatch); otherwise a timer
-// answers and resumes it. On the loop.
-func (s *session) refuseAuth(sl *slot, name string, st binary.Status, reason string) {
+// refuseAuth answers c (a SASL AUTH) with st and reason: it logs the
+// session out, counts the failure, and answers after authFailDelay,
+// closing the connection at maxAuthFailures. With no delay it answers
+// before returning (from dispatch, the dispatch loop goes on; from
+// offLoopCall.back, back resumes the session); otherwise a timer answers
+// (offLoopCall.after). On the loop.
+func (s *session) refuseAuth(c *offLoopCall, name string, st binary.Status, reason string) {
 	if s.closed {
-		s.completeLater(sl, nil)
-		s.setPause(running)
+		c.answer(nil)
 		return
 	}
 	srv := s.lp.srv
@@ -223,8 +204,7 @@ func (s *session) refuseAuth(sl *slot, name string, st binary.Status, reason str
 			Int("failures", n).Str("reason", reason).Msg("authentication failed")
 	}
 	answer := func() {
-		s.setPause(running)
-		s.completeLater(sl, func(b []byte) []byte { return binary.AppendError(b, &sl.req, st, reason) })
+		c.answer(func(b []byte) []byte { return binary.AppendError(b, &c.sl.req, st, reason) })
 		if n >= maxAuthFailures && !s.closed {
 			srv.logAuthFail.event(&srv.log, zerolog.InfoLevel).Str("remote", s.remote).Int("failures", n).
 				Msg("too many failed authentications; closing connection")
@@ -236,16 +216,10 @@ func (s *session) refuseAuth(sl *slot, name string, st binary.Status, reason str
 		answer()
 		return
 	}
-	// The timer's goroutine only hands the answer to the loop, within
-	// maxAuthFailDelay; once the engine has stopped, Execute refuses it
-	// and the answer is dropped with the connection.
-	time.AfterFunc(d, func() {
-		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			answer()
-			s.resume()
-			return nil
-		}))
-	})
+	// The timer only hands the answer back to the loop, within
+	// maxAuthFailDelay; once the engine has stopped, the answer is dropped
+	// with the connection.
+	c.after(d, answer)
 }
 
 // selectBucket handles SelectBucket: the key names the bucket.

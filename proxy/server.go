@@ -122,7 +122,7 @@ type Server struct {
 	logAuthFail logSample // refused SASL AUTHs
 	logBadInput logSample // malformed frames, text-protocol clients
 
-	jobs      sync.WaitGroup       // off-loop work: password checks, state writes
+	jobs      sync.WaitGroup       // off-loop work (offloop.go, the FLUSH writer): password checks, state writes, refusal delays
 	flushes   flushQueue           // FLUSHes waiting for their state file write
 	authQ     *authQueue           // password checks for the one auth worker (runs during Serve)
 	authCache *bucketcfg.AuthCache // recently verified passwords (keyed MACs, never plaintext)
