@@ -462,8 +462,10 @@ func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
 
 const tickInterval = 50 * time.Millisecond
 
-// OnTick implements gnet.EventHandler: it asks every loop to check its
-// upstream timeouts and health.
+// OnTick implements gnet.EventHandler: it asks every loop to run its
+// periodic work (loop.tick: upstream timeouts and server list changes,
+// connection limits, held and paused sessions); the servers' health is
+// probed apart from the loops.
 func (s *Server) OnTick() (time.Duration, gnet.Action) {
 	s.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.tick))
