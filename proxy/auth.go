@@ -38,6 +38,12 @@ func authFailDelay(n int) time.Duration {
 	return min(d, maxAuthFailDelay)
 }
 
+// The values of the proxy's SASL answers (never changed).
+var (
+	saslMechs     = []byte("PLAIN")
+	authenticated = []byte("Authenticated")
+)
+
 // errAuthUnavailable is a password check not run: the proxy is stopping.
 var errAuthUnavailable = errors.New("authentication unavailable: the proxy is stopping")
 
@@ -47,34 +53,31 @@ var errAuthUnavailable = errors.New("authentication unavailable: the proxy is st
 // auth worker (an offLoopCall); the session dispatches nothing else until
 // it is answered, so later commands see the new identity. Any refusal logs
 // the session out (as memcached does) and is paced by refuseAuth.
-func (s *session) saslAuth(f *binary.Frame) {
-	if string(f.Key()) != "PLAIN" {
-		s.refuseAuthNow(f, binary.StatusAuthError, "unsupported SASL mechanism; use PLAIN")
+func (s *session) saslAuth(r *request) {
+	if string(r.key) != "PLAIN" {
+		s.refuseAuthNow(r, binary.StatusAuthError, "unsupported SASL mechanism; use PLAIN")
 		return
 	}
-	authz, user, pass, ok := parsePlain(f.Value())
+	authz, user, pass, ok := parsePlain(r.value)
 	if !ok {
-		s.refuseAuthNow(f, binary.StatusAuthError, "malformed PLAIN credentials")
+		s.refuseAuthNow(r, binary.StatusAuthError, "malformed PLAIN credentials")
 		return
 	}
 	if authz != "" && authz != user {
 		// Acting as another user (SASL authorization identity) is not
 		// supported: silently ignoring it would grant the authcid's rights
 		// to a client that asked for someone else's.
-		s.refuseAuthNow(f, binary.StatusAuthError, "PLAIN authzid must be empty or equal to the user name; acting as another user is not supported")
+		s.refuseAuthNow(r, binary.StatusAuthError, "PLAIN authzid must be empty or equal to the user name; acting as another user is not supported")
 		return
 	}
 	srv := s.lp.srv
 	ten := srv.ten.Load()
 	if u := srv.authCache.Lookup(ten.cfg, user, pass); u != nil {
 		s.login(ten, u)
-		h := f.Header
-		s.local(func(b []byte) []byte {
-			return binary.AppendResponse(b, &h, binary.StatusSuccess, nil, nil, []byte("Authenticated"))
-		})
+		s.localValue(r, binary.StatusSuccess, authenticated)
 		return
 	}
-	c := s.offLoop(f)
+	c := s.offLoop(r)
 	j := &authJob{call: c, user: user, pass: pass}
 	if !c.handOff(func() bool { return srv.authQ.push(authSource(s.remote), j, time.Now()) }) {
 		s.refuseAuth(c, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
@@ -141,7 +144,7 @@ func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
 		}
 		s.login(ten, u)
 		c.answer(func(b []byte) []byte {
-			return binary.AppendResponse(b, &c.sl.req, binary.StatusSuccess, nil, nil, []byte("Authenticated"))
+			return s.codec.appendResponse(b, c.sl.req, response{op: c.sl.req.op, status: binary.StatusSuccess, value: authenticated})
 		})
 	}
 }
@@ -177,8 +180,8 @@ func (s *session) logout() {
 }
 
 // refuseAuthNow refuses a SASL AUTH from dispatch, paced like any refusal.
-func (s *session) refuseAuthNow(f *binary.Frame, st binary.Status, reason string) {
-	s.refuseAuth(s.offLoop(f), "", st, reason)
+func (s *session) refuseAuthNow(r *request, st binary.Status, reason string) {
+	s.refuseAuth(s.offLoop(r), "", st, reason)
 }
 
 // refuseAuth answers c (a SASL AUTH) with st and reason: it logs the
@@ -204,7 +207,7 @@ func (s *session) refuseAuth(c *offLoopCall, name string, st binary.Status, reas
 			Int("failures", n).Str("reason", reason).Msg("authentication failed")
 	}
 	answer := func() {
-		c.answer(func(b []byte) []byte { return binary.AppendError(b, &c.sl.req, st, reason) })
+		c.answer(func(b []byte) []byte { return s.codec.appendError(b, c.sl.req, st, reason) })
 		if n >= maxAuthFailures && !s.closed {
 			srv.logAuthFail.event(&srv.log, zerolog.InfoLevel).Str("remote", s.remote).Int("failures", n).
 				Msg("too many failed authentications; closing connection")
@@ -223,12 +226,12 @@ func (s *session) refuseAuth(c *offLoopCall, name string, st binary.Status, reas
 }
 
 // selectBucket handles SelectBucket: the key names the bucket.
-func (s *session) selectBucket(f *binary.Frame) {
-	name := string(f.Key())
+func (s *session) selectBucket(r *request) {
+	name := string(r.key)
 	ten := s.lp.srv.ten.Load()
 	b := ten.bucket(name)
 	if b == nil {
-		s.localStatus(f, binary.StatusKeyEnoent, "no such bucket")
+		s.localStatus(r, binary.StatusKeyEnoent, "no such bucket")
 		return
 	}
 	allowed := name == ten.cfg.Proxy.DefaultBucket
@@ -236,9 +239,9 @@ func (s *session) selectBucket(f *binary.Frame) {
 		allowed = s.user.CanAccess(name)
 	}
 	if !allowed {
-		s.localStatus(f, binary.StatusEaccess, "no access to bucket "+name)
+		s.localStatus(r, binary.StatusEaccess, "no access to bucket "+name)
 		return
 	}
 	s.setBucket(b)
-	s.localStatus(f, binary.StatusSuccess, "")
+	s.localStatus(r, binary.StatusSuccess, "")
 }

@@ -32,18 +32,18 @@ func (s *session) hold(to pauseState, wait time.Duration) {
 	s.lp.schedule(s, now+wait)
 }
 
-// throttled handles a metered command its bucket b may not run yet, the
+// throttled handles a metered command r its bucket b may not run yet, the
 // engine asking it to wait: a non-blocking client (HELLO feature 0x1b) is
 // answered EWouldThrottle; a command whose hold would pass
 // throttle.max_hold (counted from when it was first held) is answered
 // Etmpfail at once and gives up its place; any other is held. It returns
-// whether f was consumed (answered), as dispatch does. g is the engine's
+// whether r was consumed (answered), as dispatch does. g is the engine's
 // refusal: a session held until its bucket's reads in flight settle also
 // re-tries when one of its own commands completes (finish).
-func (s *session) throttled(f *binary.Frame, b *bucket, g throttle.Grant, wait time.Duration) bool {
+func (s *session) throttled(r *request, b *bucket, g throttle.Grant, wait time.Duration) bool {
 	srv := s.lp.srv
 	if s.mode() == throttle.NonBlocking {
-		s.nextTick(f, binary.StatusEWouldThrottle, wait)
+		s.nextTick(r, binary.StatusEWouldThrottle, wait)
 		return true
 	}
 	if limit := srv.opts.maxHold; limit > 0 {
@@ -54,7 +54,7 @@ func (s *session) throttled(f *binary.Frame, b *bucket, g throttle.Grant, wait t
 		if wait == throttle.InfDuration || soFar+wait > limit {
 			b.tb.Refuse(&s.waiter)
 			s.heldAt = 0
-			s.nextTick(f, binary.StatusEtmpfail, wait)
+			s.nextTick(r, binary.StatusEtmpfail, wait)
 			return true
 		}
 	}
@@ -66,28 +66,19 @@ func (s *session) throttled(f *binary.Frame, b *bucket, g throttle.Grant, wait t
 	return false
 }
 
-// nextTick answers f with status st and the body {"next_tick_us":N}: the
+// nextTick answers r with status st and the body {"next_tick_us":N}: the
 // real microseconds until the bucket would admit it, or -1 when only a
 // change of limits can.
-func (s *session) nextTick(f *binary.Frame, st binary.Status, wait time.Duration) {
+func (s *session) nextTick(r *request, st binary.Status, wait time.Duration) {
 	us := int64(-1)
 	if wait != throttle.InfDuration {
 		us = int64((wait + time.Microsecond - 1) / time.Microsecond)
 	}
-	h := f.Header
-	s.local(func(b []byte) []byte {
-		n := len(b)
-		b = binary.AppendResponse(b, &h, st, nil, nil, nil)
-		b = append(b, `{"next_tick_us":`...)
-		b = strconv.AppendInt(b, us, 10)
-		b = append(b, '}')
-		setBodyLen(b[n:], len(b)-n-binary.HeaderLen)
-		return b
-	})
-}
-
-func setBodyLen(frame []byte, n int) {
-	frame[8], frame[9], frame[10], frame[11] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
+	body := append(s.lp.scratch[:0], `{"next_tick_us":`...)
+	body = strconv.AppendInt(body, us, 10)
+	body = append(body, '}')
+	s.lp.scratch = body
+	s.localValue(r, st, body)
 }
 
 // wakeEntry is a held session's wake-up time (engine time).

@@ -20,6 +20,7 @@ type loop struct {
 	retiring []*upstream.Conn // connections to removed servers, closed once idle
 	dirty    []*session       // sessions with output to write
 	slots    []*slot          // free slots
+	scratch  []byte           // a buffer sessions may use for the moment (the body of an answer)
 
 	sessions    map[*session]struct{} // open client sessions
 	paused      []*session            // sessions waiting for their output to drain, or room for a read, in pause order

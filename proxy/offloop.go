@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-
-	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
 // offLoopCall is one command of a session answered by work that may not
@@ -30,10 +28,10 @@ type offLoopCall struct {
 	answered bool
 }
 
-// offLoop queues f's place in the response order and pauses the session
+// offLoop queues r's place in the response order and pauses the session
 // until the returned call is answered. On the loop, from dispatch.
-func (s *session) offLoop(f *binary.Frame) *offLoopCall {
-	sl := s.later(f)
+func (s *session) offLoop(r *request) *offLoopCall {
+	sl := s.later(r)
 	s.setPause(waitingOffLoop)
 	return &offLoopCall{s: s, sl: sl}
 }

@@ -59,11 +59,11 @@ func (s *session) readRoom(limit int) bool {
 }
 
 // mustPause reports whether the session must stop dispatching before the
-// client's next frame f: too many commands pending, too many response
-// bytes unsent, or, f being a read, no room for its response.
-func (s *session) mustPause(f *binary.Frame) bool {
+// client's next request r: too many commands pending, too many response
+// bytes unsent, or, r being a read, no room for its response.
+func (s *session) mustPause(r *request) bool {
 	return s.pending() >= maxPending || s.unsent() > maxUnsentOutput ||
-		isRead(f.Opcode) && (!s.readRoom(maxResponseBytes) || !s.flightRoom())
+		isRead(r.op) && (!s.readRoom(maxResponseBytes) || !s.flightRoom())
 }
 
 // canResume reports whether an output-paused session may dispatch again.
@@ -109,7 +109,7 @@ func (s *session) checkBuffered() gnet.Action {
 		return gnet.None
 	}
 	if hdr, err := s.c.Peek(binary.HeaderLen); err == nil {
-		limit += binary.PendingFrameLen(hdr, s.maxBody())
+		limit += s.codec.requestLen(hdr, s.maxBody())
 	}
 	if n > limit {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).Int("limit", limit).

@@ -9,61 +9,54 @@ import (
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
-// dispatch handles one whole client frame. It returns false when the frame
+// dispatch handles one client command. It returns false when the command
 // was not consumed and must be retried later (the session paused).
-func (s *session) dispatch(f *binary.Frame) bool {
-	if !f.Magic.IsRequest() {
-		s.badFrame(f, errNotRequest)
-		return true
-	}
-	switch op := f.Opcode; op {
+func (s *session) dispatch(r *request) bool {
+	switch op := r.op; op {
 	case binary.OpNoop:
-		s.localStatus(f, binary.StatusSuccess, "")
+		s.localStatus(r, binary.StatusSuccess, "")
 	case binary.OpQuit:
-		s.localStatus(f, binary.StatusSuccess, "")
+		s.localStatus(r, binary.StatusSuccess, "")
 		s.quit()
 	case binary.OpQuitQ:
 		s.quit()
 	case binary.OpHello:
-		s.hello(f)
+		s.hello(r)
 	case binary.OpSASLListMechs:
-		h := f.Header
-		s.local(func(b []byte) []byte {
-			return binary.AppendResponse(b, &h, binary.StatusSuccess, nil, nil, []byte("PLAIN"))
-		})
+		s.localValue(r, binary.StatusSuccess, saslMechs)
 	case binary.OpSASLAuth:
-		s.saslAuth(f)
+		s.saslAuth(r)
 	case binary.OpSASLStep:
-		s.localStatus(f, binary.StatusAuthError, "only single-step PLAIN is supported")
+		s.localStatus(r, binary.StatusAuthError, "only single-step PLAIN is supported")
 	case binary.OpSelectBucket:
-		s.selectBucket(f)
+		s.selectBucket(r)
 	case binary.OpSetBucketThrottleProperties, binary.OpSetNodeThrottleProperties:
-		s.admin(f)
+		s.admin(r)
 	case binary.OpStat:
-		return s.stat(f)
+		return s.stat(r)
 	case binary.OpVersion:
-		return s.version(f)
+		return s.version(r)
 	case binary.OpVerbosity:
 		// Not forwarded: memcached (1.6) has no binary VERBOSITY and, after
 		// its UnknownCommand, swallows the first bytes of the next request
 		// on the connection, which every tenant of the loop shares.
 		if !s.isAdmin() {
-			s.localStatus(f, binary.StatusEaccess, "VERBOSITY needs the admin privilege")
+			s.localStatus(r, binary.StatusEaccess, "VERBOSITY needs the admin privilege")
 			return true
 		}
-		s.localStatus(f, binary.StatusNotSupported, "VERBOSITY is not supported through kvthrottle")
+		s.localStatus(r, binary.StatusNotSupported, "VERBOSITY is not supported through kvthrottle")
 	case binary.OpFlush, binary.OpFlushQ:
-		return s.flushBucket(f)
+		return s.flushBucket(r)
 	default:
 		if !op.Memcached() {
-			s.localStatus(f, binary.StatusUnknownCommand, "unknown command "+op.String())
+			s.localStatus(r, binary.StatusUnknownCommand, "unknown command "+op.String())
 			return true
 		}
 		if s.bkt == nil {
-			s.noBucket(f)
+			s.noBucket(r)
 			return true
 		}
-		return s.forward(f, s.bkt)
+		return s.forward(r, s.bkt)
 	}
 	return true
 }
@@ -71,21 +64,21 @@ func (s *session) dispatch(f *binary.Frame) bool {
 func (s *session) isAdmin() bool { return s.user != nil && s.user.IsAdmin() }
 
 // noBucket answers a data command of a session without a bucket.
-func (s *session) noBucket(f *binary.Frame) {
+func (s *session) noBucket(r *request) {
 	if s.user == nil {
-		s.localStatus(f, binary.StatusEaccess, "authentication required")
+		s.localStatus(r, binary.StatusEaccess, "authentication required")
 		return
 	}
-	s.localStatus(f, binary.StatusEaccess, "no bucket selected")
+	s.localStatus(r, binary.StatusEaccess, "no bucket selected")
 }
 
 // badFrame answers an invalid header (bad magic, body too large,
 // inconsistent lengths) with Einval, then closes the connection once
 // earlier responses are out.
-func (s *session) badFrame(f *binary.Frame, err error) {
+func (s *session) badFrame(r *request, err error) {
 	srv := s.lp.srv
 	srv.logBadInput.event(&srv.log, zerolog.InfoLevel).Str("remote", s.remote).Err(err).Msg("invalid frame from client; closing connection")
-	s.localStatus(f, binary.StatusEinval, err.Error())
+	s.localStatus(r, binary.StatusEinval, err.Error())
 	s.quit()
 }
 
@@ -102,27 +95,27 @@ func (s *session) mode() throttle.Mode {
 	return throttle.Blocking
 }
 
-// forward sends f upstream in bucket b's namespace (b nil: no namespace,
-// not metered), after admission when f is metered.
-func (s *session) forward(f *binary.Frame, b *bucket) bool {
-	if err := binary.ValidateRequest(f); err != nil {
+// forward sends r upstream in bucket b's namespace (b nil: no namespace,
+// not metered), after admission when r is metered.
+func (s *session) forward(r *request, b *bucket) bool {
+	if err := binary.ValidateRequest(&r.frame); err != nil {
 		// memcached would answer Einval and close the shared upstream
 		// connection, failing other clients' requests: answer here.
-		s.localStatus(f, binary.StatusEinval, err.Error())
+		s.localStatus(r, binary.StatusEinval, err.Error())
 		return true
 	}
-	key := f.Key()
+	key := r.key
 	var prefix []byte
 	if b != nil {
 		prefix = *b.prefix.Load()
 		if b.gone.Load() {
-			s.localStatus(f, binary.StatusEaccess, "bucket removed")
+			s.localStatus(r, binary.StatusEaccess, "bucket removed")
 			s.quit()
 			return true
 		}
 	}
 	if len(prefix)+len(key) > binary.MaxKeyLen {
-		s.localStatus(f, binary.StatusEinval, "key too long")
+		s.localStatus(r, binary.StatusEinval, "key too long")
 		return true
 	}
 	u := s.lp.pick(key)
@@ -132,13 +125,13 @@ func (s *session) forward(f *binary.Frame, b *bucket) bool {
 		return false
 	}
 	var grant throttle.Grant
-	if b != nil && f.Opcode.Class().Metered() {
+	if b != nil && r.op.Class().Metered() {
 		// Billed in advance: a write's units (known now), a read's
 		// expected units; settled when the response is in (finish).
-		cost := s.lp.srv.cost(f.Opcode.Class(), len(key)+len(f.Value()))
+		cost := s.lp.srv.cost(r.op.Class(), len(key)+len(r.value))
 		g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), cost)
 		if g.Domain == throttle.Held {
-			return s.throttled(f, b, g, wait)
+			return s.throttled(r, b, g, wait)
 		}
 		if s.heldAt != 0 {
 			s.lp.srv.throttleWait(b, s.lp.srv.throttle.Now()-s.heldAt)
@@ -151,15 +144,15 @@ func (s *session) forward(f *binary.Frame, b *bucket) bool {
 	}
 	sl := s.lp.getSlot()
 	sl.s = s
-	sl.req = f.Header
+	sl.req = r.head()
 	sl.strip = len(prefix)
 	sl.bkt = b
 	sl.grant = grant
 	sl.units = s.reportUnits
-	sl.sentKV = len(key) + len(f.Value())
+	sl.sentKV = len(key) + len(r.value)
 	s.enqueue(sl)
 	s.lp.srv.inflight.Add(1)
-	_ = u.Forward(f, prefix, sl) // a failure has already answered sl
+	_ = u.Forward(&r.frame, prefix, sl) // a failure has already answered sl
 	return true
 }
 

@@ -9,7 +9,7 @@ import (
 // upstream.Waiter of forwarded commands.
 type slot struct {
 	s      *session
-	req    binary.Header // the client's request header
+	req    reqHead // what its answer needs of the client's request
 	done   bool
 	resp   []byte // response bytes, while an earlier command is pending
 	strip  int    // bytes of key prefix to strip from responses
@@ -52,10 +52,10 @@ func (s *session) local(appendResp func([]byte) []byte) {
 
 // later queues a slot whose local response comes later, from off-loop
 // work; complete it on the loop with completeLater.
-func (s *session) later(f *binary.Frame) *slot {
+func (s *session) later(r *request) *slot {
 	sl := s.lp.getSlot()
 	sl.s = s
-	sl.req = f.Header
+	sl.req = r.head()
 	s.enqueue(sl)
 	s.lp.srv.inflight.Add(1)
 	return sl
@@ -75,9 +75,21 @@ func (s *session) completeLater(sl *slot, appendResp func([]byte) []byte) {
 	s.advance()
 }
 
-func (s *session) localStatus(f *binary.Frame, st binary.Status, reason string) {
-	h := f.Header
-	s.local(func(b []byte) []byte { return binary.AppendError(b, &h, st, reason) })
+// localStatus queues the proxy's status-only answer to r: st, and reason
+// ("" for none).
+func (s *session) localStatus(r *request, st binary.Status, reason string) {
+	q := r.head()
+	s.local(func(b []byte) []byte { return s.codec.appendError(b, q, st, reason) })
+}
+
+// localValue queues the proxy's answer to r: st and value, which must stay
+// as it is until the answer is queued (heap memory: an interface call
+// takes it).
+func (s *session) localValue(r *request, st binary.Status, value []byte) {
+	q := r.head()
+	s.local(func(b []byte) []byte {
+		return s.codec.appendResponse(b, q, response{op: q.op, status: st, value: value})
+	})
 }
 
 // advance moves every answered command at the head of the queue to the
@@ -134,17 +146,25 @@ func (s *session) finish(sl *slot) {
 // the key and value returned. Every metered command is settled exactly
 // once, also when it failed or its client went away (at least one unit).
 func (srv *Server) settle(sl *slot) {
-	var units int64
-	cls := sl.req.Opcode.Class()
-	if cls != binary.ClassRead { // writes and GAT: the key and value sent
-		units = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
+	read, write := srv.units(sl)
+	if read > 0 {
+		sl.bkt.readUnits.Add(uint64(read))
 	}
-	if cls != binary.ClassWrite { // reads and GAT: the key and value returned
-		r := throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
-		sl.bkt.readUnits.Add(uint64(r))
-		units += r
+	sl.bkt.tb.Settle(sl.grant, read+write)
+}
+
+// units returns the read and write units of a metered command: the write
+// units of the key and value sent (writes and GAT), the read units of the
+// key and value returned (reads and GAT).
+func (srv *Server) units(sl *slot) (read, write int64) {
+	cls := sl.req.op.Class()
+	if cls == binary.ClassWrite || cls == binary.ClassReadWrite {
+		write = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
 	}
-	sl.bkt.tb.Settle(sl.grant, units)
+	if cls == binary.ClassRead || cls == binary.ClassReadWrite {
+		read = throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
+	}
+	return read, write
 }
 
 func (sl *slot) isHead() bool { s := sl.s; return s.qh < len(s.q) && s.q[s.qh] == sl }
@@ -163,10 +183,10 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 		return
 	}
 	if sl.isHead() {
-		s.out = sl.appendResponse(s.out, f)
+		s.out = s.codec.appendResponse(s.out, sl.req, sl.response(f))
 	} else {
 		n := len(sl.resp)
-		sl.resp = sl.appendResponse(sl.resp, f)
+		sl.resp = s.codec.appendResponse(sl.resp, sl.req, sl.response(f))
 		s.slotBytes += len(sl.resp) - n
 	}
 	if done {
@@ -197,74 +217,25 @@ func (sl *slot) Fail(st binary.Status, reason string) {
 		return
 	}
 	n := len(sl.resp)
-	sl.resp = binary.AppendError(sl.resp, &sl.req, st, reason)
+	sl.resp = s.codec.appendError(sl.resp, sl.req, st, reason)
 	s.slotBytes += len(sl.resp) - n
 	sl.done = true
 	s.advance()
 }
 
-// appendWithUnits appends the client's view of a metered command's response
-// with flexible framing (magic 0x18) carrying the read and write units it
-// was charged (framing-info IDs 0x01 and 0x02, read and write units), for clients that negotiated
-// ReportUnitUsage.
-func (sl *slot) appendWithUnits(dst []byte, f *binary.Frame) []byte {
-	srv := sl.s.lp.srv
-	var ru, wu int64
-	switch sl.req.Opcode.Class() {
-	case binary.ClassRead:
-		ru = throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
-	case binary.ClassWrite:
-		wu = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
-	case binary.ClassReadWrite:
-		ru = throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
-		wu = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
-	}
-	var feBuf [8]byte
-	fe := feBuf[:0]
-	if ru > 0 {
-		fe = binary.AppendFrameInfo(fe, binary.FrameInfoReadUnits, units16(ru))
-	}
-	if wu > 0 {
-		fe = binary.AppendFrameInfo(fe, binary.FrameInfoWriteUnits, units16(wu))
-	}
+// response is the client's view of memcached's answer f: the key without
+// the bucket's namespace, and the units the command was charged when the
+// client had asked for them (HELLO ReportUnitUsage) before it sent the
+// command.
+func (sl *slot) response(f *binary.Frame) response {
 	key := f.Key()
 	if len(key) >= sl.strip {
 		key = key[sl.strip:]
 	}
-	h := f.Header
-	h.Magic = binary.MagicAltResponse
-	h.Opaque = sl.req.Opaque
-	return binary.AppendFrame(dst, h, fe, f.Extras(), key, f.Value())
-}
-
-// units16 encodes a unit count as the 16-bit big-endian value of a
-// framing-info entry, saturating at 65535.
-func units16(u int64) []byte {
-	if u > 0xffff {
-		u = 0xffff
-	}
-	return []byte{byte(u >> 8), byte(u)}
-}
-
-// appendResponse appends the client's view of an upstream response: the
-// client's opaque, the key without the bucket prefix, and the units used
-// when the client had asked for them (HELLO ReportUnitUsage) before it
-// sent the command.
-func (sl *slot) appendResponse(dst []byte, f *binary.Frame) []byte {
-	n := len(dst)
+	r := response{op: f.Opcode, status: f.Status(), extras: f.Extras(), key: key, value: f.Value(), cas: f.CAS, upstream: f}
 	if sl.units && sl.grant.Domain != throttle.Held {
-		return sl.appendWithUnits(dst, f)
+		r.units = true
+		r.readUnits, r.writeUnits = sl.s.lp.srv.units(sl)
 	}
-	if sl.strip == 0 || f.KeyLen == 0 {
-		dst = append(dst, f.Raw...)
-		binary.SetOpaque(dst[n:], sl.req.Opaque)
-		return dst
-	}
-	key := f.Key()
-	if len(key) >= sl.strip {
-		key = key[sl.strip:]
-	}
-	h := f.Header
-	h.Opaque = sl.req.Opaque
-	return binary.AppendFrame(dst, h, nil, f.Extras(), key, f.Value())
+	return r
 }

@@ -14,23 +14,28 @@ import (
 
 // A client command's life, one file per stage (as twemproxy's nc_request.c
 // and nc_response.c): session.go holds the session, its opening and
-// closing, and onTraffic, the loop that decodes and dispatches the client's
-// frames; request.go dispatches one command (answered by the proxy itself,
-// or admitted by the throttle and forwarded upstream); hold.go parks a
-// session whose bucket may not run its next command yet, and wakes it;
-// response.go queues each command's slot, takes the upstream's answers and
-// puts them out in request order; pause.go paces a client that sends more
-// than it reads. Authentication (auth.go, authqueue.go), the admin opcodes
-// (admin.go), HELLO, STAT and VERSION (hello.go, stat.go, clientfacing.go)
-// and the connection limits (connlimits.go, unsent.go, lane.go) serve them.
+// closing, and onTraffic, the loop that decodes the client's requests
+// (codec.go: the protocol-neutral forms; binarycodec.go) and dispatches
+// them; request.go dispatches one command (answered by the proxy itself,
+// or admitted by the throttle and forwarded upstream); state.go names why
+// a session dispatches nothing for now; hold.go parks a session whose
+// bucket may not run its next command yet, and wakes it; offloop.go runs a
+// command's work off the event loop; response.go queues each command's
+// slot, takes the upstream's answers and puts them out in request order;
+// pause.go paces a client that sends more than it reads. Authentication
+// (auth.go, authqueue.go), the admin opcodes (admin.go), HELLO, STAT and
+// VERSION (hello.go, stat.go, clientfacing.go) and the connection limits
+// (connlimits.go, unsent.go, lane.go) serve them.
 
-// session is one client connection. It decodes the client's frames,
-// answers local commands, admits metered commands through the throttle
-// engine, forwards them upstream, and writes the responses back in request
-// order. Only its loop touches it.
+// session is one client connection. It decodes the client's requests
+// (codec.go), answers local commands, admits metered commands through the
+// throttle engine, forwards them upstream, and writes the responses back
+// in request order. Only its loop touches it.
 type session struct {
-	lp *loop
-	c  gnet.Conn
+	lp    *loop
+	c     gnet.Conn
+	codec codec   // the client's protocol (codec.go)
+	req   request // the request being dispatched (onTraffic)
 
 	q  []*slot // commands not yet answered to the client, oldest first
 	qh int     // q[qh] is the oldest
@@ -73,7 +78,7 @@ type session struct {
 }
 
 func newSession(lp *loop, c gnet.Conn) *session {
-	s := &session{lp: lp, c: c, remote: c.RemoteAddr().String()}
+	s := &session{lp: lp, c: c, codec: binaryCodec{}, remote: c.RemoteAddr().String()}
 	lp.sessions[s] = struct{}{}
 	ten := lp.srv.ten.Load()
 	if name := ten.cfg.Proxy.DefaultBucket; name != "" {
@@ -82,8 +87,11 @@ func newSession(lp *loop, c gnet.Conn) *session {
 	return s
 }
 
-// onTraffic decodes and dispatches every whole frame buffered for the
-// client, unless the session is paused.
+// onTraffic decodes (s.codec) and dispatches every whole request buffered
+// for the client, unless the session is paused. The first byte of each
+// request tells the protocol (a binary request magic, or else
+// notRequest), and while a large request arrives its binary header tells
+// how much more is coming.
 func (s *session) onTraffic() gnet.Action {
 	s.touch()
 	if s.quitting {
@@ -109,23 +117,24 @@ func (s *session) onTraffic() gnet.Action {
 	}
 	if err != nil {
 		return gnet.None
-	} else if n := binary.PendingFrameLen(hdr, maxBody); n > s.c.InboundBuffered() {
+	} else if n := s.codec.requestLen(hdr, maxBody); n > s.c.InboundBuffered() {
 		return s.checkBuffered()
 	}
 	buf, _ := s.c.Peek(-1)
 	off := 0
+	r := &s.req // a field, not a local: the codec gets a pointer to it
 	for off < len(buf) {
 		if !binary.Magic(buf[off]).IsRequest() {
 			s.notRequest(buf[off:])
 			break
 		}
 		s.framed = true
-		f, n, err := binary.Decode(buf[off:], maxBody)
+		n, err := s.codec.decode(buf[off:], maxBody, r)
 		if err != nil {
 			if s.needAuth && errors.Is(err, binary.ErrFrameTooLarge) {
 				err = fmt.Errorf("%w before authentication: authenticate first", err)
 			}
-			s.badFrame(&f, err)
+			s.badFrame(r, err)
 			break
 		}
 		if n == 0 {
@@ -135,31 +144,34 @@ func (s *session) onTraffic() gnet.Action {
 			s.lp.srv.log.Info().Str("remote", s.remote).Int("pending", s.pending()).Int("unsent", s.unsent()).
 				Msg("unauthenticated client sends more than it reads; closing connection")
 			s.quitting = true
+			*r = request{}
 			s.lp.requestFlush() // what it sent upstream already
 			return gnet.Close
 		}
-		if s.mustPause(&f) {
+		if s.mustPause(r) {
 			// The client is not reading its responses (or pipelines
 			// without bound): stop reading its requests until they drain.
 			// What it holds counts against max_unsent_bytes from now on,
 			// answers made by the proxy itself included.
 			s.setPause(outputPaused)
 			s.lp.paused = append(s.lp.paused, s)
-			s.waitForLane(&f)
+			s.waitForLane(r)
 			if s.account(s.unsent()) {
 				s.lp.shedUnsent()
 			}
 			break
 		}
-		if !s.dispatch(&f) {
+		if !s.dispatch(r) {
 			break
 		}
-		s.leaveLaneWait() // its turn is taken, whether the frame went upstream or not
+		s.leaveLaneWait() // its turn is taken, whether the request went upstream or not
 		off += n
 		if s.quitting || s.pause != running {
 			break
 		}
 	}
+	// r aliases the input buffer, which it must not pin.
+	*r = request{}
 	if off > 0 { // Discard(0) would drop everything buffered
 		_, _ = s.c.Discard(off)
 	}
