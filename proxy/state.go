@@ -12,8 +12,9 @@ package proxy
 //     closed (the connection is gone) are set once and never cleared,
 //     whatever the pause state. A paused session may be told to quit (a
 //     reload removed its user, it was evicted), and one that closes while
-//     paused keeps its pause state until the event it waits for comes
-//     back and finds it closed (upstream room, an off-loop result);
+//     paused keeps its pause state (a hold ends at once: unhold) until
+//     the event it waits for comes back and finds it closed (upstream
+//     room, an off-loop result);
 //   - laneWait, a place in the line for its bucket's lane (lane.go): taken
 //     when it pauses for want of room for a read, kept across its pause
 //     and the resumption until that read is dispatched;
