@@ -26,62 +26,54 @@ func (e *adminError) Error() string { return e.reason }
 // SetNodeThrottleProperties (0x2c). The body is checked on the loop; the
 // change is persisted and applied off the loop, and the session answers
 // (and dispatches its next command) once the state file is written.
-func (s *session) admin(f *binary.Frame) {
+func (s *session) admin(r *request) {
 	if !s.isAdmin() {
-		s.localStatus(f, binary.StatusEaccess, f.Opcode.String()+" needs the admin privilege")
+		s.localStatus(r, binary.StatusEaccess, r.op.String()+" needs the admin privilege")
 		return
 	}
 	srv := s.lp.srv
 	who := s.user.Name
 	var apply func() error
-	switch f.Opcode {
+	switch r.op {
 	case binary.OpSetBucketThrottleProperties:
-		name := string(f.Key())
-		bt, err := bucketcfg.ParseBucketThrottle(f.Value())
+		name := string(r.key)
+		bt, err := bucketcfg.ParseBucketThrottle(r.value)
 		if err != nil {
-			s.localStatus(f, binary.StatusEinval, err.Error())
+			s.localStatus(r, binary.StatusEinval, err.Error())
 			return
 		}
 		if srv.ten.Load().bucket(name) == nil {
-			s.localStatus(f, binary.StatusKeyEnoent, "no such bucket")
+			s.localStatus(r, binary.StatusKeyEnoent, "no such bucket")
 			return
 		}
 		apply = func() error { return srv.SetBucketThrottle(name, bt, who) }
 	default:
-		if f.KeyLen != 0 {
-			s.localStatus(f, binary.StatusEinval, "SetNodeThrottleProperties takes no key")
+		if len(r.key) != 0 {
+			s.localStatus(r, binary.StatusEinval, "SetNodeThrottleProperties takes no key")
 			return
 		}
-		nt, err := bucketcfg.ParseNodeThrottle(f.Value())
+		nt, err := bucketcfg.ParseNodeThrottle(r.value)
 		if err != nil {
-			s.localStatus(f, binary.StatusEinval, err.Error())
+			s.localStatus(r, binary.StatusEinval, err.Error())
 			return
 		}
 		apply = func() error { return srv.SetNodeThrottle(nt, who) }
 	}
-	sl := s.later(f)
-	s.waiting = true
-	srv.jobs.Add(1)
-	go func() {
-		defer srv.jobs.Done()
+	c := s.offLoop(r)
+	c.run(func() func([]byte) []byte {
 		err := apply()
-		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			s.waiting = false
-			s.completeLater(sl, func(b []byte) []byte {
-				var ae *adminError
-				switch {
-				case err == nil:
-					return binary.AppendResponse(b, &sl.req, binary.StatusSuccess, nil, nil, nil)
-				case errors.As(err, &ae):
-					return binary.AppendError(b, &sl.req, ae.status, ae.reason)
-				default:
-					return binary.AppendError(b, &sl.req, binary.StatusEinternal, err.Error())
-				}
-			})
-			s.resume()
-			return nil
-		}))
-	}()
+		return func(b []byte) []byte {
+			var ae *adminError
+			switch {
+			case err == nil:
+				return s.codec.appendError(b, c.sl.req, binary.StatusSuccess, "")
+			case errors.As(err, &ae):
+				return s.codec.appendError(b, c.sl.req, ae.status, ae.reason)
+			default:
+				return s.codec.appendError(b, c.sl.req, binary.StatusEinternal, err.Error())
+			}
+		}
+	})
 }
 
 // SetBucketThrottle changes a bucket's limits: it writes the state file
@@ -228,7 +220,7 @@ func (lp *loop) recheckSessions(context.Context) error {
 			u := ten.cfg.User(s.user.Name)
 			if u == nil {
 				lp.srv.log.Info().Str("user", s.user.Name).Str("remote", s.remote).Msg("user removed by reload; closing its connection")
-				s.held = false
+				s.unhold()
 				s.quit()
 				continue
 			}
@@ -238,7 +230,7 @@ func (lp *loop) recheckSessions(context.Context) error {
 			continue
 		}
 		if s.bkt.gone.Load() {
-			s.held = false
+			s.unhold()
 			s.quit()
 			continue
 		}
@@ -260,59 +252,56 @@ func (lp *loop) recheckSessions(context.Context) error {
 // stay gone across restarts. A FLUSH is metered as a write of one unit and
 // admitted like any metered command: held, or answered EWouldThrottle, when
 // its bucket has no room. A delay (non-zero 4-byte extras) is refused with
-// NotSupported. It returns false when the session is held and f must be
+// NotSupported. It returns false when the session is held and r must be
 // dispatched again.
-func (s *session) flushBucket(f *binary.Frame) bool {
-	if err := binary.ValidateRequest(f); err != nil {
-		s.localStatus(f, binary.StatusEinval, err.Error())
+func (s *session) flushBucket(r *request) bool {
+	if err := binary.ValidateRequest(&r.frame); err != nil {
+		s.localStatus(r, binary.StatusEinval, err.Error())
 		return true
 	}
 	b := s.bkt
 	if b == nil {
-		s.noBucket(f)
+		s.noBucket(r)
 		return true
 	}
 	if !b.flushEnabled.Load() {
-		s.localStatus(f, binary.StatusEaccess, "FLUSH is disabled for bucket "+b.name)
+		s.localStatus(r, binary.StatusEaccess, "FLUSH is disabled for bucket "+b.name)
 		return true
 	}
-	if f.ExtLen == 4 && be.BigEndian.Uint32(f.Extras()) != 0 {
+	if len(r.extras) == 4 && be.BigEndian.Uint32(r.extras) != 0 {
 		// memcached empties the cache when the delay has passed; here that
 		// would be a timer per bucket that has to survive restarts (a
 		// delay that ends while the proxy is down must still flush), for a
 		// feature clients rarely use: refuse it, the client can send the
 		// FLUSH when the time comes.
-		s.localStatus(f, binary.StatusNotSupported, "FLUSH with a delay is not supported; send it when the bucket should be emptied")
+		s.localStatus(r, binary.StatusNotSupported, "FLUSH with a delay is not supported; send it when the bucket should be emptied")
 		return true
 	}
 	srv := s.lp.srv
 	if g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), throttle.Cost{Known: 1}); g.Domain == throttle.Held {
-		return s.throttled(f, b, g, wait)
+		return s.throttled(r, b, g, wait)
 	}
 	if s.heldAt != 0 {
 		srv.throttleWait(b, srv.throttle.Now()-s.heldAt)
 		s.heldAt = 0
 	}
 	b.writeUnits.Add(1) // the one unit, billed in full at admission
-	quiet := f.Opcode == binary.OpFlushQ
-	sl := s.later(f)
-	s.waiting = true
-	srv.queueFlush(b, func(err error) {
-		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			s.waiting = false
-			s.completeLater(sl, func(out []byte) []byte {
+	quiet := r.op == binary.OpFlushQ
+	c := s.offLoop(r)
+	c.handOff(func() bool {
+		srv.queueFlush(b, func(err error) {
+			c.reply(func(out []byte) []byte {
 				switch {
 				case err != nil:
-					return binary.AppendError(out, &sl.req, binary.StatusEinternal, "could not persist the flush")
+					return s.codec.appendError(out, c.sl.req, binary.StatusEinternal, "could not persist the flush")
 				case quiet:
 					return out
 				default:
-					return binary.AppendResponse(out, &sl.req, binary.StatusSuccess, nil, nil, nil)
+					return s.codec.appendError(out, c.sl.req, binary.StatusSuccess, "")
 				}
 			})
-			s.resume()
-			return nil
-		}))
+		})
+		return true
 	})
 	return true
 }

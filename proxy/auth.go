@@ -2,11 +2,8 @@ package proxy
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"time"
-
-	"github.com/panjf2000/gnet/v2"
 
 	"github.com/rs/zerolog"
 
@@ -21,7 +18,7 @@ import (
 // maxAuthFailures-th closes the connection once answered. Failures are
 // counted over the connection's life, successes do not reset them. The
 // delay holds only that connection (it dispatches nothing meanwhile); the
-// event loop goes on (a timer hands the answer back with Execute).
+// event loop goes on (a timer hands the answer back: offLoopCall.after).
 const (
 	maxAuthFailures   = 5
 	authFailDelayBase = 100 * time.Millisecond
@@ -41,48 +38,49 @@ func authFailDelay(n int) time.Duration {
 	return min(d, maxAuthFailDelay)
 }
 
+// The values of the proxy's SASL answers (never changed).
+var (
+	saslMechs     = []byte("PLAIN")
+	authenticated = []byte("Authenticated")
+)
+
 // errAuthUnavailable is a password check not run: the proxy is stopping.
 var errAuthUnavailable = errors.New("authentication unavailable: the proxy is stopping")
 
 // saslAuth handles SASL_AUTH with mechanism PLAIN. A password verified
 // recently (Server.authCache) logs in at once, on the loop. Otherwise the
 // check (bcrypt, tens of milliseconds) is queued for the Server's single
-// auth worker; the session dispatches nothing else until it is answered,
-// so later commands see the new identity. Any refusal logs the session out
-// (as memcached does) and is paced by refuseAuth.
-func (s *session) saslAuth(f *binary.Frame) {
-	if string(f.Key()) != "PLAIN" {
-		s.refuseAuthNow(f, binary.StatusAuthError, "unsupported SASL mechanism; use PLAIN")
+// auth worker (an offLoopCall); the session dispatches nothing else until
+// it is answered, so later commands see the new identity. Any refusal logs
+// the session out (as memcached does) and is paced by refuseAuth.
+func (s *session) saslAuth(r *request) {
+	if string(r.key) != "PLAIN" {
+		s.refuseAuthNow(r, binary.StatusAuthError, "unsupported SASL mechanism; use PLAIN")
 		return
 	}
-	authz, user, pass, ok := parsePlain(f.Value())
+	authz, user, pass, ok := parsePlain(r.value)
 	if !ok {
-		s.refuseAuthNow(f, binary.StatusAuthError, "malformed PLAIN credentials")
+		s.refuseAuthNow(r, binary.StatusAuthError, "malformed PLAIN credentials")
 		return
 	}
 	if authz != "" && authz != user {
 		// Acting as another user (SASL authorization identity) is not
 		// supported: silently ignoring it would grant the authcid's rights
 		// to a client that asked for someone else's.
-		s.refuseAuthNow(f, binary.StatusAuthError, "PLAIN authzid must be empty or equal to the user name; acting as another user is not supported")
+		s.refuseAuthNow(r, binary.StatusAuthError, "PLAIN authzid must be empty or equal to the user name; acting as another user is not supported")
 		return
 	}
 	srv := s.lp.srv
 	ten := srv.ten.Load()
 	if u := srv.authCache.Lookup(ten.cfg, user, pass); u != nil {
 		s.login(ten, u)
-		h := f.Header
-		s.local(func(b []byte) []byte {
-			return binary.AppendResponse(b, &h, binary.StatusSuccess, nil, nil, []byte("Authenticated"))
-		})
+		s.localValue(r, binary.StatusSuccess, authenticated)
 		return
 	}
-	sl := s.later(f)
-	s.waiting = true
-	srv.jobs.Add(1) // before the worker can answer it
-	if !srv.authQ.push(authSource(s.remote), &authJob{s: s, sl: sl, user: user, pass: pass}, time.Now()) {
-		srv.jobs.Done()
-		s.refuseAuth(sl, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
+	c := s.offLoop(r)
+	j := &authJob{call: c, user: user, pass: pass}
+	if !c.handOff(func() bool { return srv.authQ.push(authSource(s.remote), j, time.Now()) }) {
+		s.refuseAuth(c, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
 		return
 	}
 	s.checking = true
@@ -108,11 +106,7 @@ func (srv *Server) dropAuth(j *authJob) { srv.authAnswer(j, nil, errAuthUnavaila
 
 // authAnswer hands a check's result back to its session's loop.
 func (srv *Server) authAnswer(j *authJob, u *bucketcfg.User, err error) {
-	defer srv.jobs.Done()
-	_ = j.s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-		j.s.authDone(j, u, err)
-		return nil
-	}))
+	j.call.back(func() { j.call.s.authDone(j, u, err) })
 }
 
 // parsePlain splits a PLAIN message: [authzid] NUL authcid NUL passwd.
@@ -124,19 +118,16 @@ func parsePlain(v []byte) (authz, user, pass string, ok bool) {
 	return string(parts[0]), string(parts[1]), string(parts[2]), true
 }
 
-// authDone applies a password check's result; on the loop, outside
-// dispatch.
+// authDone applies a password check's result to the open session; on
+// the loop, outside dispatch (offLoopCall.back).
 func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
-	sl, name := j.sl, j.user
+	c, name := j.call, j.user
 	s.checking = false
 	switch {
 	case errors.Is(err, errAuthUnavailable):
-		s.refuseAuth(sl, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")
+		s.refuseAuth(c, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")
 	case err != nil:
-		s.refuseAuth(sl, name, binary.StatusAuthError, "authentication failed")
-	case s.closed:
-		s.completeLater(sl, nil)
-		s.waiting = false
+		s.refuseAuth(c, name, binary.StatusAuthError, "authentication failed")
 	default:
 		srv := s.lp.srv
 		ten := srv.ten.Load()
@@ -148,17 +139,13 @@ func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
 		}
 		if u == nil {
 			srv.log.Warn().Str("user", name).Str("remote", s.remote).Msg("authentication failed: user changed or removed by a reload during the check")
-			s.refuseAuth(sl, name, binary.StatusAuthError, "authentication failed")
+			s.refuseAuth(c, name, binary.StatusAuthError, "authentication failed")
 			break
 		}
 		s.login(ten, u)
-		s.completeLater(sl, func(b []byte) []byte {
-			return binary.AppendResponse(b, &sl.req, binary.StatusSuccess, nil, nil, []byte("Authenticated"))
+		c.answer(func(b []byte) []byte {
+			return s.codec.appendResponse(b, c.sl.req, response{op: c.sl.req.op, status: binary.StatusSuccess, value: authenticated})
 		})
-		s.waiting = false
-	}
-	if !s.waiting {
-		s.resume()
 	}
 }
 
@@ -193,22 +180,19 @@ func (s *session) logout() {
 }
 
 // refuseAuthNow refuses a SASL AUTH from dispatch, paced like any refusal.
-func (s *session) refuseAuthNow(f *binary.Frame, st binary.Status, reason string) {
-	sl := s.later(f)
-	s.waiting = true
-	s.refuseAuth(sl, "", st, reason)
+func (s *session) refuseAuthNow(r *request, st binary.Status, reason string) {
+	s.refuseAuth(s.offLoop(r), "", st, reason)
 }
 
-// refuseAuth answers sl (a SASL AUTH slot from later; s.waiting is set)
-// with st and reason: it logs the session out, counts the failure, and
-// answers after authFailDelay, closing the connection at maxAuthFailures.
-// With no delay it answers before returning and clears s.waiting (the
-// caller resumes the session when outside dispatch); otherwise a timer
-// answers and resumes it. On the loop.
-func (s *session) refuseAuth(sl *slot, name string, st binary.Status, reason string) {
+// refuseAuth answers c (a SASL AUTH) with st and reason: it logs the
+// session out, counts the failure, and answers after authFailDelay,
+// closing the connection at maxAuthFailures. With no delay it answers
+// before returning (from dispatch, the dispatch loop goes on; from
+// offLoopCall.back, back resumes the session); otherwise a timer answers
+// (offLoopCall.after). On the loop.
+func (s *session) refuseAuth(c *offLoopCall, name string, st binary.Status, reason string) {
 	if s.closed {
-		s.completeLater(sl, nil)
-		s.waiting = false
+		c.answer(nil)
 		return
 	}
 	srv := s.lp.srv
@@ -223,8 +207,7 @@ func (s *session) refuseAuth(sl *slot, name string, st binary.Status, reason str
 			Int("failures", n).Str("reason", reason).Msg("authentication failed")
 	}
 	answer := func() {
-		s.waiting = false
-		s.completeLater(sl, func(b []byte) []byte { return binary.AppendError(b, &sl.req, st, reason) })
+		c.answer(func(b []byte) []byte { return s.codec.appendError(b, c.sl.req, st, reason) })
 		if n >= maxAuthFailures && !s.closed {
 			srv.logAuthFail.event(&srv.log, zerolog.InfoLevel).Str("remote", s.remote).Int("failures", n).
 				Msg("too many failed authentications; closing connection")
@@ -236,25 +219,19 @@ func (s *session) refuseAuth(sl *slot, name string, st binary.Status, reason str
 		answer()
 		return
 	}
-	// The timer's goroutine only hands the answer to the loop, within
-	// maxAuthFailDelay; once the engine has stopped, Execute refuses it
-	// and the answer is dropped with the connection.
-	time.AfterFunc(d, func() {
-		_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			answer()
-			s.resume()
-			return nil
-		}))
-	})
+	// The timer only hands the answer back to the loop, within
+	// maxAuthFailDelay; once the engine has stopped, the answer is dropped
+	// with the connection.
+	c.after(d, answer)
 }
 
 // selectBucket handles SelectBucket: the key names the bucket.
-func (s *session) selectBucket(f *binary.Frame) {
-	name := string(f.Key())
+func (s *session) selectBucket(r *request) {
+	name := string(r.key)
 	ten := s.lp.srv.ten.Load()
 	b := ten.bucket(name)
 	if b == nil {
-		s.localStatus(f, binary.StatusKeyEnoent, "no such bucket")
+		s.localStatus(r, binary.StatusKeyEnoent, "no such bucket")
 		return
 	}
 	allowed := name == ten.cfg.Proxy.DefaultBucket
@@ -262,9 +239,9 @@ func (s *session) selectBucket(f *binary.Frame) {
 		allowed = s.user.CanAccess(name)
 	}
 	if !allowed {
-		s.localStatus(f, binary.StatusEaccess, "no access to bucket "+name)
+		s.localStatus(r, binary.StatusEaccess, "no access to bucket "+name)
 		return
 	}
 	s.setBucket(b)
-	s.localStatus(f, binary.StatusSuccess, "")
+	s.localStatus(r, binary.StatusSuccess, "")
 }

@@ -35,7 +35,7 @@ func (s *session) notRequest(b []byte) {
 	var hb [binary.HeaderLen]byte
 	copy(hb[:], b)
 	h, _ := binary.ParseHeader(hb[:])
-	s.badFrame(&binary.Frame{Header: h}, errNotRequest)
+	s.badFrame(&request{op: h.Opcode, opaque: h.Opaque}, errNotRequest)
 }
 
 // version answers VERSION with the version of the memcached servers behind
@@ -45,16 +45,15 @@ func (s *session) notRequest(b []byte) {
 // reaches memcached. While no answering server's version is known (the
 // first probe has not answered yet, or every server is down) the request
 // is forwarded, as before.
-func (s *session) version(f *binary.Frame) bool {
-	if err := binary.ValidateRequest(f); err != nil {
-		s.localStatus(f, binary.StatusEinval, err.Error())
+func (s *session) version(r *request) bool {
+	if err := binary.ValidateRequest(&r.frame); err != nil {
+		s.localStatus(r, binary.StatusEinval, err.Error())
 		return true
 	}
 	v := s.lp.srv.pool.Version()
 	if v == nil {
-		return s.forward(f, nil)
+		return s.forward(r, nil)
 	}
-	h := f.Header
-	s.local(func(b []byte) []byte { return binary.AppendResponse(b, &h, binary.StatusSuccess, nil, nil, v) })
+	s.localValue(r, binary.StatusSuccess, v)
 	return true
 }

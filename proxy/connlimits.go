@@ -360,7 +360,7 @@ func (s *session) touch() {
 // not idle: a command in flight, held or paused, input waiting, or output
 // the client has not read.
 func (s *session) busy() bool {
-	return s.pending() > 0 || s.held || s.waiting || s.outPaused ||
+	return s.pending() > 0 || s.pause != running ||
 		len(s.out) > 0 || s.c.InboundBuffered() > 0 || s.c.OutboundBuffered() > 0
 }
 

@@ -83,7 +83,20 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkPauseMoves(t, srv)
 	return &testProxy{Server: srv, Addr: listen, MC: m, StatePath: statePath, stop: testmc.Serve(t, srv)}
+}
+
+// checkPauseMoves makes the test fail if a session of srv attempted an
+// illegal pause transition (state.go) by the time srv has stopped: every
+// test through the proxy checks the transition table against real traffic.
+// Call it before the proxy is started (cleanups run last first).
+func checkPauseMoves(t testing.TB, srv *Server) {
+	t.Cleanup(func() {
+		if n := srv.badPauseMoves.Load(); n > 0 {
+			t.Errorf("%d illegal session pause transitions were refused (see state.go's pauseMoves)", n)
+		}
+	})
 }
 
 func testLogger(t testing.TB) zerolog.Logger {
@@ -256,6 +269,7 @@ func startTwoServerProxy(t *testing.T, upstreamExtra string) (*testProxy, *testm
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkPauseMoves(t, srv)
 	p := &testProxy{Server: srv, Addr: listen, MC: a, StatePath: statePath, stop: testmc.Serve(t, srv)}
 	return p, a, b
 }

@@ -16,10 +16,10 @@ var supportedFeatures = map[mc.Feature]bool{
 
 // hello answers HELLO with the requested features the proxy supports, in
 // the order asked, without duplicates.
-func (s *session) hello(f *mc.Frame) {
-	v := f.Value()
+func (s *session) hello(r *request) {
+	v := r.value
 	if len(v)%2 != 0 {
-		s.localStatus(f, mc.StatusEinval, "HELLO value must be a list of 16-bit features")
+		s.localStatus(r, mc.StatusEinval, "HELLO value must be a list of 16-bit features")
 		return
 	}
 	var acked []byte
@@ -38,6 +38,5 @@ func (s *session) hello(f *mc.Frame) {
 			acked = binary.BigEndian.AppendUint16(acked, uint16(ft))
 		}
 	}
-	h := f.Header
-	s.local(func(b []byte) []byte { return mc.AppendResponse(b, &h, mc.StatusSuccess, nil, nil, acked) })
+	s.localValue(r, mc.StatusSuccess, acked)
 }

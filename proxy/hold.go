@@ -13,17 +13,18 @@ import (
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
-// hold parks the session until the throttle engine lets its bucket run
-// again: nothing more of the connection is dispatched, its input stays
-// buffered (bounded by checkBuffered), and the loop wakes it at the time
-// the engine computed. A wait of InfDuration is only ended by a change of
-// limits (wakeHeld).
-func (s *session) hold(wait time.Duration) {
+// hold parks the session in pause state to (held, or heldOnReads to
+// re-try also when one of its reads settles) until the throttle engine
+// lets its bucket run again: nothing more of the connection is dispatched,
+// its input stays buffered (bounded by checkBuffered), and the loop wakes
+// it at the time the engine computed. A wait of InfDuration is only ended
+// by a change of limits (wakeHeld).
+func (s *session) hold(to pauseState, wait time.Duration) {
 	now := s.lp.srv.throttle.Now()
 	if s.heldAt == 0 {
 		s.heldAt = max(now, 1)
 	}
-	s.held = true
+	s.setPause(to)
 	s.holdSeq++
 	if wait == throttle.InfDuration {
 		return
@@ -31,18 +32,18 @@ func (s *session) hold(wait time.Duration) {
 	s.lp.schedule(s, now+wait)
 }
 
-// throttled handles a metered command its bucket b may not run yet, the
+// throttled handles a metered command r its bucket b may not run yet, the
 // engine asking it to wait: a non-blocking client (HELLO feature 0x1b) is
 // answered EWouldThrottle; a command whose hold would pass
 // throttle.max_hold (counted from when it was first held) is answered
 // Etmpfail at once and gives up its place; any other is held. It returns
-// whether f was consumed (answered), as dispatch does. g is the engine's
+// whether r was consumed (answered), as dispatch does. g is the engine's
 // refusal: a session held until its bucket's reads in flight settle also
 // re-tries when one of its own commands completes (finish).
-func (s *session) throttled(f *binary.Frame, b *bucket, g throttle.Grant, wait time.Duration) bool {
+func (s *session) throttled(r *request, b *bucket, g throttle.Grant, wait time.Duration) bool {
 	srv := s.lp.srv
 	if s.mode() == throttle.NonBlocking {
-		s.nextTick(f, binary.StatusEWouldThrottle, wait)
+		s.nextTick(r, binary.StatusEWouldThrottle, wait)
 		return true
 	}
 	if limit := srv.opts.maxHold; limit > 0 {
@@ -53,37 +54,31 @@ func (s *session) throttled(f *binary.Frame, b *bucket, g throttle.Grant, wait t
 		if wait == throttle.InfDuration || soFar+wait > limit {
 			b.tb.Refuse(&s.waiter)
 			s.heldAt = 0
-			s.nextTick(f, binary.StatusEtmpfail, wait)
+			s.nextTick(r, binary.StatusEtmpfail, wait)
 			return true
 		}
 	}
-	s.hold(wait)
-	s.onReads = g.WaitsForReads()
+	to := held
+	if g.WaitsForReads() {
+		to = heldOnReads
+	}
+	s.hold(to, wait)
 	return false
 }
 
-// nextTick answers f with status st and the body {"next_tick_us":N}: the
+// nextTick answers r with status st and the body {"next_tick_us":N}: the
 // real microseconds until the bucket would admit it, or -1 when only a
 // change of limits can.
-func (s *session) nextTick(f *binary.Frame, st binary.Status, wait time.Duration) {
+func (s *session) nextTick(r *request, st binary.Status, wait time.Duration) {
 	us := int64(-1)
 	if wait != throttle.InfDuration {
 		us = int64((wait + time.Microsecond - 1) / time.Microsecond)
 	}
-	h := f.Header
-	s.local(func(b []byte) []byte {
-		n := len(b)
-		b = binary.AppendResponse(b, &h, st, nil, nil, nil)
-		b = append(b, `{"next_tick_us":`...)
-		b = strconv.AppendInt(b, us, 10)
-		b = append(b, '}')
-		setBodyLen(b[n:], len(b)-n-binary.HeaderLen)
-		return b
-	})
-}
-
-func setBodyLen(frame []byte, n int) {
-	frame[8], frame[9], frame[10], frame[11] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
+	body := append(s.lp.scratch[:0], `{"next_tick_us":`...)
+	body = strconv.AppendInt(body, us, 10)
+	body = append(body, '}')
+	s.lp.scratch = body
+	s.localValue(r, st, body)
 }
 
 // wakeEntry is a held session's wake-up time (engine time).
@@ -94,7 +89,7 @@ type wakeEntry struct {
 }
 
 // live reports whether the entry still stands for a held session.
-func (e *wakeEntry) live() bool { return e.s.held && e.s.holdSeq == e.seq && !e.s.closed }
+func (e *wakeEntry) live() bool { return e.s.isHeld() && e.s.holdSeq == e.seq && !e.s.closed }
 
 type wakeHeap []wakeEntry
 
@@ -176,7 +171,7 @@ func (lp *loop) wakeDue(context.Context) error {
 		e := heap.Pop(&lp.holds).(wakeEntry)
 		if s := e.s; e.live() {
 			lp.srv.wakeDelay.observe(now - e.at)
-			s.held = false
+			s.setPause(running)
 			s.resume()
 		}
 	}
@@ -189,8 +184,8 @@ func (lp *loop) wakeDue(context.Context) error {
 // again (after a change of limits); on the loop.
 func (lp *loop) wakeAll(context.Context) error {
 	for s := range lp.sessions {
-		if s.held {
-			s.held = false
+		if s.isHeld() {
+			s.setPause(running)
 			s.resume()
 		}
 	}

@@ -71,7 +71,7 @@ func learnSize(size *int, n int) {
 // reserve counts a slot just queued among the session's reads in flight
 // when it is a read still to be answered.
 func (s *session) reserve(sl *slot) {
-	if sl.done || !isRead(sl.req.Opcode) {
+	if sl.done || !isRead(sl.req.op) {
 		return
 	}
 	sl.reserved = true
@@ -151,11 +151,11 @@ func (s *session) flightRoom() bool {
 }
 
 // waitForLane records that the session pauses for room in its lane, when
-// that is why it pauses before frame f; it keeps its turn until it has
-// dispatched f (session.onTraffic), closes, or is found unable to go on
+// that is why it pauses before request r; it keeps its turn until it has
+// dispatched r (session.onTraffic), closes, or is found unable to go on
 // for another reason while the lane has room (loop.resumePaused).
-func (s *session) waitForLane(f *binary.Frame) {
-	if s.laneWait || s.bkt == nil || !isRead(f.Opcode) || s.flightRoom() {
+func (s *session) waitForLane(r *request) {
+	if s.laneWait || s.bkt == nil || !isRead(r.op) || s.flightRoom() {
 		return
 	}
 	s.laneWait = true

@@ -14,11 +14,12 @@ import (
 // pool, the sessions with output to flush, and a pool of request slots.
 // Only that loop's goroutine touches it.
 type loop struct {
-	srv   *Server
-	el    gnet.EventLoop
-	pool  *upstream.LoopPool // this loop's connections to the servers in force
-	dirty []*session         // sessions with output to write
-	slots []*slot            // free slots
+	srv     *Server
+	el      gnet.EventLoop
+	pool    *upstream.LoopPool // this loop's connections to the servers in force
+	dirty   []*session         // sessions with output to write
+	slots   []*slot            // free slots
+	scratch []byte             // a buffer sessions may use for the moment (the body of an answer)
 
 	sessions    map[*session]struct{} // open client sessions
 	paused      []*session            // sessions waiting for their output to drain, or room for a read, in pause order
@@ -143,7 +144,7 @@ func (lp *loop) resumePaused() {
 		switch {
 		case s.closed:
 		case s.canResume():
-			s.outPaused = false
+			s.setPause(running)
 			s.resume()
 		default:
 			if s.laneWait {
@@ -189,8 +190,8 @@ func (lp *loop) retryHeld() {
 	for i := 0; i < len(lp.retry); i++ { // resume may append
 		s := lp.retry[i]
 		lp.retry[i] = nil
-		if s.held && !s.closed {
-			s.held = false
+		if s.isHeld() && !s.closed {
+			s.setPause(running)
 			s.resume()
 		}
 	}

@@ -366,7 +366,7 @@ func TestUnsentBudget(t *testing.T) {
 		settled := p.inflight.Load() == 0
 		onLoops(t, p, func(lp *loop) {
 			for s := range lp.sessions {
-				if !s.quitting && !s.outPaused && !s.drained() {
+				if !s.quitting && !s.outPaused() && !s.drained() {
 					settled = false
 				}
 			}

@@ -103,6 +103,8 @@ type Server struct {
 	unsentBytes   atomic.Int64  // response bytes held for clients, as counted by the sessions
 	unsentShed    atomic.Uint64 // connections closed by max_unsent_bytes
 
+	badPauseMoves atomic.Uint64 // illegal session pause transitions refused (state.go): bugs
+
 	throttle *throttle.Engine
 	metrics  *metrics.Metrics
 	pool     *upstream.Pool          // upstream servers in force, their health and connections
@@ -117,7 +119,7 @@ type Server struct {
 	logAuthFail logSample // refused SASL AUTHs
 	logBadInput logSample // malformed frames, text-protocol clients
 
-	jobs      sync.WaitGroup       // off-loop work: password checks, state writes
+	jobs      sync.WaitGroup       // off-loop work (offloop.go, the FLUSH writer): password checks, state writes, refusal delays
 	flushes   flushQueue           // FLUSHes waiting for their state file write
 	authQ     *authQueue           // password checks for the one auth worker (runs during Serve)
 	authCache *bucketcfg.AuthCache // recently verified passwords (keyed MACs, never plaintext)
@@ -456,8 +458,10 @@ func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
 
 const tickInterval = 50 * time.Millisecond
 
-// OnTick implements gnet.EventHandler: it asks every loop to check its
-// upstream timeouts and health.
+// OnTick implements gnet.EventHandler: it asks every loop to run its
+// periodic work (loop.tick: upstream timeouts and server list changes,
+// connection limits, held and paused sessions); the servers' health is
+// probed apart from the loops.
 func (s *Server) OnTick() (time.Duration, gnet.Action) {
 	s.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.tick))

@@ -102,7 +102,7 @@ func startNonReader(t *testing.T, p *testProxy, n int, smallBuffers bool) *mccli
 		ready := false
 		onLoop(t, p, func(lp *loop) {
 			if s := sessionOf(lp, c.Conn().LocalAddr()); s != nil {
-				ready = ready || s.outPaused || s.pending() > 0 && s.drained()
+				ready = ready || s.outPaused() || s.pending() > 0 && s.drained()
 			}
 		})
 		return ready
@@ -155,8 +155,8 @@ func TestNonReaderDoesNotStallNeighbours(t *testing.T) {
 	}
 	onLoop(t, p, func(lp *loop) {
 		if s := sessionOf(lp, nonReader.Conn().LocalAddr()); s != nil {
-			if !s.outPaused || s.unsent() > maxResponseBytes {
-				t.Errorf("non-reader: paused %v, holding %d bytes; want paused, at most %d", s.outPaused, s.unsent(), maxResponseBytes)
+			if !s.outPaused() || s.unsent() > maxResponseBytes {
+				t.Errorf("non-reader: paused %v, holding %d bytes; want paused, at most %d", s.outPaused(), s.unsent(), maxResponseBytes)
 			}
 		}
 	})
@@ -363,7 +363,7 @@ func TestPrimedLaneBounded(t *testing.T) {
 		stopped := false
 		onLoop(t, p, func(lp *loop) {
 			if s := sessionOf(lp, attacker.Conn().LocalAddr()); s != nil && s.bkt != nil {
-				stopped = s.outPaused || s.pending() == burst
+				stopped = s.outPaused() || s.pending() == burst
 				readsOut, reads = s.readsOut, s.lane().reads
 			}
 		})
@@ -406,7 +406,7 @@ func TestStalledWaiterGivesUpItsTurn(t *testing.T) {
 		settled := false
 		onLoop(t, p, func(lp *loop) {
 			if s := sessionOf(lp, stalled.Conn().LocalAddr()); s != nil && s.bkt != nil {
-				settled = s.outPaused && s.readsOut == 0
+				settled = s.outPaused() && s.readsOut == 0
 				waiting, laneWait = s.lane().waiting, s.laneWait
 			}
 		})

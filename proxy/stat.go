@@ -14,19 +14,19 @@ import (
 // answered by the proxy and show a tenant only its own bucket; other
 // groups are memcached's and, since they describe every tenant, are
 // forwarded for admins only (statRefused answers the others).
-func (s *session) stat(f *binary.Frame) bool {
-	group := string(f.Key())
+func (s *session) stat(r *request) bool {
+	group := string(r.key)
 	switch group {
 	case "":
-		s.statReply(f, s.generalStats())
+		s.statReply(r, s.generalStats())
 	case "throttle":
-		s.statReply(f, s.throttleStats())
+		s.statReply(r, s.throttleStats())
 	default:
 		if !s.isAdmin() {
-			s.statRefused(f, group)
+			s.statRefused(r, group)
 			return true
 		}
-		return s.forward(f, nil)
+		return s.forward(r, nil)
 	}
 	return true
 }
@@ -43,23 +43,23 @@ func (s *session) stat(f *binary.Frame) bool {
 // "error", whose value is the reason; the single-frame groups get what
 // memcached answers for a group it does not know: KeyEnoent (0x01), the
 // reason as the body, and no terminator.
-func (s *session) statRefused(f *binary.Frame, group string) {
+func (s *session) statRefused(r *request, group string) {
 	reason := "STAT " + group + " needs the admin privilege"
 	if strings.HasPrefix(group, "reset") || strings.HasPrefix(group, "detail") {
-		s.localStatus(f, binary.StatusKeyEnoent, reason)
+		s.localStatus(r, binary.StatusKeyEnoent, reason)
 		return
 	}
-	s.statReply(f, [][2]string{{"error", reason}})
+	s.statReply(r, [][2]string{{"error", reason}})
 }
 
 // statReply queues one STAT response per pair, then the terminator.
-func (s *session) statReply(f *binary.Frame, kv [][2]string) {
-	h := f.Header
+func (s *session) statReply(r *request, kv [][2]string) {
+	q := r.head()
 	s.local(func(b []byte) []byte {
 		for _, p := range kv {
-			b = binary.AppendResponse(b, &h, binary.StatusSuccess, nil, []byte(p[0]), []byte(p[1]))
+			b = s.codec.appendResponse(b, q, response{op: q.op, status: binary.StatusSuccess, key: []byte(p[0]), value: []byte(p[1])})
 		}
-		return binary.AppendResponse(b, &h, binary.StatusSuccess, nil, nil, nil)
+		return s.codec.appendResponse(b, q, response{op: q.op, status: binary.StatusSuccess})
 	})
 }
 

@@ -1,0 +1,100 @@
+package proxy
+
+import "github.com/kvthrottle/kvthrottle/proto/binary"
+
+// A session is protocol-neutral (DESIGN.md section 1): a codec, one per
+// client protocol, turns the client's bytes into requests and the answers
+// to them back into bytes, and everything between (dispatch, tenancy and
+// namespacing, throttling, holding and pausing, the response order) works
+// on the neutral forms below. The binary protocol (binaryCodec) is the
+// first codec; the text and meta protocols, and TLS in front of either,
+// are to come in through the same seam.
+//
+// The neutral forms name commands by memcached's binary opcodes: they are
+// the proxy's command set, since memcached speaks the binary protocol to
+// the proxy, and every command a client sends becomes one of them
+// upstream. What still speaks binary directly, and why:
+//   - the upstream hop: request.frame is the command as a binary frame,
+//     which upstream.Conn.Forward sends and binary.ValidateRequest checks
+//     (a text codec is to build one); upstream answers reach slot.Deliver
+//     as binary frames;
+//   - telling the protocol from a connection's first byte and answering
+//     input that is no binary request (session.notRequest), and the
+//     frame length peeked while a large request arrives (onTraffic,
+//     checkBuffered, through binary.HeaderLen);
+//   - what only the binary protocol has: HELLO and its features
+//     (non-blocking mode, units reported in flexible framing extras).
+
+// request is one client command in neutral form. Its byte slices alias the
+// client's input: they are valid while the command is dispatched, and
+// whatever outlives that is copied (the slot keeps a reqHead).
+type request struct {
+	op     binary.Opcode // the command; op.Quiet(): no answer on success (or on a miss)
+	key    []byte
+	value  []byte
+	extras []byte // memcached's extras for op (a SET's flags and expiry, ...)
+	cas    uint64
+	opaque uint32 // the client's tag, echoed in every answer
+
+	// frame is the command as memcached's binary frame, which is what goes
+	// upstream; the binary codec's is the client's own frame.
+	frame binary.Frame
+}
+
+// head returns what an answer to r needs of it.
+func (r *request) head() reqHead { return reqHead{op: r.op, opaque: r.opaque} }
+
+// reqHead is what an answer needs of its request: the command and the
+// client's tag. A slot keeps it until its command is answered.
+type reqHead struct {
+	op     binary.Opcode
+	opaque uint32
+}
+
+// response is one answer in neutral form. Its byte slices alias memcached's
+// frame or the proxy's own buffers: a codec copies them into the client's
+// output.
+type response struct {
+	op     binary.Opcode
+	status binary.Status
+	extras []byte
+	key    []byte // as the client knows it: without the bucket's namespace
+	value  []byte
+	cas    uint64
+
+	// units asks for the units the command was charged, readUnits and
+	// writeUnits, to go with the answer (the client asked for them with
+	// HELLO ReportUnitUsage before it sent the command).
+	units                 bool
+	readUnits, writeUnits int64
+
+	// upstream is memcached's frame the answer came in, nil for the
+	// proxy's own answers: a binary codec may pass it on as it is when the
+	// fields above are its own (the data type and such are in it too).
+	upstream *binary.Frame
+}
+
+// codec is one client protocol. A session holds one for its whole life.
+// Its methods run on the session's loop and must not allocate per request
+// on the common path: a pointer they get must point into the session (or
+// other heap memory), since an interface call makes its target escape.
+type codec interface {
+	// decode reads the request at the start of buf into r and returns its
+	// length. n == 0 and a nil error: buf holds no whole request yet. An
+	// error: the input is no valid request and the stream cannot be
+	// resumed; r's op and opaque are what could be read, to answer it.
+	// maxBody bounds a request's body (its bytes past the header).
+	decode(buf []byte, maxBody int, r *request) (n int, err error)
+
+	// requestLen returns the length of the request at the start of buf
+	// once buf tells it (with the binary protocol, its header has arrived
+	// and is valid within maxBody), else 0.
+	requestLen(buf []byte, maxBody int) int
+
+	// appendResponse appends resp, the answer to the request q, to dst.
+	appendResponse(dst []byte, q reqHead, resp response) []byte
+
+	// appendError appends a status-only answer to q: st, with reason as
+	// its human-readable explanation ("" for none).
+	appendError(dst []byte, q reqHead, st binary.Status, reason string) []byte
+}

@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"context"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+)
+
+// offLoopCall is one command of a session answered by work that may not
+// run on the event loop: a password check (on the auth worker, auth.go),
+// an admin change or a FLUSH (state file writes, admin.go), the delay
+// before a refused SASL AUTH is answered. Between offLoop and answer the
+// session dispatches nothing else (pause state waitingOffLoop), so that
+// its later commands see the command's effects, and the answer takes the
+// command's place in the response order.
+//
+// Work handed off the loop (handOff, run, after) counts in the Server's
+// job group (Server.jobs) until it is handed back (back): Shutdown waits
+// for it. The session may close meanwhile: the call then ends when it is
+// back, its continuation not run.
+//
+// A call is made on the session's loop and touched there only, except
+// back, which the goroutine the call was handed to calls.
+type offLoopCall struct {
+	s        *session
+	sl       *slot // the command's place in the response queue
+	answered bool
+}
+
+// offLoop queues r's place in the response order and pauses the session
+// until the returned call is answered. On the loop, from dispatch.
+func (s *session) offLoop(r *request) *offLoopCall {
+	sl := s.later(r)
+	s.setPause(waitingOffLoop)
+	return &offLoopCall{s: s, sl: sl}
+}
+
+// handOff counts the call in the Server's job group and calls give, which
+// hands it to another goroutine; that goroutine must call back exactly
+// once. When give returns false, nothing was handed off: the count is
+// undone, and the call is still the caller's, on the loop. On the loop.
+func (c *offLoopCall) handOff(give func() bool) bool {
+	jobs := &c.s.lp.srv.jobs
+	jobs.Add(1) // before the other goroutine can call back
+	if !give() {
+		jobs.Done()
+		return false
+	}
+	return true
+}
+
+// run runs work on a goroutine of the Server's job group and answers the
+// call, on the loop, with the response appendResp (work's result) appends.
+// On the loop.
+func (c *offLoopCall) run(work func() (appendResp func([]byte) []byte)) {
+	c.handOff(func() bool {
+		go func() { c.reply(work()) }()
+		return true
+	})
+}
+
+// after hands the call to a timer for d, then runs then on the loop as
+// back does. On the loop.
+func (c *offLoopCall) after(d time.Duration, then func()) {
+	c.handOff(func() bool {
+		time.AfterFunc(d, func() { c.back(then) })
+		return true
+	})
+}
+
+// back hands the call back to its session's loop and ends its count in
+// the job group; from the goroutine it was handed to (handOff), once. On
+// the loop, then runs, and must answer the call or hand it off again;
+// once it is answered, the session dispatches its client's next commands.
+// If the session has closed meanwhile, then is not run and the call ends
+// there. If the engine has stopped, the call is dropped with the
+// connection.
+func (c *offLoopCall) back(then func()) {
+	s := c.s
+	defer s.lp.srv.jobs.Done()
+	_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		if s.closed {
+			c.answer(nil)
+			return nil
+		}
+		then()
+		if c.answered {
+			s.resume()
+		}
+		return nil
+	}))
+}
+
+// reply is back with a continuation that answers the call with the
+// response appendResp appends.
+func (c *offLoopCall) reply(appendResp func([]byte) []byte) {
+	c.back(func() { c.answer(appendResp) })
+}
+
+// answer ends the call with the response appendResp appends (nil only
+// once the session has closed): the session runs again. Called from
+// dispatch, the dispatch loop goes on; from back's then, back resumes the
+// session. On the loop.
+func (c *offLoopCall) answer(appendResp func([]byte) []byte) {
+	s := c.s
+	c.answered = true
+	s.completeLater(c.sl, appendResp)
+	s.setPause(running)
+}

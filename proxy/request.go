@@ -1,0 +1,171 @@
+package proxy
+
+import (
+	"errors"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
+
+// dispatch handles one client command. It returns false when the command
+// was not consumed and must be retried later (the session paused).
+func (s *session) dispatch(r *request) bool {
+	switch op := r.op; op {
+	case binary.OpNoop:
+		s.localStatus(r, binary.StatusSuccess, "")
+	case binary.OpQuit:
+		s.localStatus(r, binary.StatusSuccess, "")
+		s.quit()
+	case binary.OpQuitQ:
+		s.quit()
+	case binary.OpHello:
+		s.hello(r)
+	case binary.OpSASLListMechs:
+		s.localValue(r, binary.StatusSuccess, saslMechs)
+	case binary.OpSASLAuth:
+		s.saslAuth(r)
+	case binary.OpSASLStep:
+		s.localStatus(r, binary.StatusAuthError, "only single-step PLAIN is supported")
+	case binary.OpSelectBucket:
+		s.selectBucket(r)
+	case binary.OpSetBucketThrottleProperties, binary.OpSetNodeThrottleProperties:
+		s.admin(r)
+	case binary.OpStat:
+		return s.stat(r)
+	case binary.OpVersion:
+		return s.version(r)
+	case binary.OpVerbosity:
+		// Not forwarded: memcached (1.6) has no binary VERBOSITY and, after
+		// its UnknownCommand, swallows the first bytes of the next request
+		// on the connection, which every tenant of the loop shares.
+		if !s.isAdmin() {
+			s.localStatus(r, binary.StatusEaccess, "VERBOSITY needs the admin privilege")
+			return true
+		}
+		s.localStatus(r, binary.StatusNotSupported, "VERBOSITY is not supported through kvthrottle")
+	case binary.OpFlush, binary.OpFlushQ:
+		return s.flushBucket(r)
+	default:
+		if !op.Memcached() {
+			s.localStatus(r, binary.StatusUnknownCommand, "unknown command "+op.String())
+			return true
+		}
+		if s.bkt == nil {
+			s.noBucket(r)
+			return true
+		}
+		return s.forward(r, s.bkt)
+	}
+	return true
+}
+
+func (s *session) isAdmin() bool { return s.user != nil && s.user.IsAdmin() }
+
+// noBucket answers a data command of a session without a bucket.
+func (s *session) noBucket(r *request) {
+	if s.user == nil {
+		s.localStatus(r, binary.StatusEaccess, "authentication required")
+		return
+	}
+	s.localStatus(r, binary.StatusEaccess, "no bucket selected")
+}
+
+// badFrame answers an invalid header (bad magic, body too large,
+// inconsistent lengths) with Einval, then closes the connection once
+// earlier responses are out.
+func (s *session) badFrame(r *request, err error) {
+	srv := s.lp.srv
+	srv.logBadInput.event(&srv.log, zerolog.InfoLevel).Str("remote", s.remote).Err(err).Msg("invalid frame from client; closing connection")
+	s.localStatus(r, binary.StatusEinval, err.Error())
+	s.quit()
+}
+
+var errNotRequest = errors.New("frame is not a request (bad magic)")
+
+// mode is how the throttle engine treats this session.
+func (s *session) mode() throttle.Mode {
+	switch {
+	case s.user != nil && s.user.IsUnthrottled():
+		return throttle.Unthrottled
+	case s.nonBlocking:
+		return throttle.NonBlocking
+	}
+	return throttle.Blocking
+}
+
+// forward sends r upstream in bucket b's namespace (b nil: no namespace,
+// not metered), after admission when r is metered.
+func (s *session) forward(r *request, b *bucket) bool {
+	if err := binary.ValidateRequest(&r.frame); err != nil {
+		// memcached would answer Einval and close the shared upstream
+		// connection, failing other clients' requests: answer here.
+		s.localStatus(r, binary.StatusEinval, err.Error())
+		return true
+	}
+	key := r.key
+	var prefix []byte
+	if b != nil {
+		prefix = *b.prefix.Load()
+		if b.gone.Load() {
+			s.localStatus(r, binary.StatusEaccess, "bucket removed")
+			s.quit()
+			return true
+		}
+	}
+	if len(prefix)+len(key) > binary.MaxKeyLen {
+		s.localStatus(r, binary.StatusEinval, "key too long")
+		return true
+	}
+	u := s.lp.pool.Pick(key)
+	if u.Full() {
+		s.setPause(waitingUpstream)
+		u.NotifyRoom(s.unpause)
+		return false
+	}
+	var grant throttle.Grant
+	if b != nil && r.op.Class().Metered() {
+		// Billed in advance: a write's units (known now), a read's
+		// expected units; settled when the response is in (finish).
+		cost := s.lp.srv.cost(r.op.Class(), len(key)+len(r.value))
+		g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), cost)
+		if g.Domain == throttle.Held {
+			return s.throttled(r, b, g, wait)
+		}
+		if s.heldAt != 0 {
+			s.lp.srv.throttleWait(b, s.lp.srv.throttle.Now()-s.heldAt)
+			s.heldAt = 0
+		}
+		grant = g
+		if cost.Known > 0 {
+			b.writeUnits.Add(uint64(cost.Known))
+		}
+	}
+	sl := s.lp.getSlot()
+	sl.s = s
+	sl.req = r.head()
+	sl.strip = len(prefix)
+	sl.bkt = b
+	sl.grant = grant
+	sl.units = s.reportUnits
+	sl.sentKV = len(key) + len(r.value)
+	s.enqueue(sl)
+	s.lp.srv.inflight.Add(1)
+	_ = u.Forward(&r.frame, prefix, sl) // a failure has already answered sl
+	return true
+}
+
+// cost is what a metered command of class cls, with kv bytes of key and
+// value sent, is known to cost before it runs (DESIGN.md section 4): a
+// write's units, and whether it reads (its read units come with the
+// response).
+func (srv *Server) cost(cls binary.Class, kv int) throttle.Cost {
+	switch cls {
+	case binary.ClassRead:
+		return throttle.Cost{Read: true}
+	case binary.ClassReadWrite: // GAT: both
+		return throttle.Cost{Known: throttle.WriteUnits(int64(kv), srv.opts.writeUnitSize), Read: true}
+	}
+	return throttle.Cost{Known: throttle.WriteUnits(int64(kv), srv.opts.writeUnitSize)}
+}

@@ -1,0 +1,245 @@
+package proxy
+
+import (
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
+
+// slot is one command in a session's response queue. It is the
+// upstream.Waiter of forwarded commands.
+type slot struct {
+	s      *session
+	req    reqHead // what its answer needs of the client's request
+	done   bool
+	resp   []byte // response bytes, while an earlier command is pending
+	strip  int    // bytes of key prefix to strip from responses
+	bkt    *bucket
+	grant  throttle.Grant // the command's bill, settled when it completes; Domain Held: not metered
+	units  bool           // ReportUnitUsage was on when the command was sent
+	sentKV int            // key+value bytes the client sent (write units)
+	gotKV  int            // key+value bytes returned (read units)
+	hit    bool           // a read found its item (lane.go learns sizes from hits only)
+
+	reserved bool  // counted in session.readsOut until finished
+	lane     *lane // the lane its expected response is counted in (lane.go); nil: none
+	flight   int   // its expected response bytes counted in lane.bytes
+}
+
+func (s *session) pending() int { return len(s.q) - s.qh }
+
+func (s *session) enqueue(sl *slot) {
+	if s.qh > 0 && s.qh == len(s.q) {
+		s.q, s.qh = s.q[:0], 0
+	}
+	s.q = append(s.q, sl)
+	s.reserve(sl)
+}
+
+// local queues a response produced by the proxy itself, in order.
+func (s *session) local(appendResp func([]byte) []byte) {
+	if s.pending() == 0 {
+		s.out = appendResp(s.out)
+		s.markDirty()
+		return
+	}
+	sl := s.lp.getSlot()
+	sl.s = s
+	sl.done = true
+	sl.resp = appendResp(sl.resp)
+	s.slotBytes += len(sl.resp)
+	s.enqueue(sl)
+	s.lp.srv.inflight.Add(1)
+}
+
+// later queues a slot whose local response comes later, from off-loop
+// work; complete it on the loop with completeLater.
+func (s *session) later(r *request) *slot {
+	sl := s.lp.getSlot()
+	sl.s = s
+	sl.req = r.head()
+	s.enqueue(sl)
+	s.lp.srv.inflight.Add(1)
+	return sl
+}
+
+// completeLater answers a slot from later with the response appendResp
+// builds; on the loop.
+func (s *session) completeLater(sl *slot, appendResp func([]byte) []byte) {
+	if s.closed {
+		s.finish(sl)
+		return
+	}
+	n := len(sl.resp)
+	sl.resp = appendResp(sl.resp)
+	s.slotBytes += len(sl.resp) - n
+	sl.done = true
+	s.advance()
+}
+
+// localStatus queues the proxy's status-only answer to r: st, and reason
+// ("" for none).
+func (s *session) localStatus(r *request, st binary.Status, reason string) {
+	q := r.head()
+	s.local(func(b []byte) []byte { return s.codec.appendError(b, q, st, reason) })
+}
+
+// localValue queues the proxy's answer to r: st and value, which must stay
+// as it is until the answer is queued (heap memory: an interface call
+// takes it).
+func (s *session) localValue(r *request, st binary.Status, value []byte) {
+	q := r.head()
+	s.local(func(b []byte) []byte {
+		return s.codec.appendResponse(b, q, response{op: q.op, status: st, value: value})
+	})
+}
+
+// advance moves every answered command at the head of the queue to the
+// output.
+func (s *session) advance() {
+	for s.qh < len(s.q) && s.q[s.qh].done {
+		sl := s.q[s.qh]
+		s.q[s.qh] = nil
+		s.qh++
+		s.out = append(s.out, sl.resp...)
+		s.slotBytes -= len(sl.resp)
+		s.finish(sl)
+	}
+	switch {
+	case s.qh == len(s.q):
+		s.q, s.qh = s.q[:0], 0
+	case s.qh > 64 && s.qh > len(s.q)/2:
+		// Overlapping pipelines never empty the queue: compact it.
+		n := copy(s.q, s.q[s.qh:])
+		clear(s.q[n:])
+		s.q, s.qh = s.q[:n], 0
+	}
+	if s.qh < len(s.q) {
+		if head := s.q[s.qh]; len(head.resp) > 0 {
+			// A streaming response (STAT) that began while an earlier
+			// command was pending: what it has so far goes out now, the
+			// rest directly.
+			s.out = append(s.out, head.resp...)
+			s.slotBytes -= len(head.resp)
+			head.resp = head.resp[:0]
+		}
+	}
+	s.markDirty()
+}
+
+// finish charges a completed command's units and recycles its slot. A
+// session held until its bucket's reads in flight settle re-tries once
+// this loop has handled the responses at hand (lp.retry).
+func (s *session) finish(sl *slot) {
+	s.unreserve(sl)
+	if sl.grant.Domain != throttle.Held {
+		s.lp.srv.settle(sl)
+		if s.pause == heldOnReads && !s.closed {
+			s.setPause(held)
+			s.lp.retry = append(s.lp.retry, s)
+		}
+	}
+	s.lp.srv.inflight.Add(-1)
+	s.lp.putSlot(sl)
+}
+
+// settle bills a completed command's units (DESIGN.md section 4) against
+// what was billed at admission: its write units, plus the read units of
+// the key and value returned. Every metered command is settled exactly
+// once, also when it failed or its client went away (at least one unit).
+func (srv *Server) settle(sl *slot) {
+	read, write := srv.units(sl)
+	if read > 0 {
+		sl.bkt.readUnits.Add(uint64(read))
+	}
+	sl.bkt.tb.Settle(sl.grant, read+write)
+}
+
+// units returns the read and write units of a metered command: the write
+// units of the key and value sent (writes and GAT), the read units of the
+// key and value returned (reads and GAT).
+func (srv *Server) units(sl *slot) (read, write int64) {
+	cls := sl.req.op.Class()
+	if cls == binary.ClassWrite || cls == binary.ClassReadWrite {
+		write = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
+	}
+	if cls == binary.ClassRead || cls == binary.ClassReadWrite {
+		read = throttle.ReadUnits(int64(sl.gotKV), srv.opts.readUnitSize)
+	}
+	return read, write
+}
+
+func (sl *slot) isHead() bool { s := sl.s; return s.qh < len(s.q) && s.q[s.qh] == sl }
+
+// Deliver implements upstream.Waiter.
+func (sl *slot) Deliver(f *binary.Frame, done bool) {
+	s := sl.s
+	if k := int(f.KeyLen) - sl.strip; k > 0 {
+		sl.gotKV += k
+	}
+	sl.gotKV += len(f.Value())
+	if f.Status() == binary.StatusSuccess {
+		sl.hit = true
+	}
+	if s.closed {
+		if done {
+			s.finish(sl)
+		}
+		return
+	}
+	if sl.isHead() {
+		s.out = s.codec.appendResponse(s.out, sl.req, sl.response(f))
+	} else {
+		n := len(sl.resp)
+		sl.resp = s.codec.appendResponse(sl.resp, sl.req, sl.response(f))
+		s.slotBytes += len(sl.resp) - n
+	}
+	if done {
+		sl.done = true
+		s.advance()
+	} else {
+		s.markDirty()
+	}
+	s.overCap()
+}
+
+// Silent implements upstream.Waiter.
+func (sl *slot) Silent() {
+	s := sl.s
+	if s.closed {
+		s.finish(sl)
+		return
+	}
+	sl.done = true
+	s.advance()
+}
+
+// Fail implements upstream.Waiter.
+func (sl *slot) Fail(st binary.Status, reason string) {
+	s := sl.s
+	if s.closed {
+		s.finish(sl)
+		return
+	}
+	n := len(sl.resp)
+	sl.resp = s.codec.appendError(sl.resp, sl.req, st, reason)
+	s.slotBytes += len(sl.resp) - n
+	sl.done = true
+	s.advance()
+}
+
+// response is the client's view of memcached's answer f: the key without
+// the bucket's namespace, and the units the command was charged when the
+// client had asked for them (HELLO ReportUnitUsage) before it sent the
+// command.
+func (sl *slot) response(f *binary.Frame) response {
+	key := f.Key()
+	if len(key) >= sl.strip {
+		key = key[sl.strip:]
+	}
+	r := response{op: f.Opcode, status: f.Status(), extras: f.Extras(), key: key, value: f.Value(), cas: f.CAS, upstream: f}
+	if sl.units && sl.grant.Domain != throttle.Held {
+		r.units = true
+		r.readUnits, r.writeUnits = sl.s.lp.srv.units(sl)
+	}
+	return r
+}
