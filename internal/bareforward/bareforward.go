@@ -404,18 +404,29 @@ func (l *loop) flush() error {
 // writeUpstream writes the pass's requests. While memcached's socket is
 // full, it reads memcached's responses: memcached may be waiting for its
 // own writes to drain before it reads more.
-func (l *loop) writeUpstream() error {
-	b := l.uout
+func (l *loop) writeUpstream() error { return l.writeAll(l.ufd, l.uout, l.readUpstream) }
+
+// writeClient writes a client's responses, waiting while its socket is
+// full.
+func (l *loop) writeClient(c *client) error { return l.writeAll(c.fd, c.out, nil) }
+
+// writeAll writes b to fd, waiting while its socket is full; with onIn not
+// nil it also wakes when fd is readable and calls onIn then.
+func (l *loop) writeAll(fd int, b []byte, onIn func() error) error {
+	events := int16(unix.POLLOUT)
+	if onIn != nil {
+		events |= unix.POLLIN
+	}
 	for len(b) > 0 && !l.stopped {
-		n, err := unix.Write(l.ufd, b)
+		n, err := unix.Write(fd, b)
 		switch {
 		case err == unix.EAGAIN:
-			readable, err := l.await(l.ufd, unix.POLLOUT|unix.POLLIN)
+			readable, err := l.await(fd, events)
 			if err != nil {
 				return err
 			}
-			if readable {
-				if err := l.readUpstream(); err != nil {
+			if readable && onIn != nil {
+				if err := onIn(); err != nil {
 					return err
 				}
 			}
@@ -428,27 +439,6 @@ func (l *loop) writeUpstream() error {
 	return nil
 }
 
-// writeClient writes a client's responses, waiting while its socket is
-// full.
-func (l *loop) writeClient(c *client) error {
-	b := c.out
-	for len(b) > 0 && !l.stopped {
-		n, err := unix.Write(c.fd, b)
-		switch {
-		case err == unix.EAGAIN:
-			if _, err := l.await(c.fd, unix.POLLOUT); err != nil {
-				return err
-			}
-		case err != nil:
-			return err
-		default:
-			b = b[n:]
-		}
-	}
-	return nil
-}
-
-// await waits with poll(2) for events on fd, or for stop (then l.stopped
 // is set). It reports whether fd is readable.
 func (l *loop) await(fd int, events int16) (readable bool, err error) {
 	pfd := []unix.PollFd{{Fd: int32(fd), Events: events}, {Fd: int32(l.efd), Events: unix.POLLIN}}
