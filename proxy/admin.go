@@ -334,14 +334,18 @@ func (srv *Server) queueFlush(b *bucket, done func(error)) {
 	q.running = true
 	q.mu.Unlock()
 	if start {
-		srv.jobs.Add(1)
+		if !srv.jobs.add() {
+			// Shutting down, past waiting for jobs: the batch is dropped
+			// with the connections.
+			return
+		}
 		go srv.runFlushes()
 	}
 }
 
 // runFlushes writes batches until none is pending.
 func (srv *Server) runFlushes() {
-	defer srv.jobs.Done()
+	defer srv.jobs.done()
 	q := &srv.flushes
 	for {
 		q.mu.Lock()

@@ -171,8 +171,9 @@ func (lp *loop) wakeDue(context.Context) error {
 		e := heap.Pop(&lp.holds).(wakeEntry)
 		if s := e.s; e.live() {
 			lp.srv.wakeDelay.observe(now - e.at)
-			s.setPause(running)
-			s.resume()
+			if s.setPause(running) {
+				s.resume()
+			}
 		}
 	}
 	lp.arm()
@@ -185,8 +186,9 @@ func (lp *loop) wakeDue(context.Context) error {
 func (lp *loop) wakeAll(context.Context) error {
 	for s := range lp.sessions {
 		if s.isHeld() {
-			s.setPause(running)
-			s.resume()
+			if s.setPause(running) {
+				s.resume()
+			}
 		}
 	}
 	lp.flushClients()

@@ -144,8 +144,9 @@ func (lp *loop) resumePaused() {
 		switch {
 		case s.closed:
 		case s.canResume():
-			s.setPause(running)
-			s.resume()
+			if s.setPause(running) {
+				s.resume()
+			}
 		default:
 			if s.laneWait {
 				if s.flightRoom() {
@@ -191,8 +192,9 @@ func (lp *loop) retryHeld() {
 		s := lp.retry[i]
 		lp.retry[i] = nil
 		if s.isHeld() && !s.closed {
-			s.setPause(running)
-			s.resume()
+			if s.setPause(running) {
+				s.resume()
+			}
 		}
 	}
 	lp.retry = lp.retry[:0]

@@ -2,10 +2,49 @@ package proxy
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+
+	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
+
+// jobGroup counts the work handed off the event loops (off-loop calls, the
+// FLUSH writer), which Shutdown waits for. Unlike a bare sync.WaitGroup it
+// refuses new work once Shutdown has begun its wait, so no new count can
+// race that wait. Safe for concurrent use.
+type jobGroup struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// add counts one more piece of work; false once the group is closed
+// (nothing counted: the caller must not hand the work off).
+func (g *jobGroup) add() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.wg.Add(1)
+	return true
+}
+
+// done ends one counted piece of work.
+func (g *jobGroup) done() { g.wg.Done() }
+
+// closeAndWait refuses further work and returns a channel closed once the
+// counted work has ended. Called once, by Shutdown.
+func (g *jobGroup) closeAndWait() <-chan struct{} {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	ch := make(chan struct{})
+	go func() { g.wg.Wait(); close(ch) }()
+	return ch
+}
 
 // offLoopCall is one command of a session answered by work that may not
 // run on the event loop: a password check (on the auth worker, auth.go),
@@ -38,13 +77,16 @@ func (s *session) offLoop(r *request) *offLoopCall {
 
 // handOff counts the call in the Server's job group and calls give, which
 // hands it to another goroutine; that goroutine must call back exactly
-// once. When give returns false, nothing was handed off: the count is
-// undone, and the call is still the caller's, on the loop. On the loop.
+// once. When give returns false, or the proxy is past waiting for its
+// jobs (Shutdown), nothing was handed off: the count is undone, and the
+// call is still the caller's, on the loop. On the loop.
 func (c *offLoopCall) handOff(give func() bool) bool {
 	jobs := &c.s.lp.srv.jobs
-	jobs.Add(1) // before the other goroutine can call back
+	if !jobs.add() { // before the other goroutine can call back
+		return false
+	}
 	if !give() {
-		jobs.Done()
+		jobs.done()
 		return false
 	}
 	return true
@@ -54,32 +96,41 @@ func (c *offLoopCall) handOff(give func() bool) bool {
 // call, on the loop, with the response appendResp (work's result) appends.
 // On the loop.
 func (c *offLoopCall) run(work func() (appendResp func([]byte) []byte)) {
-	c.handOff(func() bool {
+	if !c.handOff(func() bool {
 		go func() { c.reply(work()) }()
 		return true
-	})
+	}) {
+		c.answer(func(b []byte) []byte {
+			return c.s.codec.appendError(b, c.sl.req, binary.StatusEtmpfail, "the proxy is shutting down")
+		})
+	}
 }
 
 // after hands the call to a timer for d, then runs then on the loop as
 // back does. On the loop.
 func (c *offLoopCall) after(d time.Duration, then func()) {
-	c.handOff(func() bool {
+	if !c.handOff(func() bool {
 		time.AfterFunc(d, func() { c.back(then) })
 		return true
-	})
+	}) {
+		then() // shutting down: no delay
+	}
 }
 
-// back hands the call back to its session's loop and ends its count in
-// the job group; from the goroutine it was handed to (handOff), once. On
-// the loop, then runs, and must answer the call or hand it off again;
-// once it is answered, the session dispatches its client's next commands.
-// If the session has closed meanwhile, then is not run and the call ends
-// there. If the engine has stopped, the call is dropped with the
-// connection.
+// back hands the call back to its session's loop; from the goroutine it
+// was handed to (handOff), once. On the loop, then runs, and must answer
+// the call or hand it off again; once it is answered, the session
+// dispatches its client's next commands. If the session has closed
+// meanwhile, then is not run and the call ends there. The call's count in
+// the job group ends on the loop, after then (which may have counted a
+// new hand-off first), so Shutdown's wait cannot end between the two; if
+// the engine has stopped, the call is dropped with the connection and its
+// count ends at once.
 func (c *offLoopCall) back(then func()) {
 	s := c.s
-	defer s.lp.srv.jobs.Done()
-	_ = s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+	jobs := &s.lp.srv.jobs
+	err := s.lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+		defer jobs.done()
 		if s.closed {
 			c.answer(nil)
 			return nil
@@ -90,6 +141,9 @@ func (c *offLoopCall) back(then func()) {
 		}
 		return nil
 	}))
+	if err != nil {
+		jobs.done()
+	}
 }
 
 // reply is back with a continuation that answers the call with the

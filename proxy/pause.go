@@ -126,6 +126,7 @@ func (s *session) unpause() {
 	if s.closed || s.pause != waitingUpstream {
 		return
 	}
-	s.setPause(running)
-	s.resume()
+	if s.setPause(running) {
+		s.resume()
+	}
 }

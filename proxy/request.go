@@ -121,7 +121,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 	u := s.lp.pool.Pick(key)
 	if u.Full() {
 		s.setPause(waitingUpstream)
-		u.NotifyRoom(s.unpause)
+		u.NotifyRoom(s.unpauseFn)
 		return false
 	}
 	var grant throttle.Grant

@@ -119,7 +119,7 @@ type Server struct {
 	logAuthFail logSample // refused SASL AUTHs
 	logBadInput logSample // malformed frames, text-protocol clients
 
-	jobs      sync.WaitGroup       // off-loop work (offloop.go, the FLUSH writer): password checks, state writes, refusal delays
+	jobs      jobGroup             // off-loop work (offloop.go, the FLUSH writer): password checks, state writes, refusal delays
 	flushes   flushQueue           // FLUSHes waiting for their state file write
 	authQ     *authQueue           // password checks for the one auth worker (runs during Serve)
 	authCache *bucketcfg.AuthCache // recently verified passwords (keyed MACs, never plaintext)
@@ -326,8 +326,7 @@ wait:
 		case <-tick.C:
 		}
 	}
-	jobsDone := make(chan struct{})
-	go func() { s.jobs.Wait(); close(jobsDone) }()
+	jobsDone := s.jobs.closeAndWait()
 	select {
 	case <-jobsDone:
 	case <-ctx.Done():

@@ -37,6 +37,8 @@ type session struct {
 	codec codec   // the client's protocol (codec.go)
 	req   request // the request being dispatched (onTraffic)
 
+	unpauseFn func() // s.unpause, for upstream.Conn.NotifyRoom
+
 	q  []*slot // commands not yet answered to the client, oldest first
 	qh int     // q[qh] is the oldest
 
@@ -79,6 +81,7 @@ type session struct {
 
 func newSession(lp *loop, c gnet.Conn) *session {
 	s := &session{lp: lp, c: c, codec: binaryCodec{}, remote: c.RemoteAddr().String()}
+	s.unpauseFn = s.unpause // bound once: a method value made per wait would allocate
 	lp.sessions[s] = struct{}{}
 	ten := lp.srv.ten.Load()
 	if name := ten.cfg.Proxy.DefaultBucket; name != "" {
