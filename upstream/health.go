@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -165,6 +166,19 @@ func (h *health) publish() {
 		return
 	}
 	h.alive.Store(&alive)
+}
+
+// inherit starts h, not yet started, from what old last saw of the servers
+// both probe: whether each answered, and its VERSION. So a reload that
+// keeps a server does not make it look down (readiness, VERSION) until
+// the new prober's first probe.
+func (h *health) inherit(old *health) {
+	for i, addr := range h.servers {
+		if j := slices.Index(old.servers, addr); j >= 0 {
+			h.up[i].Store(old.up[j].Load())
+			h.versions[i].Store(old.versions[j].Load())
+		}
+	}
 }
 
 // anyUp reports whether at least one server answered the last probe.

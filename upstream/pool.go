@@ -175,8 +175,10 @@ func (p *Pool) Close() {
 
 // Update makes cfg the servers in force. When its servers, weights and
 // ejection settings are those in force already it does nothing, keeping
-// the health state. Otherwise the new list starts with no server known to
-// answer and, if the Pool is started, its own prober; the old list's
+// the health state. Otherwise the new list starts with what the old
+// prober last saw of the servers it keeps (answering, and their VERSION;
+// not ejection, which the new settings decide afresh) and, if the Pool is
+// started, its own prober; the old list's
 // prober is stopped (Update waits for its probe in progress, at most the
 // probe timeout per server). Each LoopPool adopts the new list at its next
 // Tick: connections to servers that stay are kept, those to removed
@@ -193,6 +195,7 @@ func (p *Pool) Update(cfg PoolConfig) error {
 	if err != nil {
 		return err
 	}
+	next.health.inherit(cur.health)
 	if p.running {
 		next.health.start()
 	}

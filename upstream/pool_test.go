@@ -329,3 +329,24 @@ func BenchmarkLoopPoolPick(b *testing.B) {
 		lp.Pick(keys[i%len(keys)])
 	}
 }
+
+// A reload that changes only the ejection settings keeps what the prober
+// knew: the servers still answer and VERSION is still known at once, not
+// after the new prober's first probe.
+func TestPoolUpdateKeepsHealthOfKeptServers(t *testing.T) {
+	m := testmc.Start(t)
+	p := newTestPool(t, PoolConfig{Servers: []string{m.Addr}, EjectAfter: 2, EjectRetry: time.Second},
+		PoolOptions{Timeout: 500 * time.Millisecond, ProbeInterval: time.Hour})
+	p.Start()
+	eventually(t, 5*time.Second, "the server up", func() bool { return p.AnyUp() && p.Version() != nil })
+	// The new prober's first probe runs at once: memcached is frozen so
+	// that it cannot answer it before the check.
+	thaw := m.Freeze(t)
+	defer thaw()
+	if err := p.Update(PoolConfig{Servers: []string{m.Addr}, EjectAfter: 5, EjectRetry: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if !p.AnyUp() || p.Version() == nil {
+		t.Fatalf("after a reload of the ejection settings: up %v, version %q", p.AnyUp(), p.Version())
+	}
+}
