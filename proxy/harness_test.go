@@ -116,16 +116,10 @@ func dial(t testing.TB, addr string) *mcclient.Client {
 	return c
 }
 
-// eventually polls cond until it is true or the deadline passes.
+// eventually is testmc.Eventually.
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testmc.Eventually(t, d, what, cond)
 }
 
 // hashes returns the password hashes of the test users, each user's

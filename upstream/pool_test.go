@@ -33,16 +33,10 @@ func newTestPool(t *testing.T, cfg PoolConfig, opts PoolOptions) *Pool {
 	return p
 }
 
-// eventually fails the test unless cond becomes true within d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+// eventually is testmc.Eventually.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testmc.Eventually(t, d, what, cond)
 }
 
 func stateOf(p *Pool, addr string) ServerState {

@@ -149,3 +149,16 @@ func WaitListeningWhile(ctx context.Context, addr string, timeout time.Duration,
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Eventually waits until cond holds, checking every 5 ms, and fails the
+// test, saying what it waited for, when it does not within d.
+func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
