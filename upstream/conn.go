@@ -8,9 +8,11 @@
 // reload (Pool.Update). The proxy asks the pool for a connection and never
 // dials or probes a server itself.
 //
-// Each gnet event loop owns one Conn per server. Client requests from every
-// session of that loop are pipelined on it with rewritten opaques, and the
-// responses are matched back to the Waiter that sent each request. All
+// Each gnet event loop owns one Conn per server in each of its Groups (the
+// LoopPool's default group, and one per bucket in the proxy). Client
+// requests from every session of that loop routed to the group are
+// pipelined on it with rewritten opaques, and the responses are matched
+// back to the Waiter that sent each request. All
 // methods of Conn must be called on the owning event loop, except where a
 // comment says otherwise; the package takes no lock on the request path.
 //

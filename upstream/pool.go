@@ -181,8 +181,8 @@ func (p *Pool) Close() {
 // started, its own prober; the old list's
 // prober is stopped (Update waits for its probe in progress, at most the
 // probe timeout per server). Each LoopPool adopts the new list at its next
-// Tick: connections to servers that stay are kept, those to removed
-// servers finish their requests and close. An invalid cfg (see Validate)
+// Tick, in every group: connections to servers that stay are kept, those
+// to removed servers finish their requests and close. An invalid cfg (see Validate)
 // changes nothing and returns NewRing's error.
 func (p *Pool) Update(cfg PoolConfig) error {
 	p.mu.Lock()
@@ -250,6 +250,8 @@ func (p *Pool) Version() []byte { return p.set.Load().health.version() }
 func (p *Pool) Loop(el gnet.EventLoop, afterRead func()) *LoopPool {
 	lp := &LoopPool{pool: p, el: el, afterRead: afterRead}
 	lp.onState = lp.connState
-	lp.adopt(p.set.Load())
+	lp.def.lp = lp
+	lp.set = p.set.Load()
+	lp.def.adopt(lp.set)
 	return lp
 }

@@ -61,7 +61,7 @@ func TestPoolPickSkipsEjectedServers(t *testing.T) {
 	onB := 0
 	for i, k := range keys {
 		home[i] = lp.Pick(k)
-		if want := lp.conns[set.ring.Pick(k)]; home[i] != want {
+		if want := lp.def.conns[set.ring.Pick(k)]; home[i] != want {
 			t.Fatalf("key %s: picked %s, ring says %s", k, home[i].Addr(), want.Addr())
 		}
 		if home[i].Addr() == servers[1] {
@@ -127,7 +127,7 @@ func TestPoolUpdateAdoptsAndRetiresServers(t *testing.T) {
 	if !slices.Equal(observed, []string{a, b}) {
 		t.Fatalf("observers asked for %v, want [%s %s]", observed, a, b)
 	}
-	connA, connB := lp.conns[0], lp.conns[1]
+	connA, connB := lp.def.conns[0], lp.def.conns[1]
 	connA.push(entry{opaque: 1}) // a request in flight on the server to be removed
 
 	if err := p.Update(PoolConfig{Servers: []string{b, c}}); err != nil {
@@ -146,8 +146,8 @@ func TestPoolUpdateAdoptsAndRetiresServers(t *testing.T) {
 	}
 
 	lp.Tick(time.Now())
-	if lp.conns[0] != connB || lp.conns[1].Addr() != c || len(lp.conns) != 2 {
-		t.Fatalf("after Tick: connections to %s, %s; want the kept %s and a new %s", lp.conns[0].Addr(), lp.conns[1].Addr(), b, c)
+	if lp.def.conns[0] != connB || lp.def.conns[1].Addr() != c || len(lp.def.conns) != 2 {
+		t.Fatalf("after Tick: connections to %s, %s; want the kept %s and a new %s", lp.def.conns[0].Addr(), lp.def.conns[1].Addr(), b, c)
 	}
 	if !slices.Equal(observed, []string{a, b, c}) {
 		t.Fatalf("observers asked for %v, want [%s %s %s]", observed, a, b, c)
@@ -178,7 +178,7 @@ func TestPoolUpdateAdoptsAndRetiresServers(t *testing.T) {
 		t.Fatalf("Update of the weights: err %v, list replaced %v; want nil, true", err, p.set.Load() != set)
 	}
 	lp.Tick(time.Now())
-	if lp.conns[0] != connB || len(observed) != 3 {
+	if lp.def.conns[0] != connB || len(observed) != 3 {
 		t.Fatalf("new weights, same servers: connections replaced")
 	}
 }
@@ -265,7 +265,7 @@ func TestPoolProbesEjectsAndReadmits(t *testing.T) {
 	}
 
 	lp := p.Loop(nil, nil)
-	connA, connB := lp.conns[0], lp.conns[1]
+	connA, connB := lp.def.conns[0], lp.def.conns[1]
 	var onB [][]byte
 	for _, k := range testKeys(200) {
 		if lp.Pick(k) == connB {
