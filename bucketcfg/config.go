@@ -166,6 +166,13 @@ type UpstreamConfig struct {
 	// EjectRetry is how long an ejected server stays out before it is
 	// probed again (key eject_retry, a duration, default "30s", 100ms..1h).
 	EjectRetry time.Duration
+	// ConnsPerBucket gives each bucket its own upstream connections on
+	// each event loop (one per server), so a tenant's large responses
+	// never stand ahead of another tenant's on a connection; false shares
+	// one connection per server per loop among all buckets (key
+	// conns_per_bucket, default true). Read at start; a reload does not
+	// change it.
+	ConnsPerBucket bool
 }
 
 // ThrottleConfig is the [throttle] table.

@@ -22,7 +22,7 @@ func TestParseDefaults(t *testing.T) {
 		if cfg.Proxy != want {
 			t.Errorf("Proxy = %+v, want %+v", cfg.Proxy, want)
 		}
-		if !reflect.DeepEqual(cfg.Upstream, UpstreamConfig{Servers: []string{"127.0.0.1:11211"}, Timeout: 2 * time.Second, MaxInflight: 4096, EjectRetry: 30 * time.Second}) {
+		if !reflect.DeepEqual(cfg.Upstream, UpstreamConfig{Servers: []string{"127.0.0.1:11211"}, Timeout: 2 * time.Second, MaxInflight: 4096, EjectRetry: 30 * time.Second, ConnsPerBucket: true}) {
 			t.Errorf("Upstream = %+v", cfg.Upstream)
 		}
 		wantT := ThrottleConfig{Capacity: lim(25000), Defaults: BucketThrottle{lim(0), throttle.Unlimited},
@@ -117,6 +117,7 @@ max_unsent_bytes = 1048576
 servers = ["[::1]:11211", "mc-1.example.org:1", "10.0.0.1:65535"]
 timeout = "1m30s"
 max_inflight = 1
+conns_per_bucket = false
 [throttle]
 capacity = "unlimited"
 default_throttle_reserved_units = "unlimited"
@@ -140,7 +141,7 @@ password_hash = "`+h+`"
 buckets = ["A-z.0_9%x", "*"]
 privileges = ["unthrottled"]
 `)
-	if cfg.Upstream.Timeout != 90*time.Second || cfg.Throttle.Burst != 0 || cfg.Metrics.Listen != "" ||
+	if cfg.Upstream.Timeout != 90*time.Second || cfg.Upstream.ConnsPerBucket || cfg.Throttle.Burst != 0 || cfg.Metrics.Listen != "" ||
 		cfg.Throttle.MaxHold != 750*time.Millisecond || cfg.Throttle.MaxItemBytes != 5<<20 ||
 		!cfg.Throttle.Capacity.IsUnlimited() || cfg.Buckets[0].Throttle.Reserved != throttle.Unlimited ||
 		cfg.Proxy.AuthTimeout != 0 || cfg.Proxy.IdleTimeout != 720*time.Hour || cfg.Proxy.MaxUnsentBytes != 1<<20 {

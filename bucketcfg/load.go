@@ -111,6 +111,7 @@ type tomlUpstream struct {
 	MaxInflight        *int64    `toml:"max_inflight"`
 	EjectAfterFailures *int64    `toml:"eject_after_failures"`
 	EjectRetry         *string   `toml:"eject_retry"`
+	ConnsPerBucket     *bool     `toml:"conns_per_bucket"`
 }
 
 type tomlThrottle struct {
@@ -159,7 +160,7 @@ var knownKeys = func() map[string]bool {
 		"proxy.max_frame_bytes", "proxy.max_held_input_bytes",
 		"proxy.auth_timeout", "proxy.idle_timeout", "proxy.max_unsent_bytes",
 		"upstream", "upstream.servers", "upstream.timeout", "upstream.max_inflight",
-		"upstream.weights", "upstream.eject_after_failures", "upstream.eject_retry",
+		"upstream.weights", "upstream.eject_after_failures", "upstream.eject_retry", "upstream.conns_per_bucket",
 		"throttle", "throttle.capacity", "throttle.default_throttle_reserved_units",
 		"throttle.default_throttle_hard_limit", "throttle.read_unit_size",
 		"throttle.write_unit_size", "throttle.state_file", "throttle.burst_ms", "throttle.max_hold", "throttle.max_item_bytes",

@@ -122,6 +122,7 @@ func buildUpstream(u *UpstreamConfig, raw *tomlUpstream, probs *problems) {
 			u.Weights = append(u.Weights, int(w))
 		}
 	}
+	u.ConnsPerBucket = raw.ConnsPerBucket == nil || *raw.ConnsPerBucket
 	u.EjectAfterFailures = intIn("upstream.eject_after_failures", raw.EjectAfterFailures, 0, 0, 1000, probs)
 	u.EjectRetry = defaultEjectRetry
 	if raw.EjectRetry != nil {

@@ -1,13 +1,19 @@
 package proxy
 
-import "github.com/kvthrottle/kvthrottle/proto/binary"
+import (
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/upstream"
+)
 
 // maxReadsInFlight bounds the expected response bytes of one bucket's
 // reads in flight upstream from one loop (one read always may run while
-// the bucket has none). memcached answers a connection in order, and
-// every session of a loop, whatever its bucket, shares the loop's
-// connection to a server: this is how much of one tenant's responses can
-// stand ahead of a neighbour's, however many connections the tenant opens.
+// the bucket has none). memcached answers a connection in order: with
+// upstream.conns_per_bucket off, every session of a loop, whatever its
+// bucket, shares the loop's connection to a server, and this is how much
+// of one tenant's responses can stand ahead of a neighbour's, however many
+// connections the tenant opens. With it on (the default) each lane has
+// its own connections (lane.group) and the bound keeps a tenant from
+// holding more than its share of the loop's time and memory.
 // 1 MiB is a millisecond or two of what a loop moves, and more than the
 // bandwidth-delay product of a 10 Gb/s link with a 0.5 ms round trip, so a
 // tenant keeps its connection busy. Measured with four connections
@@ -27,16 +33,19 @@ const maxLaneReads = 32
 
 // lane is one bucket's reads in flight upstream from one loop: their
 // expected response bytes, bounded by maxReadsInFlight, and the sessions
-// waiting for room in it. Waiting sessions go first come, first served:
+// waiting for room in it; and, with upstream.conns_per_bucket, the
+// bucket's own upstream connections on the loop, so that memcached never
+// queues its responses ahead of another bucket's. Waiting sessions go first come, first served:
 // while one waits, no other session of the bucket starts a read, so a
 // session whose reads are large is not starved by others whose small reads
 // keep fitting. Only its loop touches it.
 type lane struct {
-	bytes    int    // expected response bytes of the reads in flight
-	reads    int    // reads in flight
-	readSize int    // response bytes a read of the bucket brings here (learned); 0: none answered yet
-	waiting  int    // sessions paused until a read of theirs fits (session.laneWait)
-	full     uint64 // the loop.resumePaused pass in which a waiting session found no room
+	bytes    int             // expected response bytes of the reads in flight
+	reads    int             // reads in flight
+	readSize int             // response bytes a read of the bucket brings here (learned); 0: none answered yet
+	waiting  int             // sessions paused until a read of theirs fits (session.laneWait)
+	full     uint64          // the loop.resumePaused pass in which a waiting session found no room
+	group    *upstream.Group // the bucket's upstream connections (conns_per_bucket), or nil: the loop's shared ones
 }
 
 // lane returns the loop's lane of b, creating it.
@@ -44,15 +53,23 @@ func (lp *loop) lane(b *bucket) *lane {
 	l := lp.lanes[b]
 	if l == nil {
 		l = &lane{}
+		if lp.srv.opts.connsPerBucket {
+			l.group = lp.pool.NewGroup()
+		}
 		lp.lanes[b] = l
 	}
 	return l
 }
 
-// dropIdleLanes forgets the lanes of removed buckets once they are empty.
+// dropIdleLanes forgets the lanes of removed buckets once they are empty,
+// retiring their upstream connections (each closes once its requests in
+// flight, writes included, are answered).
 func (lp *loop) dropIdleLanes() {
 	for b, l := range lp.lanes {
 		if b.gone.Load() && l.reads == 0 && l.waiting == 0 {
+			if l.group != nil {
+				l.group.Close()
+			}
 			delete(lp.lanes, b)
 		}
 	}
@@ -116,6 +133,19 @@ func (s *session) lane() *lane {
 		s.ln = s.lp.lane(s.bkt)
 	}
 	return s.ln
+}
+
+// group returns the upstream connections a request of the session in
+// bucket b goes to: b's lane's on the loop when b is the session's bucket
+// and has its own (upstream.conns_per_bucket), else nil (the loop's
+// shared ones). A session has one bucket at a time, and its responses
+// leave in request order whatever connection answers first (its slot
+// queue), so a bucket change mid-pipeline keeps the client's order.
+func (s *session) group(b *bucket) *upstream.Group {
+	if b == nil || b != s.bkt {
+		return nil
+	}
+	return s.lane().group
 }
 
 // expectedRead is the response bytes a read of the session is expected to

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
+	"github.com/kvthrottle/kvthrottle/upstream"
 )
 
 // dispatch handles one client command. It returns false when the command
@@ -118,7 +119,12 @@ func (s *session) forward(r *request, b *bucket) bool {
 		s.localStatus(r, binary.StatusEinval, "key too long")
 		return true
 	}
-	u := s.lp.pool.Pick(key)
+	var u *upstream.Conn
+	if g := s.group(b); g != nil {
+		u = g.Pick(key)
+	} else {
+		u = s.lp.pool.Pick(key)
+	}
 	if u.Full() {
 		s.setPause(waitingUpstream)
 		u.NotifyRoom(s.unpauseFn)

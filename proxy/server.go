@@ -73,6 +73,7 @@ type settings struct {
 	unauthPerSource int           // unauthenticated connections one source may hold
 	maxUnsent       int64         // proxy.max_unsent_bytes
 	maxReadResp     int           // the largest response a read can bring (throttle.max_item_bytes with key and framing)
+	connsPerBucket  bool          // upstream.conns_per_bucket: each lane its own upstream connections
 }
 
 // Server is a running proxy. Create it with New, run it with Serve, stop it
@@ -183,6 +184,7 @@ func New(opts Options) (*Server, error) {
 			unauthPerSource: unauthSourceLimit(max(1, int(unauthLimit(cfg.Proxy.MaxConnections))/loops)),
 			maxUnsent:       cfg.Proxy.MaxUnsentBytes,
 			maxReadResp:     maxReadResponse(cfg.Throttle.MaxItemBytes),
+			connsPerBucket:  cfg.Upstream.ConnsPerBucket,
 		},
 		log:      opts.Logger,
 		loops:    make(map[gnet.EventLoop]*loop),
