@@ -9,10 +9,14 @@ import (
 // default one, never share a Conn for a key, each routes a key to the
 // same server, and a group follows a reload (Tick) like the default
 // group. Close retires the group's connections: they finish what is in
-// flight and are closed once idle; later Picks fall back to the default.
+// flight and are closed once idle, without being reported as failed;
+// later Picks fall back to the default.
 func TestGroupsOwnConnections(t *testing.T) {
 	const a, b, c = "10.0.0.1:11211", "10.0.0.2:11211", "10.0.0.3:11211"
-	p := newTestPool(t, PoolConfig{Servers: []string{a, b}}, PoolOptions{})
+	var downs []string
+	p := newTestPool(t, PoolConfig{Servers: []string{a, b}}, PoolOptions{
+		OnConnState: func(addr string, up bool, err error) { downs = append(downs, addr) },
+	})
 	lp := p.Loop(nil, nil)
 	g1, g2 := lp.NewGroup(), lp.NewGroup()
 	if g1.Conns() != 0 {
@@ -75,5 +79,8 @@ func TestGroupsOwnConnections(t *testing.T) {
 	lp.Tick(time.Now())
 	if lp.Retiring() != 0 || !g2c.closed || g1.conns[1].closed {
 		t.Fatalf("closed group idle: %d retiring, closed %v, other group's closed %v; want 0, true, false", lp.Retiring(), g2c.closed, g1.conns[1].closed)
+	}
+	if len(downs) != 0 {
+		t.Fatalf("retired connections reported down (%v): closing them is no failure", downs)
 	}
 }

@@ -143,8 +143,8 @@ func (c *Conn) Close() {
 	if c.closed {
 		return
 	}
-	c.down(errors.New("closed"))
 	c.closed = true
+	c.down(errors.New("closed"))
 }
 
 // connectDeadline is how long a connect may take in all: the dial's own

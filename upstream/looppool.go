@@ -215,8 +215,12 @@ func (lp *LoopPool) newConn(addr string) *Conn {
 
 // connState reports a connection's change to PoolOptions.OnConnState and,
 // when it went down, has the prober of the loop's server list probe at
-// once instead of at its next interval.
+// once instead of at its next interval. A connection the loop closed
+// itself (retired, Tick) did not fail: nothing is reported.
 func (lp *LoopPool) connState(c *Conn, up bool, err error) {
+	if c.closed {
+		return
+	}
 	if f := lp.pool.opts.OnConnState; f != nil {
 		f(c.Addr(), up, err)
 	}

@@ -76,7 +76,8 @@ type PoolOptions struct {
 	Observer func(addr string) func(seconds float64)
 	// OnConnState, when not nil, is called on the owning loop when a
 	// connection goes up or down (Config.OnState), err saying why it went
-	// down.
+	// down; not when a loop closes a retired connection (to a removed
+	// server, or of a closed Group), which is no failure.
 	OnConnState func(addr string, up bool, err error)
 	// OnRemove, when not nil, is called by Update for each server that
 	// left the pool, once the new servers are in force (on Update's
