@@ -40,7 +40,8 @@ func (s *session) dispatch(r *request) bool {
 	case binary.OpVerbosity:
 		// Not forwarded: memcached (1.6) has no binary VERBOSITY and, after
 		// its UnknownCommand, swallows the first bytes of the next request
-		// on the connection, which every tenant of the loop shares.
+		// on the connection, which other sessions share (all the loop's with
+		// upstream.conns_per_bucket off, the bucket's otherwise).
 		if !s.isAdmin() {
 			s.localStatus(r, binary.StatusEaccess, "VERBOSITY needs the admin privilege")
 			return true
