@@ -132,3 +132,36 @@ func pickFor(s *session, key []byte) any {
 	}
 	return s.lp.pool.Pick(key)
 }
+
+// A bucket's upstream connections on a loop close once unused for
+// groupIdle, so the connections to memcached follow the buckets in use,
+// not every bucket ever used; its next request opens them again.
+func TestIdleBucketConnectionsClose(t *testing.T) {
+	defer func(d time.Duration) { groupIdle = d }(groupIdle)
+	groupIdle = 200 * time.Millisecond
+	p := startProxy(t, testConfig{loops: 1, tail: tenantTail(t)})
+	c := login(t, p.Addr, "alice")
+	conns := func() (n int) {
+		onLoop(t, p, func(lp *loop) {
+			for b, l := range lp.lanes {
+				if b.name == "alice" && l.group != nil {
+					n = l.group.Conns()
+				}
+			}
+		})
+		return n
+	}
+	if r, err := c.Set([]byte("k"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	if n := conns(); n != 1 {
+		t.Fatalf("alice's lane has %d upstream connections after a SET, want 1", n)
+	}
+	eventually(t, 5*time.Second, "alice's idle connection to close", func() bool { return conns() == 0 })
+	if r, err := c.Get([]byte("k")); err != nil || r.Status() != mc.StatusSuccess || string(r.Value) != "v" {
+		t.Fatalf("GET after the idle close: %v %v", err, r)
+	}
+	if n := conns(); n != 1 {
+		t.Fatalf("alice's lane has %d upstream connections after the GET, want 1", n)
+	}
+}

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"time"
+
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/upstream"
 )
@@ -46,6 +48,7 @@ type lane struct {
 	waiting  int             // sessions paused until a read of theirs fits (session.laneWait)
 	full     uint64          // the loop.resumePaused pass in which a waiting session found no room
 	group    *upstream.Group // the bucket's upstream connections (conns_per_bucket), or nil: the loop's shared ones
+	used     time.Duration   // loop clock when a request last went to group
 }
 
 // lane returns the loop's lane of b, creating it.
@@ -61,16 +64,27 @@ func (lp *loop) lane(b *bucket) *lane {
 	return l
 }
 
+// groupIdle is how long a bucket's upstream connections on a loop may go
+// unused before they are closed (they reopen at its next request), so the
+// connections to memcached follow the buckets in use, not every bucket
+// ever used. A variable for tests.
+var groupIdle = 30 * time.Second
+
 // dropIdleLanes forgets the lanes of removed buckets once they are empty,
-// retiring their upstream connections (each closes once its requests in
-// flight, writes included, are answered).
+// and closes the upstream connections of lanes unused for groupIdle;
+// connections retire (each closes once its requests in flight, writes
+// included, are answered). On the loop, from its tick.
 func (lp *loop) dropIdleLanes() {
 	for b, l := range lp.lanes {
-		if b.gone.Load() && l.reads == 0 && l.waiting == 0 {
+		switch {
+		case b.gone.Load() && l.reads == 0 && l.waiting == 0:
 			if l.group != nil {
 				l.group.Close()
 			}
 			delete(lp.lanes, b)
+		case l.group != nil && l.group.Conns() > 0 && lp.now-l.used >= groupIdle && !l.group.Busy():
+			l.group.Close()
+			l.group = lp.pool.NewGroup()
 		}
 	}
 }
@@ -145,7 +159,9 @@ func (s *session) group(b *bucket) *upstream.Group {
 	if b == nil || b != s.bkt {
 		return nil
 	}
-	return s.lane().group
+	l := s.lane()
+	l.used = s.lp.now
+	return l.group
 }
 
 // expectedRead is the response bytes a read of the session is expected to

@@ -98,6 +98,17 @@ func (g *Group) Close() {
 // Pick and after Close); they may not all be connected.
 func (g *Group) Conns() int { return len(g.conns) }
 
+// Busy reports whether any of the group's connections has a request in
+// flight or waiting to be written.
+func (g *Group) Busy() bool {
+	for _, c := range g.conns {
+		if c.Inflight() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // each calls f with every connection of the loop: every group's, then
 // those retiring.
 func (lp *LoopPool) each(f func(*Conn)) {
