@@ -105,7 +105,11 @@ func (s *Server) upstreamState(addr string, up bool, err error) {
 		s.log.Debug().Str("server", addr).Err(err).Msg("upstream connection closed while stopping")
 		return
 	}
-	s.log.Warn().Str("server", addr).Err(err).Msg("upstream connection down")
+	if n, ok := s.logUpDown.allow(addr, time.Now()); ok {
+		s.log.Warn().Str("server", addr).Err(err).Int("since_last_line", n).Msg("upstream connection down")
+	} else {
+		s.log.Debug().Str("server", addr).Err(err).Msg("upstream connection down")
+	}
 }
 
 // requestFlush arranges for the upstream connections' buffered requests to

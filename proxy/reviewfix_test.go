@@ -178,3 +178,25 @@ func waitPastGrace(t *testing.T, p *testProxy, c net.Conn) {
 		return past
 	})
 }
+
+// One line per server per second for upstream connections going down: a
+// memcached restart takes down a connection per loop and bucket, and the
+// line that gets through says how many it stands for.
+func TestPerKeyLog(t *testing.T) {
+	var l perKeyLog
+	t0 := time.Unix(1000, 0)
+	if n, ok := l.allow("a:1", t0); !ok || n != 1 {
+		t.Fatalf("first event: %d %v, want 1 true", n, ok)
+	}
+	for i := range 99 {
+		if _, ok := l.allow("a:1", t0.Add(time.Duration(i)*time.Millisecond)); ok {
+			t.Fatalf("event %d within the second got a line", i+2)
+		}
+	}
+	if n, ok := l.allow("b:2", t0); !ok || n != 1 {
+		t.Fatalf("another server's first event: %d %v", n, ok)
+	}
+	if n, ok := l.allow("a:1", t0.Add(perKeyEvery)); !ok || n != 100 {
+		t.Fatalf("after a second: %d %v, want the 100 events since the last line", n, ok)
+	}
+}

@@ -119,6 +119,7 @@ type Server struct {
 
 	logAuthFail logSample // refused SASL AUTHs
 	logBadInput logSample // malformed frames, text-protocol clients
+	logUpDown   perKeyLog // upstream connections down, per server
 
 	jobs      jobGroup             // off-loop work (offloop.go, the FLUSH writer): password checks, state writes, refusal delays
 	flushes   flushQueue           // FLUSHes waiting for their state file write
