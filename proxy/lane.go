@@ -155,6 +155,8 @@ func (s *session) lane() *lane {
 // shared ones). A session has one bucket at a time, and its responses
 // leave in request order whatever connection answers first (its slot
 // queue), so a bucket change mid-pipeline keeps the client's order.
+// Called as a request is forwarded: it marks the lane's connections used
+// now (lane.used, which dropIdleLanes reads).
 func (s *session) group(b *bucket) *upstream.Group {
 	if b == nil || b != s.bkt {
 		return nil
