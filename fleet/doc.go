@@ -1,0 +1,83 @@
+// Package fleet makes the limits of many kvthrottle instances hold for the
+// fleet as a whole (DESIGN.md section 10), through a shared Redis store.
+//
+// # Model
+//
+// Each instance admits from its own throttle engine exactly as a single
+// instance does: no store round trip on the request path. What changes is
+// which limits that engine enforces. For every fleet limit (each bucket's
+// reservation and hard limit, and the free pool: the capacity less the
+// finite reservations) the instance enforces its share, a rate in units per
+// second, and the shares held by the live instances never add up to more
+// than the limit.
+//
+// Once per grant period each instance makes one call of a Lua script
+// ([Store]) carrying all of its buckets: its running totals of units used
+// (the store adds what is new to the fleet's totals), and its demand for
+// each bucket. The script records the demand and answers with the caller's
+// new shares, computed in the store, atomically, with Redis's own clock:
+//
+//   - Demand. A bucket whose callers wait here (a mean of at least half a
+//     caller held over the last half period, or non-blocking callers
+//     refused) is saturated: it wants all it can get, weighted by how many
+//     callers wait, as one proxy would serve them one waiting connection
+//     after another. Any other bucket wants 1.25 times its rate over the
+//     last period plus 2 units/s, with weight 1.
+//   - Shares. The limit is divided by weighted max-min (water-filling): a
+//     demand below the common level gets what it asks for, the rest is split
+//     by weight, and what nobody asks for is split by weight among all, so
+//     an instance whose load grows has room at once.
+//   - Clamping. The caller's share is at most the limit less the shares the
+//     other live instances hold. A share moves from one instance to another
+//     only when the first calls and lowers its own and then the second calls:
+//     the split follows a change of load within two periods, and the sum of
+//     the shares never exceeds the limit.
+//   - Leases. An instance's shares count for one period and a quarter (at
+//     least 50 ms more) after its last call; an instance that dies strands
+//     that much of its shares and no more. An instance gone for an hour is
+//     forgotten.
+//   - Retries. Each call carries the instance's epoch (its start) and a
+//     sequence number: a call not newer than one already recorded changes
+//     nothing, and usage travels as running totals, so a lost reply never
+//     counts usage twice.
+//
+// # Accuracy
+//
+// Within a period in which the limits and the shares do not change, each
+// instance enforces its share with the engine's own accuracy, so the fleet
+// admits at most the limit plus one engine burst per instance. Shares move
+// to where the load is within two periods; until then the fleet may admit
+// less than its limit, never more. A limit lowered by an admin change
+// reaches every instance within one period; meanwhile each instance keeps
+// its earlier share.
+//
+// # Store loss
+//
+// A failed call leaves the last shares in force. Once the last good call is
+// three periods old, the loss policy applies: Share enforces each fleet
+// limit divided by the number of instances alive at the last contact, Open
+// each fleet limit as a lone instance would. The first good call puts the
+// store's shares back in force. Clients see none of it: admission never
+// waits for the store.
+//
+// # State
+//
+// The fleet's state document (the runtime limits set by the admin opcodes,
+// and the key namespaces' epochs) lives in the store under a version
+// number; each sync returns it when it changed, and [Fleet.Update] changes
+// it with compare-and-set. An empty store is seeded from the first
+// instance's state.
+//
+// # Sources
+//
+// From CockroachDB's distributed token bucket: each instance admits from a
+// local bucket refilled by grants of a rate lasting a period, with one
+// store request per period carrying its consumption, and shares computed
+// centrally from what every instance asks for. From Bucket4j's delayed
+// synchronisation: admission never waits for the store; usage is reported
+// in batches. From gubernator's GLOBAL behaviour: the store owns the
+// authoritative counts and instances act on a recent copy. What is new
+// here: shares of several nested limits at once (reservation, hard limit,
+// free pool), clamped so that their sum never exceeds a limit, and demand
+// weighted by waiting callers so a fleet splits a limit as one proxy would.
+package fleet

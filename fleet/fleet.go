@@ -1,0 +1,474 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
+
+// LossPolicy says which limits an instance enforces once it has lost the
+// store for longer than its grants last (DESIGN.md section 10).
+type LossPolicy uint8
+
+const (
+	// Share enforces each fleet limit divided by the number of instances
+	// alive at the last contact.
+	Share LossPolicy = iota
+	// Open enforces the fleet limits as if this instance were alone.
+	Open
+)
+
+// ParseLossPolicy parses "share" or "open".
+func ParseLossPolicy(s string) (LossPolicy, error) {
+	switch s {
+	case "share":
+		return Share, nil
+	case "open":
+		return Open, nil
+	}
+	return 0, fmt.Errorf("on_store_loss %q: want \"share\" or \"open\"", s)
+}
+
+// String returns "share" or "open".
+func (p LossPolicy) String() string {
+	if p == Open {
+		return "open"
+	}
+	return "share"
+}
+
+// Config configures a Fleet.
+type Config struct {
+	// Store is the fleet's shared store (see OpenStore). The Fleet does not
+	// close it.
+	Store *Store
+	// Instance names this instance in the store; unique in the fleet,
+	// without '|' or white space.
+	Instance string
+	// Period is the grant period: one store call per period, and each
+	// grant lasts about one period. At least 50 ms.
+	Period time.Duration
+	// OnStoreLoss picks the limits enforced while the store is lost.
+	OnStoreLoss LossPolicy
+	// Clock times periods and usage rates; nil selects a real clock.
+	Clock throttle.Clock
+}
+
+// Usage is what the instance reports about one of its buckets: the fleet's
+// limits as configured here and the bucket's local counters (running
+// totals since the bucket was created, and the callers held right now).
+type Usage struct {
+	Name                string
+	Reserved, HardLimit throttle.Limit
+	Units               uint64 // units charged here, running total
+	Rejected            uint64 // non-blocking refusals here, running total
+	Waiting             int    // callers held here now
+}
+
+// Node is the node-wide part of a report: the fleet's capacity and its
+// free pool (capacity minus the finite reservations), as configured here.
+type Node struct {
+	Capacity, FreePool throttle.Limit
+}
+
+// Hooks connect a Fleet to the instance it runs in. Each is called from the
+// Fleet's own goroutine (or from Update's caller for State), never
+// concurrently with itself; all are required.
+type Hooks struct {
+	// Usage reports the node and appends one Usage per bucket in force to
+	// dst. It must be cheap: it runs every tenth of a period.
+	Usage func(dst []Usage) (Node, []Usage)
+	// State hands over the fleet's state document at version, newer than
+	// any passed before. The instance adopts it (and keeps its local copy)
+	// or logs why not.
+	State func(doc []byte, version int64)
+	// Seed returns the document an empty store is seeded with: this
+	// instance's state.
+	Seed func() []byte
+	// Granted announces new grants (or a change of mode).
+	Granted func(*Grants)
+	// Synced reports each sync's duration and outcome.
+	Synced func(d time.Duration, err error)
+}
+
+// Fleet keeps one instance's grants from the shared store: every period it
+// reports the instance's usage and demand per bucket and takes back its
+// shares of the fleet's limits (see the package documentation). Create it
+// with New, start it with Start, stop it with Close.
+type Fleet struct {
+	cfg   Config
+	hooks Hooks
+	clock throttle.Clock
+	epoch string
+
+	grants  atomicGrants
+	updates sync.Mutex // serialises Update's read-change-write
+
+	// Owned by the sync goroutine (or the test driving syncOnce).
+	seq      int64
+	known    int64 // the version of the last state document seen
+	lastOK   time.Duration
+	contact  bool
+	lastLive int
+	lastSync time.Duration
+	samples  demandSamples
+	prev     map[string]counters
+	fleetRef map[string]fleetCount
+	buf      []Usage
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+type counters struct{ units, rejected uint64 }
+
+type fleetCount struct {
+	units int64
+	at    time.Duration
+}
+
+// New returns a Fleet for cfg; it does not contact the store until Start.
+func New(cfg Config, h Hooks) (*Fleet, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("fleet: no store")
+	}
+	if cfg.Period < 50*time.Millisecond {
+		return nil, fmt.Errorf("fleet: grant_period %v is below 50ms", cfg.Period)
+	}
+	if err := CheckInstance(cfg.Instance); err != nil {
+		return nil, err
+	}
+	if h.Usage == nil || h.State == nil || h.Seed == nil || h.Granted == nil || h.Synced == nil {
+		return nil, errors.New("fleet: every hook is required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = throttle.NewRealClock()
+	}
+	f := &Fleet{
+		cfg:      cfg,
+		hooks:    h,
+		clock:    cfg.Clock,
+		epoch:    strconv.FormatInt(time.Now().UnixNano(), 36),
+		prev:     make(map[string]counters),
+		fleetRef: make(map[string]fleetCount),
+		known:    -1,
+	}
+	f.grants.Store(&Grants{policy: cfg.OnStoreLoss, live: 1})
+	return f, nil
+}
+
+// CheckInstance reports whether name can name an instance in the store.
+func CheckInstance(name string) error {
+	if name == "" || len(name) > 200 {
+		return fmt.Errorf("fleet: instance name %q must be 1 to 200 bytes", name)
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c == '|' || c >= 0x7f {
+			return fmt.Errorf("fleet: instance name %q has a character that is not allowed (space, control, '|' or non-ASCII)", name)
+		}
+	}
+	return nil
+}
+
+// Grants returns the grants in force. Never nil; safe from any goroutine.
+func (f *Fleet) Grants() *Grants { return f.grants.Load() }
+
+// Period returns the grant period.
+func (f *Fleet) Period() time.Duration { return f.cfg.Period }
+
+// Start syncs once (waiting at most one period, so that an instance joining
+// a fleet starts with its shares) and then starts the goroutine that syncs
+// every period until Close.
+func (f *Fleet) Start() {
+	f.stop = make(chan struct{})
+	f.done = make(chan struct{})
+	f.sample()
+	f.syncOnce()
+	go f.run()
+}
+
+// Close stops the sync goroutine and waits for it. The store's entries of
+// this instance expire on their own after one lease.
+func (f *Fleet) Close() {
+	if f.stop == nil {
+		return
+	}
+	close(f.stop)
+	<-f.done
+	f.stop = nil
+}
+
+func (f *Fleet) run() {
+	defer close(f.done)
+	tick := time.NewTicker(f.cfg.Period / samplesPerPeriod)
+	defer tick.Stop()
+	n := 0
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-tick.C:
+		}
+		f.sample()
+		if n++; n >= samplesPerPeriod {
+			n = 0
+			f.syncOnce()
+		}
+	}
+}
+
+// lease is how long the store counts an instance's shares after its last
+// call: one period and a margin for a late call.
+func (f *Fleet) lease() time.Duration {
+	return f.cfg.Period + max(f.cfg.Period/4, 50*time.Millisecond)
+}
+
+// sample records the callers held per bucket now, for the demand estimate.
+func (f *Fleet) sample() {
+	_, f.buf = f.hooks.Usage(f.buf[:0])
+	f.samples.add(f.buf)
+}
+
+// syncOnce makes one store call (two when the store must be seeded first)
+// and puts its grants, or the fallback for a lost store, in force.
+func (f *Fleet) syncOnce() {
+	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Period/2)
+	defer cancel()
+	start := time.Now()
+	err := f.exchange(ctx)
+	f.hooks.Synced(time.Since(start), err)
+	if err != nil {
+		f.lost()
+	}
+}
+
+// exchange is one report and its grants.
+func (f *Fleet) exchange(ctx context.Context) error {
+	node, usage := f.hooks.Usage(f.buf[:0])
+	f.buf = usage
+	now := f.clock.Now()
+	req := f.request(node, usage, now)
+	rep, err := f.cfg.Store.sync(ctx, req)
+	if err == nil && rep.status == "seed" {
+		if _, _, err = f.cfg.Store.Seed(ctx, f.hooks.Seed()); err != nil {
+			return err
+		}
+		f.seq++
+		req.seq = f.seq
+		rep, err = f.cfg.Store.sync(ctx, req)
+	}
+	if err != nil {
+		return err
+	}
+	switch rep.status {
+	case "ok":
+	case "stale":
+		return nil // a duplicate: the grants in force stay
+	default:
+		return fmt.Errorf("fleet: sync: status %q", rep.status)
+	}
+	f.lastSync = now
+	for _, u := range usage {
+		f.prev[u.Name] = counters{u.Units, u.Rejected}
+	}
+	if rep.state != nil && rep.version > f.known {
+		f.known = rep.version
+		f.hooks.State(rep.state, rep.version)
+	}
+	f.contact, f.lastOK, f.lastLive = true, now, rep.instances
+	f.put(f.fromReply(rep))
+	return nil
+}
+
+// lost applies the store-loss rule once the last grants are older than
+// lossAfter periods: until then they stay in force.
+func (f *Fleet) lost() {
+	g := f.grants.Load()
+	if !f.contact || f.clock.Now()-f.lastOK < lossAfter*f.cfg.Period {
+		if g.storeUp {
+			ng := *g
+			ng.storeUp = false
+			f.put(&ng)
+		}
+		return
+	}
+	if g.mode == modeFallback {
+		return
+	}
+	f.put(&Grants{mode: modeFallback, policy: f.cfg.OnStoreLoss, live: max(1, f.lastLive)})
+}
+
+func (f *Fleet) put(g *Grants) {
+	f.grants.Store(g)
+	f.hooks.Granted(g)
+}
+
+// Update changes the fleet's state document: change gets the document in
+// force (nil when the store holds none) and returns the new one, which is
+// written if nobody changed the document meanwhile (else change runs again
+// on the newer one, up to 8 times). It returns the new version. Errors: the
+// store's (unreachable, slow), change's own, or ErrConflict after too many
+// races. Safe from any goroutine; one round trip or three per try.
+func (f *Fleet) Update(ctx context.Context, change func(doc []byte) ([]byte, error)) (int64, error) {
+	f.updates.Lock()
+	defer f.updates.Unlock()
+	for try := 0; try < 8; try++ {
+		doc, v, ok, err := f.cfg.Store.Load(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			doc = nil
+		}
+		next, err := change(doc)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			nv, seeded, err := f.cfg.Store.Seed(ctx, next)
+			if err != nil {
+				return 0, err
+			}
+			if seeded {
+				return nv, nil
+			}
+			continue
+		}
+		nv, err := f.cfg.Store.Update(ctx, v, next)
+		if errors.Is(err, ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		return nv, nil
+	}
+	return 0, ErrConflict
+}
+
+// Dimensions of the protocol.
+const (
+	samplesPerPeriod = 10 // waiting callers sampled this often per period
+	lossAfter        = 3  // periods a lost store's last grants stay in force
+	growth           = 1.25
+	headroom         = 2 // units/s an idle instance asks for each bucket
+)
+
+// request builds this period's report.
+func (f *Fleet) request(node Node, usage []Usage, now time.Duration) *syncRequest {
+	f.seq++
+	req := &syncRequest{
+		instance:     f.cfg.Instance,
+		epoch:        f.epoch,
+		seq:          f.seq,
+		lease:        f.lease(),
+		knownVersion: f.known,
+		freePool:     limitArg(node.FreePool),
+		buckets:      make([]bucketDemand, 0, len(usage)),
+	}
+	elapsed := now - f.lastSync
+	if f.lastSync == 0 || elapsed <= 0 {
+		elapsed = f.cfg.Period
+	}
+	g := f.grants.Load()
+	var fpCap int64
+	var fpWeight float64
+	for _, u := range usage {
+		prev, seen := f.prev[u.Name]
+		rate := 0.0
+		if seen && u.Units >= prev.units {
+			rate = float64(u.Units-prev.units) / elapsed.Seconds()
+		}
+		waiting := f.samples.mean(u.Name)
+		rejected := seen && u.Rejected > prev.rejected
+		d := demand(rate, waiting, rejected)
+		req.buckets = append(req.buckets, bucketDemand{
+			name: u.Name, reserved: limitArg(u.Reserved), hard: limitArg(u.HardLimit),
+			cum: u.Units, cap: d.cap, weight: d.weight,
+		})
+		// The free pool: what each bucket wants beyond its reservation,
+		// at most its hard limit less its reservation.
+		if u.Reserved == throttle.Unlimited {
+			continue
+		}
+		want := d.cap
+		if want >= 0 {
+			want -= g.reservedGrant(u.Name)
+			if want < 0 {
+				want = 0
+			}
+		}
+		if h, ok := u.HardLimit.Finite(); ok {
+			r, _ := u.Reserved.Finite()
+			if want < 0 || want > h-r {
+				want = h - r
+			}
+		}
+		if fpCap >= 0 {
+			if want < 0 {
+				fpCap = -1
+			} else {
+				fpCap += want
+			}
+		}
+		if d.cap < 0 {
+			fpWeight += d.weight
+		}
+	}
+	req.fpCap = fpCap
+	req.fpWeight = max(1, fpWeight)
+	return req
+}
+
+// bucketWant is an instance's demand for one bucket.
+type bucketWant struct {
+	cap    int64   // units/s; -1 as much as it can get
+	weight float64 // its weight when demands exceed the limit
+}
+
+// demand estimates what an instance wants of a bucket from its usage rate
+// over the last period (units/s), the mean number of callers held over the
+// last half period and whether non-blocking callers were refused. A bucket
+// whose callers wait is saturated: it wants all it can get, weighted by
+// how many wait (as one proxy would serve them, one waiting connection
+// after another). Otherwise it wants its rate and room to grow.
+func demand(rate, waiting float64, rejected bool) bucketWant {
+	if waiting >= 0.5 || rejected {
+		return bucketWant{cap: -1, weight: max(1, waiting)}
+	}
+	return bucketWant{cap: int64(math.Ceil(rate*growth)) + headroom, weight: 1}
+}
+
+func limitArg(l throttle.Limit) int64 {
+	if n, ok := l.Finite(); ok {
+		return n
+	}
+	return -1
+}
+
+// fromReply turns a store reply into the grants in force.
+func (f *Fleet) fromReply(rep *syncReply) *Grants {
+	g := &Grants{
+		mode:     modeGranted,
+		policy:   f.cfg.OnStoreLoss,
+		storeUp:  true,
+		live:     max(1, rep.instances),
+		freePool: rep.freePool,
+		buckets:  make(map[string]BucketGrant, len(rep.buckets)),
+	}
+	for _, b := range rep.buckets {
+		bg := BucketGrant{Reserved: b.reserved, HardLimit: b.hard, FleetUnitsPerSecond: -1}
+		if ref, ok := f.fleetRef[b.name]; ok && rep.now > ref.at && b.fleetUnits >= ref.units {
+			bg.FleetUnitsPerSecond = float64(b.fleetUnits-ref.units) / (rep.now - ref.at).Seconds()
+		}
+		f.fleetRef[b.name] = fleetCount{units: b.fleetUnits, at: rep.now}
+		g.buckets[b.name] = bg
+	}
+	return g
+}
