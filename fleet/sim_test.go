@@ -104,7 +104,7 @@ func (s *sim) add() *simInstance {
 	s.t.Cleanup(func() { rdb.Close() })
 	in := &simInstance{clients: map[string]int{}, units: map[string]float64{}, waiting: map[string]int{}}
 	in.phase = s.nextPhase
-	s.nextPhase = (s.nextPhase + (s.period*7/23).Truncate(simStep)) % s.period
+	s.nextPhase = (s.nextPhase + (s.period * 7 / 23).Truncate(simStep)) % s.period
 	f, err := New(Config{Store: newStore(rdb, "sim"), Instance: fmt.Sprintf("i%d", len(s.inst)), Period: s.period, OnStoreLoss: s.policy, Clock: s.clock}, Hooks{
 		Usage: func(dst []Usage) (Node, []Usage) {
 			for _, b := range s.buckets {

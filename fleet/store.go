@@ -126,11 +126,11 @@ type syncRequest struct {
 
 // bucketDemand is what an instance says about one bucket in a report.
 type bucketDemand struct {
-	name            string
-	reserved, hard  int64   // the fleet's limits, as this instance has them
-	cum             uint64  // units used here since the epoch began
-	cap             int64   // units/s wanted; -1: as much as it can get
-	weight          float64 // how strongly (held callers), > 0
+	name           string
+	reserved, hard int64   // the fleet's limits, as this instance has them
+	cum            uint64  // units used here since the epoch began
+	cap            int64   // units/s wanted; -1: as much as it can get
+	weight         float64 // how strongly (held callers), > 0
 }
 
 // syncReply is the store's answer to a syncRequest.
