@@ -82,6 +82,7 @@ type Config struct {
 	Throttle ThrottleConfig
 	Metrics  MetricsConfig
 	Log      LogConfig
+	Fleet    FleetConfig
 	// Buckets in file order; names are unique.
 	Buckets []Bucket
 	// Users in file order; names are unique.
@@ -215,6 +216,31 @@ type MetricsConfig struct {
 	// Listen is the address of the Prometheus endpoint /metrics, host:port
 	// (key listen, default "127.0.0.1:9150"). "" disables the endpoint.
 	Listen string
+}
+
+// FleetConfig is the [fleet] table (DESIGN.md section 10): limits that hold
+// for a fleet of instances sharing a Redis store. Read at start; a reload
+// does not change it.
+type FleetConfig struct {
+	// RedisURL is the store, "redis://host:port/db" or "rediss://..." for
+	// TLS (key redis_url, default "": a single instance, no store).
+	RedisURL string
+	// Name names the fleet in the store, so that several fleets may share
+	// one Redis (key name, default "default"; the characters of a bucket
+	// name, at most 100 bytes).
+	Name string
+	// Instance names this instance in the fleet (key instance, default ""
+	// meaning the host name and proxy.listen, joined by '/'); unique in the
+	// fleet, printable ASCII without spaces or '|'.
+	Instance string
+	// GrantPeriod is how often the instance reports to the store and how
+	// long a grant lasts (key grant_period, default "1s", 100ms..1m).
+	GrantPeriod time.Duration
+	// OnStoreLoss is "share" (once the store is lost for 3 periods, each
+	// fleet limit divided by the instances alive at the last contact) or
+	// "open" (the fleet limits, as a lone instance) (key on_store_loss,
+	// default "share").
+	OnStoreLoss string
 }
 
 // LogConfig is the [log] table.

@@ -408,3 +408,28 @@ func TestCheckBucketName(t *testing.T) {
 		}
 	}
 }
+
+func TestParseFleet(t *testing.T) {
+	cfg := mustParse(t, "")
+	if cfg.Fleet != (FleetConfig{Name: "default", GrantPeriod: time.Second, OnStoreLoss: "share"}) {
+		t.Errorf("default Fleet = %+v", cfg.Fleet)
+	}
+	cfg = mustParse(t, "[fleet]\nredis_url = \"redis://127.0.0.1:6379/0\"\nname = \"eu-1\"\ninstance = \"host-a/11311\"\ngrant_period = \"500ms\"\non_store_loss = \"open\"\n")
+	if cfg.Fleet != (FleetConfig{RedisURL: "redis://127.0.0.1:6379/0", Name: "eu-1", Instance: "host-a/11311", GrantPeriod: 500 * time.Millisecond, OnStoreLoss: "open"}) {
+		t.Errorf("Fleet = %+v", cfg.Fleet)
+	}
+	for doc, want := range map[string]string{
+		"[fleet]\nredis_url = \"http://x\"\n":       "fleet.redis_url",
+		"[fleet]\nname = \"a b\"\n":                 "fleet.name",
+		"[fleet]\ninstance = \"a|b\"\n":             "fleet.instance",
+		"[fleet]\ngrant_period = \"10ms\"\n":        "fleet.grant_period",
+		"[fleet]\ngrant_period = \"soon\"\n":        "fleet.grant_period",
+		"[fleet]\non_store_loss = \"fail\"\n":       "fleet.on_store_loss",
+		"[fleet]\nredis = \"redis://127.0.0.1\"\n": "fleet.redis: unknown key",
+	} {
+		_, err := Parse([]byte(doc))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want one naming %s", doc, err, want)
+		}
+	}
+}

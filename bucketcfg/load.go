@@ -89,6 +89,7 @@ type tomlFile struct {
 	Throttle tomlThrottle `toml:"throttle"`
 	Metrics  tomlMetrics  `toml:"metrics"`
 	Log      tomlLog      `toml:"log"`
+	Fleet    tomlFleet    `toml:"fleet"`
 	Bucket   []tomlBucket `toml:"bucket"`
 	User     []tomlUser   `toml:"user"`
 }
@@ -130,6 +131,14 @@ type tomlMetrics struct {
 	Listen *string `toml:"listen"`
 }
 
+type tomlFleet struct {
+	RedisURL    *string `toml:"redis_url"`
+	Name        *string `toml:"name"`
+	Instance    *string `toml:"instance"`
+	GrantPeriod *string `toml:"grant_period"`
+	OnStoreLoss *string `toml:"on_store_loss"`
+}
+
 type tomlLog struct {
 	Level  *string `toml:"level"`
 	Format *string `toml:"format"`
@@ -166,6 +175,7 @@ var knownKeys = func() map[string]bool {
 		"throttle.write_unit_size", "throttle.state_file", "throttle.burst_ms", "throttle.max_hold", "throttle.max_item_bytes",
 		"metrics", "metrics.listen",
 		"log", "log.level", "log.format",
+		"fleet", "fleet.redis_url", "fleet.name", "fleet.instance", "fleet.grant_period", "fleet.on_store_loss",
 		"bucket", "bucket.name", "bucket.reserved", "bucket.hard_limit", "bucket.flush_enabled",
 		"user", "user.name", "user.password_hash", "user.buckets", "user.privileges",
 	} {
@@ -211,6 +221,7 @@ func parse(data []byte) (*Config, error) {
 	cfg := &Config{}
 	buildProxy(&cfg.Proxy, &raw.Proxy, &probs)
 	buildUpstream(&cfg.Upstream, &raw.Upstream, &probs)
+	buildFleet(&cfg.Fleet, &raw.Fleet, &probs)
 	buildThrottle(&cfg.Throttle, &raw.Throttle, &probs)
 	cfg.fileNode = fileNode{capacity: cfg.Throttle.Capacity, defaults: cfg.Throttle.Defaults}
 

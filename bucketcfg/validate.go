@@ -316,3 +316,45 @@ func isDNSName(s string) bool {
 	}
 	return true
 }
+
+// Fleet defaults and bounds.
+const (
+	defaultFleetName   = "default"
+	defaultGrantPeriod = time.Second
+	MinGrantPeriod     = 100 * time.Millisecond
+	MaxGrantPeriod     = time.Minute
+)
+
+func buildFleet(f *FleetConfig, raw *tomlFleet, probs *problems) {
+	f.RedisURL = strOr(raw.RedisURL, "")
+	if f.RedisURL != "" && !strings.HasPrefix(f.RedisURL, "redis://") && !strings.HasPrefix(f.RedisURL, "rediss://") {
+		probs.addf("fleet.redis_url", `must start with "redis://" or "rediss://", got %s`, echo.Quote(f.RedisURL))
+	}
+	f.Name = strOr(raw.Name, defaultFleetName)
+	if err := CheckBucketName(f.Name); err != nil || len(f.Name) > 100 {
+		probs.addf("fleet.name", "must be 1 to 100 bytes of A-Z a-z 0-9 . _ %% -, got %s", echo.Quote(f.Name))
+	}
+	f.Instance = strOr(raw.Instance, "")
+	for i := 0; i < len(f.Instance); i++ {
+		if c := f.Instance[i]; c <= ' ' || c == '|' || c >= 0x7f || len(f.Instance) > 200 {
+			probs.addf("fleet.instance", "must be at most 200 bytes of printable ASCII without spaces or '|', got %s", echo.Quote(f.Instance))
+			break
+		}
+	}
+	f.GrantPeriod = defaultGrantPeriod
+	if raw.GrantPeriod != nil {
+		d, err := time.ParseDuration(*raw.GrantPeriod)
+		switch {
+		case err != nil:
+			probs.addf("fleet.grant_period", `invalid duration %s (write for example "1s" or "500ms")`, echo.Quote(*raw.GrantPeriod))
+		case d < MinGrantPeriod || d > MaxGrantPeriod:
+			probs.addf("fleet.grant_period", "must be from %s to %s, got %s", MinGrantPeriod, MaxGrantPeriod, d)
+		default:
+			f.GrantPeriod = d
+		}
+	}
+	f.OnStoreLoss = strOr(raw.OnStoreLoss, "share")
+	if f.OnStoreLoss != "share" && f.OnStoreLoss != "open" {
+		probs.addf("fleet.on_store_loss", `must be "share" or "open", got %s`, echo.Quote(f.OnStoreLoss))
+	}
+}

@@ -23,6 +23,16 @@
 //	kvthrottle_upstream_up{server}                            gauge
 //	kvthrottle_upstream_request_duration_seconds{server}      histogram
 //
+// and in fleet mode (DESIGN.md section 10):
+//
+//	kvthrottle_fleet_store_up                                 gauge
+//	kvthrottle_fleet_instances                                gauge
+//	kvthrottle_fleet_grant_units{bucket}                      gauge
+//	kvthrottle_fleet_reserved_grant_units{bucket}             gauge
+//	kvthrottle_fleet_free_pool_grant_units                    gauge
+//	kvthrottle_fleet_units_per_second{bucket}                 gauge
+//	kvthrottle_fleet_sync_duration_seconds                    histogram
+//
 // plus the standard go_* and process_* collectors and
 // promhttp_metric_handler_errors_total{cause} (scrape errors).
 package metrics
@@ -52,6 +62,14 @@ const (
 	NameUpstreamUp      = "kvthrottle_upstream_up"
 	NameUpstreamEjected = "kvthrottle_upstream_ejected"
 	NameUpstreamLatency = "kvthrottle_upstream_request_duration_seconds"
+
+	NameFleetStoreUp       = "kvthrottle_fleet_store_up"
+	NameFleetInstances     = "kvthrottle_fleet_instances"
+	NameFleetGrant         = "kvthrottle_fleet_grant_units"
+	NameFleetReservedGrant = "kvthrottle_fleet_reserved_grant_units"
+	NameFleetFreePoolGrant = "kvthrottle_fleet_free_pool_grant_units"
+	NameFleetUnitsRate     = "kvthrottle_fleet_units_per_second"
+	NameFleetSync          = "kvthrottle_fleet_sync_duration_seconds"
 )
 
 // Label names and the values of the kind label of [NameUnits].
@@ -123,6 +141,37 @@ type UpstreamSnapshot struct {
 	Ejected bool
 }
 
+// FleetSnapshot is fleet mode as one instance sees it at scrape time.
+type FleetSnapshot struct {
+	// StoreUp is true when the last call to the store succeeded.
+	StoreUp bool
+	// Instances is the number of instances alive at the last contact.
+	Instances int
+	// FreePoolGrant is this instance's share of the fleet's free pool, in
+	// units per second; +Inf (or negative) when unlimited.
+	FreePoolGrant float64
+}
+
+// FleetBucket is one bucket's fleet figures at scrape time, in units per
+// second; +Inf (or negative) for an unlimited share.
+type FleetBucket struct {
+	Name string
+	// HardLimitGrant and ReservedGrant are the shares of the bucket's fleet
+	// hard limit and reservation this instance enforces now.
+	HardLimitGrant, ReservedGrant float64
+	// FleetUnitsPerSecond is the whole fleet's usage over the last grant
+	// period; negative until known (then not exported).
+	FleetUnitsPerSecond float64
+}
+
+// FleetSource is implemented by a Source that may run in fleet mode; its
+// methods follow the rules of Source.
+type FleetSource interface {
+	// AppendFleet reports fleet mode and appends one FleetBucket per
+	// bucket to dst; ok is false outside fleet mode (nothing is exported).
+	AppendFleet(dst []FleetBucket) (snap FleetSnapshot, out []FleetBucket, ok bool)
+}
+
 // Source is the proxy's side of the metrics: it is read when Prometheus
 // scrapes, from the HTTP server's goroutines, possibly by several scrapes at
 // once, so every method must be safe for concurrent use with the proxy's event
@@ -152,6 +201,7 @@ type Metrics struct {
 	reg      *prometheus.Registry
 	wait     *prometheus.HistogramVec
 	upstream *prometheus.HistogramVec
+	sync     prometheus.Histogram
 	scrape   http.Handler // /metrics
 
 	mu  sync.Mutex
@@ -177,6 +227,11 @@ func New(src Source) *Metrics {
 			Buckets: upstreamBuckets,
 		}, []string{LabelServer}),
 	}
+	m.sync = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    NameFleetSync,
+		Help:    "Time in seconds of each call to the fleet store (fleet mode only).",
+		Buckets: upstreamBuckets,
+	})
 	cs := []prometheus.Collector{
 		m.wait,
 		m.upstream,
@@ -185,6 +240,9 @@ func New(src Source) *Metrics {
 	}
 	if src != nil {
 		cs = append(cs, newSourceCollector(src))
+		if fs, ok := src.(FleetSource); ok {
+			cs = append(cs, &fleetCollector{src: fs, sync: m.sync})
+		}
 	}
 	m.reg.MustRegister(cs...)
 	m.scrape = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
@@ -229,6 +287,11 @@ func (m *Metrics) UpstreamObserver(server string) prometheus.Observer {
 	}
 	return o
 }
+
+// FleetSyncObserver returns kvthrottle_fleet_sync_duration_seconds; Observe
+// takes a store call's duration in seconds. It is exported only when the
+// Source is a FleetSource in fleet mode.
+func (m *Metrics) FleetSyncObserver() prometheus.Observer { return m.sync }
 
 // ForgetBucket drops the per-bucket histogram series of a removed bucket. The
 // gauges and counters need no forgetting: they come from the [Source] and
@@ -363,4 +426,75 @@ func limit(v float64) float64 {
 		return math.Inf(1)
 	}
 	return v
+}
+
+var (
+	descFleetStoreUp = prometheus.NewDesc(NameFleetStoreUp,
+		"Whether the last call to the fleet store succeeded: 1 yes, 0 no (boolean).", nil, nil)
+	descFleetInstances = prometheus.NewDesc(NameFleetInstances,
+		"Instances of the fleet alive at the last contact with the store (count of instances).", nil, nil)
+	descFleetGrant = prometheus.NewDesc(NameFleetGrant,
+		"This instance's current share of the bucket's fleet hard limit, in units per second; +Inf when unlimited.",
+		[]string{LabelBucket}, nil)
+	descFleetReservedGrant = prometheus.NewDesc(NameFleetReservedGrant,
+		"This instance's current share of the bucket's fleet reservation, in units per second; +Inf when unlimited.",
+		[]string{LabelBucket}, nil)
+	descFleetFreePoolGrant = prometheus.NewDesc(NameFleetFreePoolGrant,
+		"This instance's current share of the fleet's free pool, in units per second; +Inf when unlimited.", nil, nil)
+	descFleetUnitsRate = prometheus.NewDesc(NameFleetUnitsRate,
+		"Units the whole fleet charged to the bucket per second over the last grant period.",
+		[]string{LabelBucket}, nil)
+)
+
+// fleetCollector exports fleet mode's figures; it exports nothing (not even
+// the sync histogram) outside fleet mode.
+type fleetCollector struct {
+	src  FleetSource
+	sync prometheus.Histogram
+
+	mu      sync.Mutex
+	buckets []FleetBucket
+}
+
+// Describe implements prometheus.Collector.
+func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descFleetStoreUp, descFleetInstances, descFleetGrant,
+		descFleetReservedGrant, descFleetFreePoolGrant, descFleetUnitsRate} {
+		ch <- d
+	}
+	c.sync.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	snap, buckets, ok := c.src.AppendFleet(c.buckets[:0])
+	c.buckets = buckets
+	if !ok {
+		return
+	}
+	send := func(d *prometheus.Desc, v float64, labels ...string) {
+		m, err := prometheus.NewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		if err != nil {
+			m = prometheus.NewInvalidMetric(d, err)
+		}
+		ch <- m
+	}
+	up := 0.0
+	if snap.StoreUp {
+		up = 1
+	}
+	send(descFleetStoreUp, up)
+	send(descFleetInstances, float64(snap.Instances))
+	send(descFleetFreePoolGrant, limit(snap.FreePoolGrant))
+	for _, b := range buckets {
+		send(descFleetGrant, limit(b.HardLimitGrant), b.Name)
+		send(descFleetReservedGrant, limit(b.ReservedGrant), b.Name)
+		if b.FleetUnitsPerSecond >= 0 {
+			send(descFleetUnitsRate, b.FleetUnitsPerSecond, b.Name)
+		}
+	}
+	clear(c.buckets)
+	c.sync.Collect(ch)
 }

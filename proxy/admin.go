@@ -88,11 +88,13 @@ func (srv *Server) SetBucketThrottle(name string, bt bucketcfg.BucketThrottle, w
 	if before == nil || srv.ten.Load().bucket(name) == nil {
 		return &adminError{binary.StatusKeyEnoent, "no such bucket"}
 	}
-	next := srv.state.Clone()
-	if err := next.SetBucket(name, bt); err != nil {
-		return &adminError{binary.StatusEinval, err.Error()}
-	}
-	if err := srv.commit(next); err != nil {
+	err := srv.change(func(next *bucketcfg.State) error {
+		if err := next.SetBucket(name, bt); err != nil {
+			return &adminError{binary.StatusEinval, err.Error()}
+		}
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	srv.log.Info().Str("user", who).Str("bucket", name).Str("before", before.Throttle.String()).
@@ -107,11 +109,13 @@ func (srv *Server) SetNodeThrottle(nt bucketcfg.NodeThrottle, who string) error 
 	srv.adminMu.Lock()
 	defer srv.adminMu.Unlock()
 	cur := srv.ten.Load().cfg
-	next := srv.state.Clone()
-	if err := next.SetNode(nt, cur); err != nil {
-		return &adminError{binary.StatusEinval, err.Error()}
-	}
-	if err := srv.commit(next); err != nil {
+	err := srv.change(func(next *bucketcfg.State) error {
+		if err := next.SetNode(nt, cur); err != nil {
+			return &adminError{binary.StatusEinval, err.Error()}
+		}
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	after := srv.ten.Load().cfg
@@ -121,6 +125,23 @@ func (srv *Server) SetNodeThrottle(nt bucketcfg.NodeThrottle, who string) error 
 		Msg("node throttle properties changed")
 	srv.warnOvercommit(after)
 	return nil
+}
+
+// change applies change to a copy of the runtime state and makes the result
+// the state in force: persisted, then applied. In fleet mode the change is
+// made to the fleet's state document in the store first (fleetChange), and
+// reaches the other instances at their next sync. The caller holds adminMu.
+func (srv *Server) change(change func(next *bucketcfg.State) error) error {
+	if srv.fleet != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
+		defer cancel()
+		return srv.fleetChange(ctx, change)
+	}
+	next := srv.state.Clone()
+	if err := change(next); err != nil {
+		return err
+	}
+	return srv.commit(next)
 }
 
 // commit persists next and applies it. The caller holds adminMu.
@@ -140,10 +161,10 @@ func (srv *Server) commit(next *bucketcfg.State) error {
 // apply makes eff the configuration in force on every loop. The caller
 // holds adminMu.
 func (srv *Server) apply(eff *bucketcfg.Config) error {
-	if err := srv.throttle.SetCapacity(eff.Throttle.Capacity); err != nil {
+	if err := srv.throttle.SetCapacity(srv.localCapacity(eff)); err != nil {
 		return fmt.Errorf("capacity: %w", err)
 	}
-	ten, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs)
+	ten, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs, srv.localLimits)
 	srv.ten.Store(ten)
 	srv.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.recheckSessions))
@@ -199,9 +220,24 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	if err := srv.pool.Update(poolConfig(cfg)); err != nil {
 		return fmt.Errorf("reload: %w", err) // not reached: validated above
 	}
+	prevFile := srv.file
 	srv.file = cfg
 	if err := srv.apply(eff); err != nil {
 		return fmt.Errorf("reload: %w", err)
+	}
+	if srv.fleet != nil {
+		// The file's changed limits become the fleet's, as admin
+		// changes do (and override the state like them).
+		if change := fileLimitChanges(prevFile, cfg); change != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
+			err := srv.fleetChange(ctx, change)
+			cancel()
+			if err != nil {
+				srv.log.Warn().Err(err).Msg("reload: the file's changed limits did not reach the fleet store; reload again once it is back")
+			} else {
+				eff = srv.ten.Load().cfg
+			}
+		}
 	}
 	srv.log.Info().Str("config", cfg.Path()).Int("buckets", len(eff.Buckets)).Int("users", len(eff.Users)).Msg("configuration reloaded")
 	srv.warnOvercommit(eff)
@@ -394,5 +430,45 @@ func (srv *Server) flushBuckets(batch []flushReq) error {
 		b.setEpoch(e)
 		srv.log.Info().Str("bucket", b.name).Uint64("epoch", e).Msg("bucket flushed")
 	}
+	if srv.fleet != nil {
+		// The other instances move to the new namespace at their next
+		// sync. A store that cannot be reached does not fail the FLUSH:
+		// the epochs go to the store once it is back.
+		ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
+		defer cancel()
+		if err := srv.fleetChange(ctx, func(*bucketcfg.State) error { return nil }); err != nil {
+			srv.fleet.pushEpochs = true
+		}
+	}
 	return nil
+}
+
+// fileLimitChanges returns a change that writes the throttle values that
+// differ between two configuration files (capacity, defaults, limits a
+// bucket sets itself) into a state as overrides; nil when none differ.
+func fileLimitChanges(prev, next *bucketcfg.Config) func(*bucketcfg.State) error {
+	var set []func(*bucketcfg.State)
+	if c := next.Throttle.Capacity; c != prev.Throttle.Capacity {
+		set = append(set, func(st *bucketcfg.State) { st.Capacity = &c })
+	}
+	if d := next.Throttle.Defaults; d != prev.Throttle.Defaults {
+		set = append(set, func(st *bucketcfg.State) { st.Defaults = &d })
+	}
+	for _, b := range next.Buckets {
+		old := prev.Bucket(b.Name)
+		if old == nil || !(b.ReservedSet || b.HardLimitSet) || old.Throttle == b.Throttle {
+			continue
+		}
+		name, bt := b.Name, b.Throttle
+		set = append(set, func(st *bucketcfg.State) { st.Buckets[name] = bt })
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	return func(st *bucketcfg.State) error {
+		for _, f := range set {
+			f(st)
+		}
+		return nil
+	}
 }

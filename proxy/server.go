@@ -117,9 +117,12 @@ type Server struct {
 
 	wakeDelay delayHist // how late held sessions are woken
 
-	logAuthFail logSample // refused SASL AUTHs
-	logBadInput logSample // malformed frames, text-protocol clients
-	logUpDown   perKeyLog // upstream connections down, per server
+	logAuthFail  logSample // refused SASL AUTHs
+	logBadInput  logSample // malformed frames, text-protocol clients
+	logUpDown    perKeyLog // upstream connections down, per server
+	logFleetSync logSample // failed fleet syncs
+
+	fleet *fleetLink // fleet mode (fleet.go); nil for a single instance
 
 	jobs      jobGroup             // off-loop work (offloop.go, the FLUSH writer): password checks, state writes, refusal delays
 	flushes   flushQueue           // FLUSHes waiting for their state file write
@@ -215,7 +218,10 @@ func New(opts Options) (*Server, error) {
 	if !opts.NoMetrics {
 		s.metrics = metrics.New(s)
 	}
-	ten, err := buildTenants(eng, eff, nil, s.metrics, st.Epochs)
+	if err := s.openFleet(cfg); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	ten, err := buildTenants(eng, eff, nil, s.metrics, st.Epochs, s.localLimits)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: buckets: %w", err)
 	}
@@ -272,6 +278,8 @@ func (s *Server) Serve() error {
 	defer stopAuth()
 	s.pool.Start()
 	defer s.pool.Close()
+	s.startFleet()
+	defer s.stopFleet()
 	err := gnet.Run(s, "tcp://"+s.opts.listen,
 		gnet.WithMulticore(true),
 		gnet.WithNumEventLoop(s.opts.eventLoops),

@@ -4,6 +4,7 @@ import (
 	"sort"
 
 	"github.com/kvthrottle/kvthrottle/metrics"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // The Server is the metrics.Source of its metrics: everything is read from
@@ -19,10 +20,11 @@ func (srv *Server) AppendBuckets(dst []metrics.BucketSnapshot) []metrics.BucketS
 			continue
 		}
 		st := b.tb.Stats()
+		res, hard := ten.limits(name, st)
 		dst = append(dst, metrics.BucketSnapshot{
 			Name:        name,
-			Reserved:    st.Reserved.Float64(),
-			HardLimit:   st.HardLimit.Float64(),
+			Reserved:    res.Float64(),
+			HardLimit:   hard.Float64(),
 			Commands:    st.Commands,
 			ReadUnits:   b.readUnits.Load(),
 			WriteUnits:  b.writeUnits.Load(),
@@ -36,11 +38,46 @@ func (srv *Server) AppendBuckets(dst []metrics.BucketSnapshot) []metrics.BucketS
 	return dst
 }
 
-// NodeCapacity implements metrics.Source.
-func (srv *Server) NodeCapacity() float64 { return srv.throttle.Capacity().Float64() }
+// NodeCapacity implements metrics.Source: the capacity in force (in fleet
+// mode the fleet's, not this instance's share).
+func (srv *Server) NodeCapacity() float64 { return srv.ten.Load().cfg.Throttle.Capacity.Float64() }
 
-// FreePool implements metrics.Source.
-func (srv *Server) FreePool() float64 { return srv.throttle.FreePool().Float64() }
+// FreePool implements metrics.Source, like NodeCapacity.
+func (srv *Server) FreePool() float64 { return freePool(srv.ten.Load().cfg).Float64() }
+
+// limits returns a bucket's limits in force: in fleet mode the fleet's
+// (the engine enforces this instance's shares), else the engine's. st is
+// the bucket's engine stats.
+func (t *tenants) limits(name string, st throttle.Stats) (reserved, hard throttle.Limit) {
+	if bc := t.cfg.Bucket(name); bc != nil {
+		return bc.Throttle.Reserved, bc.Throttle.HardLimit
+	}
+	return st.Reserved, st.HardLimit
+}
+
+var _ metrics.FleetSource = (*Server)(nil)
+
+// AppendFleet implements metrics.FleetSource.
+func (srv *Server) AppendFleet(dst []metrics.FleetBucket) (metrics.FleetSnapshot, []metrics.FleetBucket, bool) {
+	if srv.fleet == nil {
+		return metrics.FleetSnapshot{}, dst, false
+	}
+	g := srv.fleet.fl.Grants()
+	ten := srv.ten.Load()
+	snap := metrics.FleetSnapshot{StoreUp: g.StoreUp(), Instances: g.Instances(), FreePoolGrant: g.FreePool(freePool(ten.cfg)).Float64()}
+	start := len(dst)
+	for _, bc := range ten.cfg.Buckets {
+		res, hard := g.Limits(bc.Name, bc.Throttle.Reserved, bc.Throttle.HardLimit)
+		fb := metrics.FleetBucket{Name: bc.Name, HardLimitGrant: hard.Float64(), ReservedGrant: res.Float64(), FleetUnitsPerSecond: -1}
+		if bg, ok := g.Bucket(bc.Name); ok {
+			fb.FleetUnitsPerSecond = bg.FleetUnitsPerSecond
+		}
+		dst = append(dst, fb)
+	}
+	added := dst[start:]
+	sort.Slice(added, func(i, j int) bool { return added[i].Name < added[j].Name })
+	return snap, dst, true
+}
 
 // AppendUpstreams implements metrics.Source.
 func (srv *Server) AppendUpstreams(dst []metrics.UpstreamSnapshot) []metrics.UpstreamSnapshot {

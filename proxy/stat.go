@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvthrottle/kvthrottle/fleet"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
@@ -94,11 +95,23 @@ func (s *session) generalStats() [][2]string {
 // session may see (admins: all; others: their own).
 func (s *session) throttleStats() [][2]string {
 	srv := s.lp.srv
-	kv := [][2]string{
-		{"node:capacity", srv.throttle.Capacity().String()},
-		{"node:free_pool", srv.throttle.FreePool().String()},
-	}
 	ten := srv.ten.Load()
+	kv := [][2]string{
+		{"node:capacity", ten.cfg.Throttle.Capacity.String()},
+		{"node:free_pool", freePool(ten.cfg).String()},
+	}
+	var grants *fleet.Grants
+	if fs, ok := srv.Fleet(); ok {
+		grants = srv.fleet.fl.Grants()
+		kv = append(kv,
+			[2]string{"fleet:instance", fs.Instance},
+			[2]string{"fleet:store_up", strconv.FormatBool(fs.StoreUp)},
+			[2]string{"fleet:fallback", strconv.FormatBool(fs.Fallback)},
+			[2]string{"fleet:instances", strconv.Itoa(fs.Instances)},
+			[2]string{"node:local_capacity", srv.throttle.Capacity().String()},
+			[2]string{"node:local_free_pool", srv.throttle.FreePool().String()},
+		)
+	}
 	var bs []*bucket
 	if s.isAdmin() {
 		for name := range ten.buckets {
@@ -117,9 +130,10 @@ func (s *session) throttleStats() [][2]string {
 		st := b.tb.Stats()
 		p := "bucket:" + name + ":"
 		u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+		res, hard := ten.limits(name, st)
 		kv = append(kv,
-			[2]string{p + "reserved", st.Reserved.String()},
-			[2]string{p + "hard_limit", st.HardLimit.String()},
+			[2]string{p + "reserved", res.String()},
+			[2]string{p + "hard_limit", hard.String()},
 			[2]string{p + "units_per_sec", strconv.FormatInt(int64(st.UnitsPerSecond+0.5), 10)},
 			[2]string{p + "units_total", u(st.Units)},
 			[2]string{p + "read_units_total", u(b.readUnits.Load())},
@@ -130,6 +144,15 @@ func (s *session) throttleStats() [][2]string {
 			[2]string{p + "held_sessions", strconv.Itoa(st.Waiting)},
 			[2]string{p + "connections", strconv.FormatInt(b.conns.Load(), 10)},
 		)
+		if grants != nil {
+			// This instance's shares, and the whole fleet's usage.
+			kv = append(kv,
+				[2]string{p + "local_reserved", st.Reserved.String()},
+				[2]string{p + "local_hard_limit", st.HardLimit.String()})
+			if bg, ok := grants.Bucket(name); ok && bg.FleetUnitsPerSecond >= 0 {
+				kv = append(kv, [2]string{p + "fleet_units_per_sec", strconv.FormatInt(int64(bg.FleetUnitsPerSecond+0.5), 10)})
+			}
+		}
 	}
 	return kv
 }

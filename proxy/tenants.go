@@ -76,11 +76,12 @@ func (t *tenants) bucket(name string) *bucket {
 // their state; new buckets start in namespace epochs[name]. Buckets of prev
 // missing from eff are removed from the engine and marked gone (their
 // sessions notice through recheckSessions). The caller holds adminMu.
-func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m *metrics.Metrics, epochs map[string]uint64) (*tenants, error) {
+func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m *metrics.Metrics, epochs map[string]uint64,
+	local func(name string, reserved, hard throttle.Limit) (throttle.Limit, throttle.Limit)) (*tenants, error) {
 	t := &tenants{cfg: eff, buckets: make(map[string]*bucket, len(eff.Buckets))}
 	var errs []error
 	for _, bc := range eff.Buckets {
-		res, hard := bc.Throttle.Reserved, bc.Throttle.HardLimit
+		res, hard := local(bc.Name, bc.Throttle.Reserved, bc.Throttle.HardLimit)
 		if prev != nil {
 			if old := prev.buckets[bc.Name]; old != nil {
 				if err := old.tb.SetLimits(res, hard); err != nil {

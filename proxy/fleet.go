@@ -1,0 +1,407 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/fleet"
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
+
+// fleetLink is the proxy's side of fleet mode (DESIGN.md section 10): the
+// Fleet that keeps this instance's shares of the fleet's limits, and the
+// version of the fleet's state document in force here.
+//
+// In fleet mode the configuration in force (the file with the state
+// document's overrides) holds the fleet's limits; the throttle engine
+// enforces this instance's shares of them (localLimits). The state
+// document lives in the store; the state file is this instance's copy,
+// used when it starts while the store is down.
+type fleetLink struct {
+	fl       *fleet.Fleet
+	store    *fleet.Store
+	instance string
+
+	// Guarded by the Server's adminMu.
+	version    int64 // the state document version in force here
+	pushEpochs bool  // local namespace epochs ahead of the store's
+	storeUp    bool  // as of the last sync, for logging changes
+}
+
+// fleetTimeout bounds a store round trip made for an admin change.
+const fleetTimeout = 2 * time.Second
+
+// openFleet sets up fleet mode when the configuration names a store. The
+// store is first contacted by startFleet.
+func (srv *Server) openFleet(cfg *bucketcfg.Config) error {
+	fc := cfg.Fleet
+	if fc.RedisURL == "" {
+		return nil
+	}
+	policy, err := fleet.ParseLossPolicy(fc.OnStoreLoss)
+	if err != nil {
+		return err
+	}
+	instance := fc.Instance
+	if instance == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "localhost"
+		}
+		instance = host + "/" + cfg.Proxy.Listen
+	}
+	store, err := fleet.OpenStore(fc.RedisURL, fc.Name)
+	if err != nil {
+		return err
+	}
+	link := &fleetLink{store: store, instance: instance, storeUp: true}
+	link.fl, err = fleet.New(fleet.Config{
+		Store:       store,
+		Instance:    instance,
+		Period:      fc.GrantPeriod,
+		OnStoreLoss: policy,
+	}, fleet.Hooks{
+		Usage:   srv.fleetUsage,
+		State:   srv.adoptFleetState,
+		Seed:    srv.fleetSeed,
+		Granted: srv.applyGrants,
+		Synced:  srv.fleetSynced,
+	})
+	if err != nil {
+		_ = store.Close()
+		return err
+	}
+	srv.fleet = link
+	return nil
+}
+
+// startFleet makes the first sync (so that the instance serves with its
+// shares, not the whole limits) and starts the Fleet's goroutine.
+func (srv *Server) startFleet() {
+	if srv.fleet == nil {
+		return
+	}
+	srv.fleet.fl.Start()
+	srv.log.Info().Str("instance", srv.fleet.instance).Dur("grant_period", srv.fleet.fl.Period()).
+		Bool("store_up", srv.fleet.fl.Grants().StoreUp()).Msg("fleet mode")
+}
+
+// stopFleet stops the Fleet's goroutine and closes the store.
+func (srv *Server) stopFleet() {
+	if srv.fleet == nil {
+		return
+	}
+	srv.fleet.fl.Close()
+	_ = srv.fleet.store.Close()
+}
+
+// localLimits returns what the engine enforces here for a bucket whose
+// limits in force are reserved and hard: the same outside fleet mode, this
+// instance's shares in it.
+func (srv *Server) localLimits(name string, reserved, hard throttle.Limit) (throttle.Limit, throttle.Limit) {
+	if srv.fleet == nil {
+		return reserved, hard
+	}
+	return srv.fleet.fl.Grants().Limits(name, reserved, hard)
+}
+
+// localCapacity returns the capacity the engine enforces here: the node's
+// outside fleet mode; in it, this instance's shares of the reservations
+// plus its share of the free pool.
+func (srv *Server) localCapacity(eff *bucketcfg.Config) throttle.Limit {
+	c := eff.Throttle.Capacity
+	if srv.fleet == nil || c == throttle.Unlimited {
+		return c
+	}
+	g := srv.fleet.fl.Grants()
+	fp, ok := g.FreePool(freePool(eff)).Finite()
+	if !ok {
+		return throttle.Unlimited
+	}
+	sum := fp
+	for _, b := range eff.Buckets {
+		r, _ := srv.localLimits(b.Name, b.Throttle.Reserved, b.Throttle.HardLimit)
+		if n, ok := r.Finite(); ok {
+			sum += n
+		}
+	}
+	return throttle.Limit(min(sum, throttle.MaxUnits))
+}
+
+// freePool is the free pool of the configuration in force: the capacity
+// less the finite reservations, at least 0.
+func freePool(eff *bucketcfg.Config) throttle.Limit {
+	c, ok := eff.Throttle.Capacity.Finite()
+	if !ok {
+		return throttle.Unlimited
+	}
+	for _, b := range eff.Buckets {
+		if r, ok := b.Throttle.Reserved.Finite(); ok {
+			c -= r
+		}
+	}
+	return throttle.Limit(max(0, c))
+}
+
+// fleetUsage reports the buckets in force to the Fleet.
+func (srv *Server) fleetUsage(dst []fleet.Usage) (fleet.Node, []fleet.Usage) {
+	ten := srv.ten.Load()
+	for _, bc := range ten.cfg.Buckets {
+		b := ten.bucket(bc.Name)
+		if b == nil {
+			continue
+		}
+		st := b.tb.Stats()
+		dst = append(dst, fleet.Usage{
+			Name: bc.Name, Reserved: bc.Throttle.Reserved, HardLimit: bc.Throttle.HardLimit,
+			Units: st.Units, Rejected: st.Rejected, Waiting: st.Waiting,
+		})
+	}
+	return fleet.Node{Capacity: ten.cfg.Throttle.Capacity, FreePool: freePool(ten.cfg)}, dst
+}
+
+// applyGrants puts new shares in force on the engine and wakes the held
+// sessions, whose wait may now be shorter.
+func (srv *Server) applyGrants(g *fleet.Grants) {
+	srv.adminMu.Lock()
+	eff := srv.ten.Load().cfg
+	changed := srv.enforce(eff)
+	link := srv.fleet
+	if link.storeUp != g.StoreUp() {
+		link.storeUp = g.StoreUp()
+		if g.StoreUp() {
+			srv.log.Info().Int("instances", g.Instances()).Msg("fleet store reachable again")
+		} else {
+			srv.log.Warn().Msg("fleet store unreachable; keeping the last grants")
+		}
+	}
+	push := link.pushEpochs && g.StoreUp()
+	srv.adminMu.Unlock()
+	if g.Fallback() {
+		srv.log.Warn().Int("instances", g.Instances()).Str("on_store_loss", srv.file.Fleet.OnStoreLoss).
+			Msg("fleet store lost for 3 grant periods; enforcing the loss policy")
+	}
+	if changed {
+		srv.wakeHeld()
+	}
+	if push {
+		srv.pushFleetEpochs()
+	}
+}
+
+// enforce sets the engine's limits from eff and the shares in force, and
+// reports whether any changed. The caller holds adminMu.
+func (srv *Server) enforce(eff *bucketcfg.Config) bool {
+	changed := false
+	ten := srv.ten.Load()
+	for _, bc := range eff.Buckets {
+		b := ten.bucket(bc.Name)
+		if b == nil {
+			continue
+		}
+		res, hard := srv.localLimits(bc.Name, bc.Throttle.Reserved, bc.Throttle.HardLimit)
+		if r0, h0 := b.tb.Limits(); r0 == res && h0 == hard {
+			continue
+		}
+		if err := b.tb.SetLimits(res, hard); err != nil {
+			srv.log.Error().Err(err).Str("bucket", bc.Name).Msg("could not apply the fleet's grant")
+			continue
+		}
+		changed = true
+	}
+	if c := srv.localCapacity(eff); c != srv.throttle.Capacity() {
+		if err := srv.throttle.SetCapacity(c); err != nil {
+			srv.log.Error().Err(err).Msg("could not apply the fleet's capacity grant")
+		}
+		changed = true
+	}
+	return changed
+}
+
+// fleetSynced records a sync in the metrics.
+func (srv *Server) fleetSynced(d time.Duration, err error) {
+	if srv.metrics != nil {
+		srv.metrics.FleetSyncObserver().Observe(d.Seconds())
+	}
+	if err != nil {
+		srv.logFleetSync.event(&srv.log, zerolog.WarnLevel).Err(err).Msg("fleet sync failed")
+	}
+}
+
+// fleetSeed returns this instance's state document for an empty store.
+func (srv *Server) fleetSeed() []byte {
+	srv.adminMu.Lock()
+	defer srv.adminMu.Unlock()
+	doc, err := json.Marshal(fleetDoc(srv.state))
+	if err != nil {
+		return []byte(`{"version":1}`) // not reached: a State always marshals
+	}
+	srv.log.Info().Msg("fleet store empty; seeding it with this instance's state")
+	return doc
+}
+
+// fleetDoc is st as the fleet shares it: without the buckets this instance
+// has retired (which buckets are in service is each instance's own
+// configuration).
+func fleetDoc(st *bucketcfg.State) *bucketcfg.State {
+	d := st.Clone()
+	clear(d.Retired)
+	return d
+}
+
+// parseFleetDoc reads a state document from the store.
+func parseFleetDoc(doc []byte) (*bucketcfg.State, error) {
+	st := bucketcfg.NewState()
+	if err := json.Unmarshal(doc, st); err != nil {
+		return nil, fmt.Errorf("fleet state document: %w", err)
+	}
+	return st, nil
+}
+
+// mergeFleetState returns the fleet's document as this instance keeps it:
+// the fleet's limits, each bucket's namespace epoch the later of the two
+// (a FLUSH on any instance moves the bucket everywhere), and this
+// instance's own retired buckets. ahead reports local epochs the fleet's
+// document lacks.
+func mergeFleetState(fleetSt, local *bucketcfg.State) (merged *bucketcfg.State, ahead bool) {
+	merged = fleetSt.Clone()
+	for name, e := range local.Epochs {
+		if e > merged.Epochs[name] {
+			merged.Epochs[name] = e
+			ahead = true
+		}
+	}
+	clear(merged.Retired)
+	for name := range local.Retired {
+		merged.Retired[name] = true
+	}
+	return merged, ahead
+}
+
+// adoptFleetState makes a newer fleet state document the one in force and
+// saves it as the local copy. A document that does not fit this instance's
+// configuration is logged and skipped (the instance keeps its limits).
+func (srv *Server) adoptFleetState(doc []byte, version int64) {
+	srv.adminMu.Lock()
+	link := srv.fleet
+	if version <= link.version {
+		srv.adminMu.Unlock()
+		return
+	}
+	link.version = version
+	st, err := parseFleetDoc(doc)
+	if err != nil {
+		srv.adminMu.Unlock()
+		srv.log.Error().Err(err).Int64("version", version).Msg("fleet state document refused; keeping the local state")
+		return
+	}
+	merged, ahead := mergeFleetState(st, srv.state)
+	if err := srv.commit(merged); err != nil {
+		srv.adminMu.Unlock()
+		srv.log.Error().Err(err).Int64("version", version).Msg("fleet state document refused; keeping the local state")
+		return
+	}
+	srv.syncEpochs()
+	link.pushEpochs = link.pushEpochs || ahead
+	push := link.pushEpochs
+	srv.adminMu.Unlock()
+	srv.log.Info().Int64("version", version).Msg("fleet state adopted")
+	if push {
+		srv.pushFleetEpochs()
+	}
+}
+
+// syncEpochs moves every bucket to the namespace epoch of the state in
+// force, if that is later. The caller holds adminMu.
+func (srv *Server) syncEpochs() {
+	for name, b := range srv.ten.Load().buckets {
+		if e := srv.state.Epochs[name]; e > b.gen.Load() {
+			b.setEpoch(e)
+			srv.log.Info().Str("bucket", name).Uint64("epoch", e).Msg("bucket flushed on another instance")
+		}
+	}
+}
+
+// pushFleetEpochs writes the local namespace epochs that are ahead of the
+// store's (a FLUSH made while the store was down) to the store.
+func (srv *Server) pushFleetEpochs() {
+	ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
+	defer cancel()
+	srv.adminMu.Lock()
+	defer srv.adminMu.Unlock()
+	err := srv.fleetChange(ctx, func(*bucketcfg.State) error { return nil })
+	if err != nil {
+		srv.log.Warn().Err(err).Msg("could not write the namespace epochs to the fleet store; will retry")
+		return
+	}
+	srv.fleet.pushEpochs = false
+}
+
+// fleetChange applies change to the fleet's state document in the store
+// (compare-and-set), then makes the result the state in force here. The
+// caller holds adminMu. Errors: change's own, an invalid result (Einval),
+// or the store being unreachable (Etmpfail: nothing changed anywhere).
+func (srv *Server) fleetChange(ctx context.Context, change func(*bucketcfg.State) error) error {
+	link := srv.fleet
+	var next *bucketcfg.State
+	nv, err := link.fl.Update(ctx, func(doc []byte) ([]byte, error) {
+		base := srv.state
+		if doc != nil {
+			st, err := parseFleetDoc(doc)
+			if err != nil {
+				srv.log.Error().Err(err).Msg("fleet state document unreadable; replacing it with this instance's")
+			} else {
+				base = st
+			}
+		}
+		st, _ := mergeFleetState(base, srv.state)
+		if err := change(st); err != nil {
+			return nil, err
+		}
+		if _, err := bucketcfg.Effective(srv.file, st); err != nil {
+			return nil, &adminError{binary.StatusEinval, err.Error()}
+		}
+		next = st
+		return json.Marshal(fleetDoc(st))
+	})
+	if err != nil {
+		var ae *adminError
+		if errors.As(err, &ae) {
+			return err
+		}
+		srv.log.Warn().Err(err).Msg("fleet store unavailable; change not applied")
+		return &adminError{binary.StatusEtmpfail, "fleet store unavailable; change not applied"}
+	}
+	if err := srv.commit(next); err != nil {
+		return err
+	}
+	srv.syncEpochs()
+	link.version = max(link.version, nv)
+	return nil
+}
+
+// FleetStatus is fleet mode as seen by this instance, for STAT and ctl.
+type FleetStatus struct {
+	Instance  string
+	StoreUp   bool
+	Fallback  bool
+	Instances int
+}
+
+// Fleet returns this instance's fleet status; ok is false outside fleet
+// mode. Safe from any goroutine.
+func (srv *Server) Fleet() (st FleetStatus, ok bool) {
+	if srv.fleet == nil {
+		return FleetStatus{}, false
+	}
+	g := srv.fleet.fl.Grants()
+	return FleetStatus{Instance: srv.fleet.instance, StoreUp: g.StoreUp(), Fallback: g.Fallback(), Instances: g.Instances()}, true
+}
