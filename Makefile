@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run test deps vet bench fuzz clean
+.PHONY: all build run fleet test deps vet bench fuzz clean
 
 all: build
 
@@ -24,6 +24,14 @@ deps:
 run: build
 	@scripts/deps.sh --server-only
 	@scripts/run.sh $(BIN) $(CONFIG)
+
+## fleet: build, then run a fleet on this machine in the foreground (Ctrl-C
+## stops it): redis-server on 127.0.0.1:6390 (no persistence), memcached on
+## 127.0.0.1:11290, and the three instances of deploy/fleet/ on
+## 127.0.0.1:11391..11393 sharing their limits through that Redis.
+fleet: build
+	@scripts/deps.sh --server-only
+	@scripts/fleet.sh $(BIN)
 
 ## test: install what the tests need, then vet, gofmt and every test with -race.
 test: deps vet
