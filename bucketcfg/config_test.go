@@ -419,12 +419,12 @@ func TestParseFleet(t *testing.T) {
 		t.Errorf("Fleet = %+v", cfg.Fleet)
 	}
 	for doc, want := range map[string]string{
-		"[fleet]\nredis_url = \"http://x\"\n":       "fleet.redis_url",
-		"[fleet]\nname = \"a b\"\n":                 "fleet.name",
-		"[fleet]\ninstance = \"a|b\"\n":             "fleet.instance",
-		"[fleet]\ngrant_period = \"10ms\"\n":        "fleet.grant_period",
-		"[fleet]\ngrant_period = \"soon\"\n":        "fleet.grant_period",
-		"[fleet]\non_store_loss = \"fail\"\n":       "fleet.on_store_loss",
+		"[fleet]\nredis_url = \"http://x\"\n":      "fleet.redis_url",
+		"[fleet]\nname = \"a b\"\n":                "fleet.name",
+		"[fleet]\ninstance = \"a|b\"\n":            "fleet.instance",
+		"[fleet]\ngrant_period = \"10ms\"\n":       "fleet.grant_period",
+		"[fleet]\ngrant_period = \"soon\"\n":       "fleet.grant_period",
+		"[fleet]\non_store_loss = \"fail\"\n":      "fleet.on_store_loss",
 		"[fleet]\nredis = \"redis://127.0.0.1\"\n": "fleet.redis: unknown key",
 	} {
 		_, err := Parse([]byte(doc))
