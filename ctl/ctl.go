@@ -119,7 +119,9 @@ func SetBucket(o Options, bucket string, body []byte, w io.Writer) error {
 
 // Stats reads the STAT group group ("" for the general one) and writes it
 // to w: the group "throttle" as a node summary and a table with one row per
-// bucket the user may see, sorted by name; any other group as aligned
+// bucket the user may see, sorted by name (in fleet mode with the fleet's
+// state, this instance's shares and the fleet's usage beside this
+// instance's, see formatThrottleTable); any other group as aligned
 // "key value" lines in the server's order. An unknown group, a refusal, an
 // answer that breaks the "throttle" group's contract or a network failure
 // is returned as an error for the operator.

@@ -237,3 +237,37 @@ func TestCtlStatusReasonSanitized(t *testing.T) {
 		t.Fatalf("message %q", msg)
 	}
 }
+
+func TestCtlStatsThrottleFleet(t *testing.T) {
+	f := startFleetFake(t)
+	var out bytes.Buffer
+	err := Stats(opts(f.addr, "viewer", fakeViewerPW), "throttle", &out)
+	want := "" +
+		"node capacity:  25000 units/s\n" +
+		"node free pool: 15000 units/s\n" +
+		"fleet:          3 instances, store up\n" +
+		"this instance:  proxy-a:11211, capacity 18000 units/s, free pool 10000 units/s\n" +
+		"\n" +
+		"BUCKET                   RESERVED  HARD_LIMIT  LOCAL_RES  LOCAL_HARD  UNITS/S  FLEET/S         UNITS          READ   WRITE  COMMANDS  THROTTLED  REJECTED  HELD  CONNS\n" +
+		"analytics-batch-nightly         0   unlimited          0   unlimited     2100        -  123456789012  123456000000  789012  98765432          0         0     0     12\n" +
+		"web                         10000       20000       6000       15000    14500    19800       5400000       5000000  400000   5300000       1050         7     3    250\n"
+	if err != nil || out.String() != want {
+		t.Fatalf("error %v, output:\n%s\nwant:\n%s", err, out.String(), want)
+	}
+}
+
+func TestFleetStatus(t *testing.T) {
+	for _, tc := range []struct {
+		fl   mcclient.FleetStats
+		want string
+	}{
+		{mcclient.FleetStats{Instances: 3, StoreUp: true}, "3 instances, store up"},
+		{mcclient.FleetStats{Instances: 1, StoreUp: true}, "1 instance, store up"},
+		{mcclient.FleetStats{Instances: 2}, "2 instances, store DOWN"},
+		{mcclient.FleetStats{Instances: 2, Fallback: true}, "2 instances, store DOWN, fallback (on_store_loss)"},
+	} {
+		if got := fleetStatus(&tc.fl); got != tc.want {
+			t.Errorf("fleetStatus(%+v) = %q, want %q", tc.fl, got, tc.want)
+		}
+	}
+}

@@ -24,21 +24,42 @@ func formatStats(kv [][2]string) string {
 }
 
 // formatThrottleTable returns the STAT group "throttle" as a node summary
-// and a table with one row per bucket, sorted by name.
+// and a table with one row per bucket, sorted by name. In fleet mode the
+// summary also names the fleet's state and this instance's shares, and the
+// table gains LOCAL_RES and LOCAL_HARD (this instance's shares) beside the
+// fleet's RESERVED and HARD_LIMIT, and FLEET/S (the whole fleet's usage,
+// "-" until known) beside UNITS/S (this instance's).
 func formatThrottleTable(ts mcclient.ThrottleStats) string {
 	var b strings.Builder
+	fl := ts.Fleet
 	fmt.Fprintf(&b, "node capacity:  %s units/s\n", ts.Node.Capacity)
-	fmt.Fprintf(&b, "node free pool: %s units/s\n\n", ts.Node.FreePool)
+	if fl == nil {
+		fmt.Fprintf(&b, "node free pool: %s units/s\n\n", ts.Node.FreePool)
+	} else {
+		fmt.Fprintf(&b, "node free pool: %s units/s\n", ts.Node.FreePool)
+		fmt.Fprintf(&b, "fleet:          %s\n", fleetStatus(fl))
+		fmt.Fprintf(&b, "this instance:  %s, capacity %s units/s, free pool %s units/s\n\n",
+			sanitize(fl.Instance), fl.LocalCapacity, fl.LocalFreePool)
+	}
 	buckets := slices.Clone(ts.Buckets)
 	sort.Slice(buckets, func(i, j int) bool { return buckets[i].Name < buckets[j].Name })
 	rows := [][]string{{"BUCKET", "RESERVED", "HARD_LIMIT", "UNITS/S", "UNITS", "READ", "WRITE", "COMMANDS", "THROTTLED", "REJECTED", "HELD", "CONNS"}}
+	if fl != nil {
+		rows[0] = slices.Insert(rows[0], 3, "LOCAL_RES", "LOCAL_HARD")
+		rows[0] = slices.Insert(rows[0], 6, "FLEET/S")
+	}
 	for _, bs := range buckets {
-		rows = append(rows, []string{
+		row := []string{
 			bs.Name, bs.Reserved.String(), bs.HardLimit.String(),
 			u64(bs.UnitsPerSec), u64(bs.UnitsTotal), u64(bs.ReadUnitsTotal), u64(bs.WriteUnitsTotal),
 			u64(bs.CommandsTotal), u64(bs.ThrottledTotal), u64(bs.RejectedTotal),
 			u64(bs.HeldSessions), u64(bs.Connections),
-		})
+		}
+		if fl != nil {
+			row = slices.Insert(row, 3, bs.LocalReserved.String(), bs.LocalHardLimit.String())
+			row = slices.Insert(row, 6, fleetUnits(bs))
+		}
+		rows = append(rows, row)
 	}
 	if len(buckets) == 0 {
 		b.WriteString("no buckets visible\n")
@@ -73,6 +94,32 @@ func alignTable(rows [][]string) string {
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// fleetStatus describes the fleet's state in one line: how many instances,
+// whether the store answers, and whether the on_store_loss rule applies.
+func fleetStatus(fl *mcclient.FleetStats) string {
+	s := fmt.Sprintf("%d instances", fl.Instances)
+	if fl.Instances == 1 {
+		s = "1 instance"
+	}
+	if fl.StoreUp {
+		s += ", store up"
+	} else {
+		s += ", store DOWN"
+	}
+	if fl.Fallback {
+		s += ", fallback (on_store_loss)"
+	}
+	return s
+}
+
+// fleetUnits is the fleet's usage of a bucket in units/s, "-" until known.
+func fleetUnits(bs mcclient.BucketStats) string {
+	if !bs.HasFleetUnits {
+		return "-"
+	}
+	return u64(bs.FleetUnitsPerSec)
 }
 
 // u64 formats n in decimal.

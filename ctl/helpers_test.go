@@ -35,6 +35,7 @@ type fakeProxy struct {
 	conns     map[net.Conn]struct{}
 	requests  []fakeRequest // admin requests received
 	statCalls int           // STAT throttle requests answered
+	fleet     bool          // answer STAT throttle as an instance of a fleet
 }
 
 type fakeRequest struct {
@@ -163,9 +164,13 @@ func (f *fakeProxy) serve(c net.Conn) {
 		case op == mc.OpStat && key == "throttle":
 			f.mu.Lock()
 			f.statCalls++
-			n := f.statCalls
+			n, fleet := f.statCalls, f.fleet
 			f.mu.Unlock()
-			for _, kv := range fakeThrottleStats(n) {
+			answer := fakeThrottleStats
+			if fleet {
+				answer = fakeFleetThrottleStats
+			}
+			for _, kv := range answer(n) {
 				reply(mc.StatusSuccess, kv[0], kv[1])
 			}
 			reply(mc.StatusSuccess, "", "")
@@ -201,6 +206,46 @@ func fakeThrottleStats(n int) [][2]string {
 		"units_total", "5400000", "read_units_total", "5000000", "write_units_total", "400000",
 		"commands_total", "5300000", "throttled_total", fmt.Sprint(1000+50*n), "rejected_total", "7",
 		"held_sessions", "3", "connections", "250")
+	return kv
+}
+
+// startFleetFake is startFake answering STAT throttle as an instance of a
+// fleet (fakeFleetThrottleStats).
+func startFleetFake(t *testing.T) *fakeProxy {
+	t.Helper()
+	f := startFake(t, false)
+	f.mu.Lock()
+	f.fleet = true
+	f.mu.Unlock()
+	return f
+}
+
+// fakeFleetThrottleStats is fakeThrottleStats(n) from one of 3 instances
+// of a fleet whose store is up: the node and bucket limits are the fleet's,
+// with this instance's shares beside them. The fleet's usage of web is
+// known; that of analytics-batch-nightly only from the second answer on.
+func fakeFleetThrottleStats(n int) [][2]string {
+	base := fakeThrottleStats(n)
+	kv := append([][2]string{}, base[:2]...)
+	kv = append(kv, [][2]string{
+		{"fleet:instance", "proxy-a:11211"}, {"fleet:store_up", "true"}, {"fleet:fallback", "false"},
+		{"fleet:instances", "3"}, {"node:local_capacity", "18000"}, {"node:local_free_pool", "10000"},
+	}...)
+	for _, p := range base[2:] {
+		kv = append(kv, p)
+		switch p[0] {
+		case "bucket:analytics-batch-nightly:connections":
+			kv = append(kv, [2]string{"bucket:analytics-batch-nightly:local_reserved", "0"},
+				[2]string{"bucket:analytics-batch-nightly:local_hard_limit", "unlimited"})
+			if n > 1 {
+				kv = append(kv, [2]string{"bucket:analytics-batch-nightly:fleet_units_per_sec", "3500"})
+			}
+		case "bucket:web:connections":
+			kv = append(kv, [2]string{"bucket:web:local_reserved", "6000"},
+				[2]string{"bucket:web:local_hard_limit", "15000"},
+				[2]string{"bucket:web:fleet_units_per_sec", "19800"})
+		}
+	}
 	return kv
 }
 

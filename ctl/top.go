@@ -24,6 +24,8 @@ type TopOptions struct {
 // t.Interval it reads the STAT group "throttle" and redraws a node summary
 // and one line per bucket (its use against its reservation and hard limit,
 // held commands per second, held sessions, connections), busiest first.
+// In fleet mode it adds the fleet's state and each bucket's usage by the
+// whole fleet beside this instance's (see topView.lines).
 // It stops, returning nil, when ctx is done (the caller cancels it on
 // Ctrl-C, SIGTERM or SIGHUP), when t.Iterations frames have been drawn, or
 // when writing to w fails (the terminal is gone).

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
@@ -132,5 +133,89 @@ func TestTopHuman(t *testing.T) {
 		if got := human(x); got != want {
 			t.Errorf("human(%v) = %q, want %q", x, got, want)
 		}
+	}
+}
+
+// A top frame of a fleet instance at 80 columns, once the fleet's usage of
+// every bucket is known: the fleet's line, FLEET/S right after UNITS/S,
+// and bars marking this instance's shares.
+func TestTopFleetFrame(t *testing.T) {
+	now := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	v := &topView{addr: "127.0.0.1:11211", width: 80}
+	for n := 1; n <= 2; n++ {
+		ts, err := mcclient.ParseThrottleStats(fakeFleetThrottleStats(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v.update(ts, now.Add(time.Duration(n)*time.Second))
+	}
+	got := strings.Join(v.lines("", now), "\n")
+	want := strings.Join([]string{
+		"kvthrottle top  127.0.0.1:11211                          10:00:00  Ctrl-C quits",
+		"capacity 25000/s  free pool 15000/s  fleet used 23300/s (93%)  buckets 2",
+		"fleet: 3 instances, store up  local capacity 18000/s  local used 16600/s (92%)",
+		"bar: # local use  | local reserved  : local hard limit  (full bar = 15000/s)",
+		"",
+		"BUCKET       USE            UNITS/S FLEET/S RESERVED    HARD  THR/S  HELD CONNS",
+		"web          [####|######:]   14500   19800    10000   20000     50     3   250",
+		"analytics-b~ [##..........]    2100    3500        0   unlim      0     0    12",
+	}, "\n")
+	if got != want {
+		t.Fatalf("frame:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// ctl top against a fleet instance, from wide to narrow terminals: the
+// fleet's usage is "-" until known, FLEET/S is the last number column to go
+// after UNITS/S, and no line is wider than the terminal.
+func TestCtlTopFleet(t *testing.T) {
+	t.Setenv("LINES", "")
+	for _, tc := range []struct {
+		cols int
+		hdr  []string // the number columns
+	}{
+		{132, []string{"UNITS/S", "FLEET/S", "RESERVED", "HARD", "THR/S", "HELD", "CONNS"}},
+		{80, []string{"UNITS/S", "FLEET/S", "RESERVED", "HARD", "THR/S", "HELD", "CONNS"}},
+		{50, []string{"UNITS/S", "FLEET/S", "RESERVED"}},
+		{40, []string{"UNITS/S", "FLEET/S"}},
+		{30, []string{"UNITS/S"}},
+	} {
+		t.Run(fmt.Sprint(tc.cols), func(t *testing.T) {
+			t.Setenv("COLUMNS", fmt.Sprint(tc.cols))
+			f := startFleetFake(t) // a fresh one: its first answer lacks a fleet usage
+			out, frames := topFrames(t, opts(f.addr, "admin", fakeAdminPW), TopOptions{Iterations: 2, Interval: 20 * time.Millisecond})
+			if len(frames) != 2 {
+				t.Fatalf("%d frames, want 2:\n%s", len(frames), out)
+			}
+			for i, fr := range frames {
+				t.Logf("frame %d at %d columns:\n%s", i+1, tc.cols, strings.Join(fr, "\n"))
+				all := strings.Join(fr, "\n")
+				if !strings.Contains(all, "fleet: 3 instances, store up") || !strings.Contains(all, "local capacity 18000/s") {
+					t.Errorf("frame %d lacks the fleet's line", i+1)
+				}
+				if fleetUsed := []string{"fleet used -/s", "fleet used 23300/s (93%)"}[i]; !strings.Contains(all, fleetUsed) {
+					t.Errorf("frame %d lacks %q", i+1, fleetUsed)
+				}
+				rows := map[string][]string{}
+				for j, l := range fr {
+					if n := utf8.RuneCountInString(l); n > tc.cols {
+						t.Errorf("frame %d line %d is %d columns wide: %q", i+1, j, n, l)
+					}
+					fs := strings.Fields(l)
+					if len(fs) > 2 && (fs[0] == "BUCKET" || fs[0] == "web" || strings.HasPrefix(fs[0], "analy")) {
+						rows[fs[0][:3]] = fs[2:] // after the name and the bar
+					}
+				}
+				if fmt.Sprint(rows["BUC"]) != fmt.Sprint(tc.hdr) {
+					t.Fatalf("frame %d: number columns %q, want %q", i+1, rows["BUC"], tc.hdr)
+				}
+				// UNITS/S is this instance's, FLEET/S the fleet's.
+				wantWeb := []string{"14500", "19800"}
+				wantAna := [][]string{{"2100", "-"}, {"2100", "3500"}}[i]
+				if n := min(len(tc.hdr), 2); fmt.Sprint(rows["web"][:n]) != fmt.Sprint(wantWeb[:n]) || fmt.Sprint(rows["ana"][:n]) != fmt.Sprint(wantAna[:n]) {
+					t.Errorf("frame %d: web %q, analytics %q", i+1, rows["web"], rows["ana"])
+				}
+			}
+		})
 	}
 }

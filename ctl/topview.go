@@ -55,24 +55,34 @@ func (v *topView) update(ts mcclient.ThrottleStats, now time.Time) {
 	v.stats, v.throttled, v.prevTotal, v.prevAt = ts, rates, totals, now
 }
 
-// Widths of the number columns of a bucket row, each preceded by a space.
-var topColumns = []struct {
+// topColumn is a number column of a bucket row: its title and width
+// (each column is preceded by a space).
+type topColumn struct {
 	title string
 	width int
-}{
+}
+
+// topColumns are the number columns, most important first: a narrow
+// terminal drops them from the right.
+var topColumns = []topColumn{
 	{"UNITS/S", 7}, {"RESERVED", 8}, {"HARD", 7}, {"THR/S", 6}, {"HELD", 5}, {"CONNS", 5},
 }
 
+// topFleetColumns are the number columns in fleet mode: FLEET/S (the
+// whole fleet's usage) ranks second, after this instance's UNITS/S;
+// RESERVED and HARD are then the fleet's limits.
+var topFleetColumns = slices.Insert(slices.Clone(topColumns), 1, topColumn{"FLEET/S", 7})
+
 // topLayout returns the widths of the bucket name and of the bar, and how
-// many of topColumns fit, for a line of at most usable columns. A narrow
-// terminal loses the last number columns first (UNITS/S always stays),
-// then name width.
-func topLayout(usable, longestName int) (nameW, barW, ncols int) {
+// many of cols fit, for a line of at most usable columns. A narrow
+// terminal loses the last number columns first (the first one always
+// stays), then name width.
+func topLayout(usable, longestName int, cols []topColumn) (nameW, barW, ncols int) {
 	const minName, minBar = 6, 10
-	ncols = len(topColumns)
+	ncols = len(cols)
 	fixed := func() int {
 		w := 1 // the space between name and bar
-		for _, c := range topColumns[:ncols] {
+		for _, c := range cols[:ncols] {
 			w += 1 + c.width
 		}
 		return w
@@ -95,10 +105,23 @@ func topLayout(usable, longestName int) (nameW, barW, ncols int) {
 }
 
 // lines returns the lines of one frame (without line ends or escapes),
-// each at most v.width-1 columns wide.
+// each at most v.width-1 columns wide. In fleet mode a header line gives
+// the fleet's state and this instance's capacity, FLEET/S follows
+// UNITS/S, and each bar shows this instance's usage against its own
+// shares (local reserved and hard limit).
 func (v *topView) lines(status string, now time.Time) []string {
 	usable := v.width - 1
 	ts := v.stats
+	fl := ts.Fleet
+	cols := topColumns
+	// The limits the bar marks: the instance's own in fleet mode.
+	marks := func(b mcclient.BucketStats) (reserved, hard throttle.Limit) { return b.Reserved, b.HardLimit }
+	if fl != nil {
+		cols = topFleetColumns
+		marks = func(b mcclient.BucketStats) (throttle.Limit, throttle.Limit) {
+			return b.LocalReserved, b.LocalHardLimit
+		}
+	}
 	buckets := slices.Clone(ts.Buckets)
 	slices.SortStableFunc(buckets, func(a, b mcclient.BucketStats) int {
 		switch {
@@ -111,15 +134,19 @@ func (v *topView) lines(status string, now time.Time) []string {
 			return strings.Compare(a.Name, b.Name)
 		}
 	})
-	var used, scale uint64
+	var used, fleetUsed, scale uint64
+	fleetKnown := len(buckets) > 0 // the fleet's usage of every bucket
 	longest := 0
 	for _, b := range buckets {
 		used += b.UnitsPerSec
+		fleetUsed += b.FleetUnitsPerSec
+		fleetKnown = fleetKnown && b.HasFleetUnits
 		scale = max(scale, b.UnitsPerSec)
-		if n, ok := b.HardLimit.Finite(); ok {
+		res, hard := marks(b)
+		if n, ok := hard.Finite(); ok {
 			scale = max(scale, uint64(n))
 		}
-		if n, ok := b.Reserved.Finite(); ok {
+		if n, ok := res.Finite(); ok {
 			scale = max(scale, uint64(n))
 		}
 		longest = max(longest, len(b.Name))
@@ -137,17 +164,39 @@ func (v *topView) lines(status string, now time.Time) []string {
 		"free pool " + ts.Node.FreePool.String() + "/s",
 		"used " + strconv.FormatUint(used, 10) + "/s",
 	}
-	if c, ok := ts.Node.Capacity.Finite(); ok && c > 0 {
-		parts[2] += fmt.Sprintf(" (%.0f%%)", 100*float64(used)/float64(c))
+	legend := []string{"bar: # units/s", "| reserved", ": hard limit"}
+	if fl == nil {
+		if c, ok := ts.Node.Capacity.Finite(); ok && c > 0 {
+			parts[2] += fmt.Sprintf(" (%.0f%%)", 100*float64(used)/float64(c))
+		}
+	} else {
+		// The node's limits are the fleet's: set the fleet's usage
+		// against them (once known for every bucket), and this
+		// instance's against its own share.
+		parts[2] = "fleet used -/s"
+		if fleetKnown {
+			parts[2] = "fleet used " + strconv.FormatUint(fleetUsed, 10) + "/s"
+			if c, ok := ts.Node.Capacity.Finite(); ok && c > 0 {
+				parts[2] += fmt.Sprintf(" (%.0f%%)", 100*float64(fleetUsed)/float64(c))
+			}
+		}
+		legend = []string{"bar: # local use", "| local reserved", ": local hard limit"}
 	}
 	parts = append(parts, fmt.Sprintf("buckets %d", len(buckets)))
 	out = append(out, fitParts(parts, usable)...)
-	out = append(out, fitParts([]string{"bar: # units/s", "| reserved", ": hard limit", "(full bar = " + strconv.FormatUint(scale, 10) + "/s)"}, usable)...)
+	if fl != nil {
+		here := "local used " + strconv.FormatUint(used, 10) + "/s"
+		if c, ok := fl.LocalCapacity.Finite(); ok && c > 0 {
+			here += fmt.Sprintf(" (%.0f%%)", 100*float64(used)/float64(c))
+		}
+		out = append(out, fitParts([]string{"fleet: " + fleetStatus(fl), "local capacity " + fl.LocalCapacity.String() + "/s", here}, usable)...)
+	}
+	out = append(out, fitParts(append(legend, "(full bar = "+strconv.FormatUint(scale, 10)+"/s)"), usable)...)
 	out = append(out, status)
 
-	nameW, barW, ncols := topLayout(usable, longest)
+	nameW, barW, ncols := topLayout(usable, longest, cols)
 	hdr := fmt.Sprintf("%-*s %-*s", nameW, "BUCKET", barW, "USE")
-	for _, c := range topColumns[:ncols] {
+	for _, c := range cols[:ncols] {
 		hdr += fmt.Sprintf(" %*s", c.width, c.title)
 	}
 	out = append(out, hdr)
@@ -166,13 +215,22 @@ func (v *topView) lines(status string, now time.Time) []string {
 		if r, ok := v.throttled[b.Name]; ok {
 			thr = human(r)
 		}
-		row := fmt.Sprintf("%-*s %s", nameW, truncName(b.Name, nameW), renderBar(barW, b.UnitsPerSec, b.Reserved, b.HardLimit, scale))
-		for i, val := range []string{
+		res, hard := marks(b)
+		row := fmt.Sprintf("%-*s %s", nameW, truncName(b.Name, nameW), renderBar(barW, b.UnitsPerSec, res, hard, scale))
+		vals := []string{
 			fitNumber(b.UnitsPerSec, topColumns[0].width), fitLimit(b.Reserved, topColumns[1].width),
 			fitLimit(b.HardLimit, topColumns[2].width), thr,
 			fitNumber(b.HeldSessions, topColumns[4].width), fitNumber(b.Connections, topColumns[5].width),
-		}[:ncols] {
-			row += fmt.Sprintf(" %*s", topColumns[i].width, val)
+		}
+		if fl != nil {
+			fleet := "-"
+			if b.HasFleetUnits {
+				fleet = fitNumber(b.FleetUnitsPerSec, topFleetColumns[1].width)
+			}
+			vals = slices.Insert(vals, 1, fleet)
+		}
+		for i, val := range vals[:ncols] {
+			row += fmt.Sprintf(" %*s", cols[i].width, val)
 		}
 		out = append(out, row)
 	}

@@ -3,6 +3,7 @@ package mcclient
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -121,10 +122,23 @@ func (c *Client) admin(r Request) ([]byte, error) {
 	return resp.Value, nil
 }
 
-// NodeStats is the node part of the STAT group "throttle".
+// NodeStats is the node part of the STAT group "throttle". In fleet mode
+// these are the fleet's limits.
 type NodeStats struct {
 	Capacity throttle.Limit // node:capacity
 	FreePool throttle.Limit // node:free_pool
+}
+
+// FleetStats is the fleet part of the STAT group "throttle", present only
+// when the proxy runs in fleet mode (DESIGN.md section 10).
+type FleetStats struct {
+	Instance  string // fleet:instance: this instance's name
+	StoreUp   bool   // fleet:store_up: the last exchange with the store succeeded
+	Fallback  bool   // fleet:fallback: the store is lost long enough that on_store_loss applies
+	Instances int    // fleet:instances: instances alive at the last contact
+	// This instance's shares of the node limits, in units/s.
+	LocalCapacity throttle.Limit // node:local_capacity
+	LocalFreePool throttle.Limit // node:local_free_pool
 }
 
 // BucketStats is one bucket of the STAT group "throttle" (the keys
@@ -142,11 +156,20 @@ type BucketStats struct {
 	RejectedTotal   uint64         // rejected_total: non-blocking rejections
 	HeldSessions    uint64         // held_sessions: connections held right now
 	Connections     uint64         // connections
+
+	// Fleet mode only (zero otherwise). Reserved and HardLimit above are
+	// then the fleet's limits; UnitsPerSec stays this instance's usage.
+	LocalReserved    throttle.Limit // local_reserved: this instance's share of Reserved
+	LocalHardLimit   throttle.Limit // local_hard_limit: this instance's share of HardLimit
+	FleetUnitsPerSec uint64         // fleet_units_per_sec: the fleet's usage over the last grant period
+	HasFleetUnits    bool           // whether fleet_units_per_sec was present (it is not until known)
 }
 
 // ThrottleStats is the parsed STAT group "throttle".
 type ThrottleStats struct {
 	Node NodeStats
+	// Fleet is nil outside fleet mode (no fleet:* key).
+	Fleet *FleetStats
 	// Buckets in the order of their first key in the response.
 	Buckets []BucketStats
 }
@@ -161,12 +184,15 @@ func (t *ThrottleStats) Bucket(name string) (BucketStats, bool) {
 	return BucketStats{}, false
 }
 
-// bucketFields lists the fields every bucket must report, with where each
-// one is stored.
+// bucketFields lists the fields a bucket reports, with where each one is
+// stored. Every bucket must report the fields that are not fleet; in fleet
+// mode also the fleet ones that are not optional; outside it no fleet one.
 var bucketFields = []struct {
-	name  string
-	limit func(*BucketStats) *throttle.Limit
-	count func(*BucketStats) *uint64
+	name     string
+	limit    func(*BucketStats) *throttle.Limit
+	count    func(*BucketStats) *uint64
+	fleet    bool
+	optional bool
 }{
 	{name: "reserved", limit: func(b *BucketStats) *throttle.Limit { return &b.Reserved }},
 	{name: "hard_limit", limit: func(b *BucketStats) *throttle.Limit { return &b.HardLimit }},
@@ -179,6 +205,16 @@ var bucketFields = []struct {
 	{name: "rejected_total", count: func(b *BucketStats) *uint64 { return &b.RejectedTotal }},
 	{name: "held_sessions", count: func(b *BucketStats) *uint64 { return &b.HeldSessions }},
 	{name: "connections", count: func(b *BucketStats) *uint64 { return &b.Connections }},
+	{name: "local_reserved", limit: func(b *BucketStats) *throttle.Limit { return &b.LocalReserved }, fleet: true},
+	{name: "local_hard_limit", limit: func(b *BucketStats) *throttle.Limit { return &b.LocalHardLimit }, fleet: true},
+	{name: "fleet_units_per_sec", count: func(b *BucketStats) *uint64 { return &b.FleetUnitsPerSec }, fleet: true, optional: true},
+}
+
+// fleetNodeKeys lists the node-level keys of fleet mode: all present or
+// none.
+var fleetNodeKeys = []string{
+	"fleet:instance", "fleet:store_up", "fleet:fallback", "fleet:instances",
+	"node:local_capacity", "node:local_free_pool",
 }
 
 // ParseThrottleStats parses the key/value pairs of the STAT group
@@ -198,14 +234,33 @@ var bucketFields = []struct {
 //	bucket:B:held_sessions     N
 //	bucket:B:connections       N
 //
+// and in fleet mode (DESIGN.md section 10) also, into ThrottleStats.Fleet
+// and the Local and Fleet fields of each bucket:
+//
+//	fleet:instance                 NAME (not empty)
+//	fleet:store_up                 "true" | "false"
+//	fleet:fallback                 "true" | "false"
+//	fleet:instances                N
+//	node:local_capacity            N | "unlimited"
+//	node:local_free_pool           N | "unlimited"
+//	bucket:B:local_reserved        N | "unlimited"
+//	bucket:B:local_hard_limit      N | "unlimited"
+//	bucket:B:fleet_units_per_sec   N   (optional: absent until known)
+//
 // N is ASCII decimal. It is strict, so that the proxy's tests can use it to
 // check the contract: both node keys and every field of every bucket must be
 // present exactly once, limits must parse with [throttle.ParseLimit], and
-// bucket names must pass [bucketcfg.CheckBucketName]. Keys with other prefixes and
-// unknown fields of a bucket are ignored (the contract may grow).
+// bucket names must pass [bucketcfg.CheckBucketName]. The six fleet node
+// keys come all together or not at all; with them every bucket must also
+// carry local_reserved and local_hard_limit, without them no bucket may
+// carry a fleet field. Keys with other prefixes (other fleet:* keys
+// included) and unknown fields of a bucket are ignored (the contract may
+// grow).
 func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 	var ts ThrottleStats
 	var haveCap, haveFree bool
+	var fl FleetStats
+	fleetSeen := map[string]bool{}
 	index := map[string]int{}     // bucket name -> position in ts.Buckets
 	seen := map[string]struct{}{} // full keys, to refuse duplicates
 	fieldIdx := map[string]int{}  // field name -> position in bucketFields
@@ -230,6 +285,45 @@ func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 			} else {
 				ts.Node.FreePool, haveFree = l, true
 			}
+		case key == "node:local_capacity" || key == "node:local_free_pool":
+			l, err := throttle.ParseLimit(val)
+			if err != nil {
+				return ThrottleStats{}, fmt.Errorf("throttle stats: %s: %v", key, err)
+			}
+			if key == "node:local_capacity" {
+				fl.LocalCapacity = l
+			} else {
+				fl.LocalFreePool = l
+			}
+			fleetSeen[key] = true
+		case key == "fleet:instance":
+			if val == "" {
+				return ThrottleStats{}, fmt.Errorf("throttle stats: %s is empty", key)
+			}
+			fl.Instance = val
+			fleetSeen[key] = true
+		case key == "fleet:store_up" || key == "fleet:fallback":
+			var b bool
+			switch val {
+			case "true":
+				b = true
+			case "false":
+			default:
+				return ThrottleStats{}, fmt.Errorf("throttle stats: %s: want true or false, got %q", key, val)
+			}
+			if key == "fleet:store_up" {
+				fl.StoreUp = b
+			} else {
+				fl.Fallback = b
+			}
+			fleetSeen[key] = true
+		case key == "fleet:instances":
+			n, err := parseCount(val)
+			if err != nil || n > math.MaxInt32 {
+				return ThrottleStats{}, fmt.Errorf("throttle stats: %s: want a decimal number, got %q", key, val)
+			}
+			fl.Instances = int(n)
+			fleetSeen[key] = true
 		case strings.HasPrefix(key, "bucket:"):
 			rest := key[len("bucket:"):]
 			colon := strings.LastIndexByte(rest, ':')
@@ -265,6 +359,9 @@ func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 					return ThrottleStats{}, fmt.Errorf("throttle stats: %s: want a decimal number, got %q", key, val)
 				}
 				*f.count(b) = n
+				if field == "fleet_units_per_sec" {
+					b.HasFleetUnits = true
+				}
 			}
 			counts[bi][fi]++
 		}
@@ -275,10 +372,26 @@ func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 	if !haveFree {
 		return ThrottleStats{}, errors.New("throttle stats: missing node:free_pool")
 	}
+	fleetMode := len(fleetSeen) > 0
+	if fleetMode {
+		var missing []string
+		for _, k := range fleetNodeKeys {
+			if !fleetSeen[k] {
+				missing = append(missing, k)
+			}
+		}
+		if len(missing) > 0 {
+			return ThrottleStats{}, fmt.Errorf("throttle stats: fleet mode but missing %s", strings.Join(missing, ", "))
+		}
+		ts.Fleet = &fl
+	}
 	for bi, b := range ts.Buckets {
 		var missing []string
 		for fi, f := range bucketFields {
-			if counts[bi][fi] == 0 {
+			switch {
+			case f.fleet && !fleetMode && counts[bi][fi] > 0:
+				return ThrottleStats{}, fmt.Errorf("throttle stats: bucket %q has the fleet field %s without the fleet:* node keys", b.Name, f.name)
+			case counts[bi][fi] == 0 && (!f.fleet || (fleetMode && !f.optional)):
 				missing = append(missing, f.name)
 			}
 		}
