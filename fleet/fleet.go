@@ -119,6 +119,7 @@ type Fleet struct {
 	lastSync time.Duration
 	samples  demandSamples
 	prev     map[string]counters
+	base     map[string]uint64 // units counted before the epoch began
 	fleetRef map[string]fleetCount
 	buf      []Usage
 
@@ -154,14 +155,18 @@ func New(cfg Config, h Hooks) (*Fleet, error) {
 		cfg:      cfg,
 		hooks:    h,
 		clock:    cfg.Clock,
-		epoch:    strconv.FormatInt(time.Now().UnixNano(), 36),
+		epoch:    newEpoch(),
 		prev:     make(map[string]counters),
+		base:     make(map[string]uint64),
 		fleetRef: make(map[string]fleetCount),
 		known:    -1,
 	}
 	f.grants.Store(&Grants{policy: cfg.OnStoreLoss, live: 1})
 	return f, nil
 }
+
+// newEpoch names a new run of running totals: the wall clock in ns.
+func newEpoch() string { return strconv.FormatInt(time.Now().UnixNano(), 36) }
 
 // CheckInstance reports whether name can name an instance in the store.
 func CheckInstance(name string) error {
@@ -259,6 +264,14 @@ func (f *Fleet) exchange(ctx context.Context) error {
 		if _, _, err = f.cfg.Store.Seed(ctx, f.hooks.Seed()); err != nil {
 			return err
 		}
+		// A new store: a new epoch whose running totals start now, so
+		// that it counts only what is used from now on.
+		f.epoch = newEpoch()
+		for i, u := range usage {
+			f.base[u.Name] = u.Units
+			req.buckets[i].cum = 0
+		}
+		req.epoch = f.epoch
 		f.seq++
 		req.seq = f.seq
 		rep, err = f.cfg.Store.sync(ctx, req)
@@ -354,7 +367,7 @@ func (f *Fleet) Update(ctx context.Context, change func(doc []byte) ([]byte, err
 
 // Dimensions of the protocol.
 const (
-	samplesPerPeriod = 10 // waiting callers sampled this often per period
+	samplesPerPeriod = 20 // waiting callers sampled this often per period
 	lossAfter        = 3  // periods a lost store's last grants stay in force
 	growth           = 1.25
 	headroom         = 2 // units/s an idle instance asks for each bucket
@@ -388,9 +401,12 @@ func (f *Fleet) request(node Node, usage []Usage, now time.Duration) *syncReques
 		waiting := f.samples.mean(u.Name)
 		rejected := seen && u.Rejected > prev.rejected
 		d := demand(rate, waiting, rejected)
+		if u.Units < f.base[u.Name] {
+			f.base[u.Name] = 0 // the bucket was created again
+		}
 		req.buckets = append(req.buckets, bucketDemand{
 			name: u.Name, reserved: limitArg(u.Reserved), hard: limitArg(u.HardLimit),
-			cum: u.Units, cap: d.cap, weight: d.weight,
+			cum: u.Units - f.base[u.Name], cap: d.cap, weight: d.weight,
 		})
 		// The free pool: what each bucket wants beyond its reservation,
 		// at most its hard limit less its reservation.

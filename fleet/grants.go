@@ -142,13 +142,13 @@ func (d *demandSamples) add(usage []Usage) {
 	}
 }
 
-// mean is the mean of the latest half period's samples.
+// mean is the mean of the latest period's samples.
 func (d *demandSamples) mean(name string) float64 {
 	c := d.count[name]
 	if c == nil || d.n == 0 {
 		return 0
 	}
-	k := min(d.n, samplesPerPeriod/2)
+	k := min(d.n, samplesPerPeriod)
 	sum := 0
 	for j := 1; j <= k; j++ {
 		sum += int(c[(d.n-j)%samplesPerPeriod])

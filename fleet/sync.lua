@@ -9,7 +9,7 @@
 -- that one calls and lowers its own. Time is Redis's (TIME), in ms.
 --
 -- KEYS[1] config  hash: version, state (the fleet's state document, JSON)
--- KEYS[2] members hash: instance -> "lastseen_ms epoch seq"
+-- KEYS[2] members hash: instance -> "lastseen_ms epoch seq lease_ms"
 -- KEYS[3] entries hash: bucket.."|"..instance -> "cap weight res hard cum";
 --                       "|"..instance (the free pool) -> "cap weight fp"
 -- KEYS[4] usage   hash: bucket -> units used by the whole fleet, ever
@@ -50,7 +50,8 @@ local fresh = true
 local raw = redis.call('HGETALL', KEYS[2])
 for i = 1, #raw, 2 do
   local name, rec = raw[i], raw[i + 1]
-  local lastseen, ep, sq = string.match(rec, '^(%S+) (%S+) (%S+)$')
+  local lastseen, ep, sq, ls = string.match(rec, '^(%S+) (%S+) (%S+) ?(%S*)$')
+  local itsLease = tonumber(ls) or lease
   if name == inst then
     if ep == epoch then
       if tonumber(sq) >= seq then
@@ -58,7 +59,7 @@ for i = 1, #raw, 2 do
       end
       fresh = false
     end
-  elseif tonumber(lastseen) + lease >= now then
+  elseif tonumber(lastseen) + itsLease >= now then
     others[#others + 1] = name
   elseif tonumber(lastseen) + forget < now then
     -- Gone for long: forget the instance and its entries. (An instance
@@ -72,7 +73,7 @@ for i = 1, #raw, 2 do
     end
   end
 end
-redis.call('HSET', KEYS[2], inst, string.format('%.0f', now) .. ' ' .. epoch .. ' ' .. ARGV[3])
+redis.call('HSET', KEYS[2], inst, string.format('%.0f', now) .. ' ' .. epoch .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
 
 -- share returns the caller's part of limit among the demands (caps[1],
 -- ws[1] are the caller's): weighted max-min, where a demand that is
@@ -108,10 +109,15 @@ local function share(limit, caps, ws)
   return mine + rem * ws[1] / wsum
 end
 
--- grant computes and clamps the caller's share of limit. field(j) names
--- the entry of instance j; an entry is parsed into {cap, weight, ...} and
--- grantAt is the position of the share it holds of this limit.
-local function grant(limit, cap, weight, entryField, grantAt)
+-- grant computes and clamps the caller's share of limit. entryField(j)
+-- names the entry of instance j; an entry is parsed into {cap, weight,
+-- ...} and grantAt is the position of the share it holds of this limit;
+-- cur is the caller's share so far (-1: none). A saturated caller whose
+-- new share would be lower than its share so far by at most a tenth keeps
+-- it: demand measured from waiting callers is noisy, and every share that
+-- moves is unused for up to a period (the instance giving it up lowers at
+-- once, the one taking it raises at its next call).
+local function grant(limit, cap, weight, entryField, grantAt, cur)
   if limit < 0 then return -1 end
   local caps, ws = {cap}, {weight}
   local held = 0
@@ -130,6 +136,7 @@ local function grant(limit, cap, weight, entryField, grantAt)
     end
   end
   local g = math.floor(share(limit, caps, ws))
+  if cap < 0 and g < cur and g >= cur - cur / 10 then g = cur end
   local room = limit - held
   if g > room then g = room end
   if g < 0 then g = 0 end
@@ -156,17 +163,17 @@ for _ = 1, nb do
   a = a + 6
   local self = name .. '|' .. inst
   local used = cum
-  if not fresh then
-    local old = redis.call('HGET', KEYS[3], self)
-    if old then
-      local prev = fields(old)[5]
-      if cum >= prev then used = cum - prev end
-    end
+  local curRes, curHard = -1, -1
+  local old = redis.call('HGET', KEYS[3], self)
+  if old then
+    local e = fields(old)
+    curRes, curHard = e[3], e[4]
+    if not fresh and cum >= e[5] then used = cum - e[5] end
   end
   local total = redis.call('HINCRBY', KEYS[4], name, used)
   local function field(other) return name .. '|' .. other end
-  local res = grant(reserved, cap, w, field, 3)
-  local hrd = grant(hard, cap, w, field, 4)
+  local res = grant(reserved, cap, w, field, 3, curRes)
+  local hrd = grant(hard, cap, w, field, 4, curHard)
   if hrd >= 0 and res > hrd then res = hrd end
   redis.call('HSET', KEYS[3], self, string.format('%.0f %.3f %.0f %.0f %.0f', cap, w, res, hrd, cum))
   reply[#reply + 1] = name
@@ -176,7 +183,10 @@ for _ = 1, nb do
 end
 
 local fpCap, fpW = tonumber(ARGV[7]), weight(ARGV[8])
-local fp = grant(tonumber(ARGV[6]), fpCap, fpW, function(other) return '|' .. other end, 3)
+local curFp = -1
+local oldFp = redis.call('HGET', KEYS[3], '|' .. inst)
+if oldFp then curFp = fields(oldFp)[3] end
+local fp = grant(tonumber(ARGV[6]), fpCap, fpW, function(other) return '|' .. other end, 3, curFp)
 redis.call('HSET', KEYS[3], '|' .. inst, string.format('%.0f %.3f %.0f', fpCap, fpW, fp))
 reply[6] = fp
 return reply

@@ -1,0 +1,426 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// Fleet mode end to end: a real redis-server, one memcached, three proxies
+// in this process, saturating clients. Rates are measured from the
+// engines' own unit counters, sampled once a second.
+
+// fleetTest is a fleet of proxies sharing one store and one memcached.
+type fleetTest struct {
+	t      *testing.T
+	redis  *testmc.Redis
+	mc     *testmc.Server
+	tail   string // buckets and users, shared by every instance
+	period string
+	insts  []*testProxy
+	tcs    []testConfig
+}
+
+func newFleetTest(t *testing.T, tail, period string) *fleetTest {
+	return &fleetTest{t: t, redis: testmc.StartRedis(t), mc: testmc.Start(t), tail: tail, period: period}
+}
+
+// start adds instance i (or restarts it with its earlier state file) with
+// proxy lines proxyLines (e.g. its default bucket).
+func (f *fleetTest) start(i int, proxyLines string) *testProxy {
+	f.t.Helper()
+	for len(f.insts) <= i {
+		f.insts = append(f.insts, nil)
+		f.tcs = append(f.tcs, testConfig{})
+	}
+	tc := f.tcs[i]
+	if tc.statePath == "" {
+		tc = testConfig{
+			proxy:     proxyLines,
+			throttle:  `capacity = "unlimited"`,
+			statePath: filepath.Join(f.t.TempDir(), "state.json"),
+			loops:     1,
+			tail: f.tail + fmt.Sprintf("[fleet]\nredis_url = %q\nname = \"test\"\ninstance = \"i%d\"\ngrant_period = %q\n",
+				f.redis.URL(), i, f.period),
+		}
+		f.tcs[i] = tc
+	}
+	p := startProxyTo(f.t, f.mc, tc)
+	f.insts[i] = p
+	return p
+}
+
+// units returns each instance's running total of units of bucket.
+func (f *fleetTest) units(bucket string) []float64 {
+	out := make([]float64, len(f.insts))
+	for i, p := range f.insts {
+		if p == nil {
+			continue
+		}
+		if b := p.Engine().Bucket(bucket); b != nil {
+			out[i] = float64(b.Stats().Units)
+		}
+	}
+	return out
+}
+
+// load drives saturating closed-loop clients: each connection SETs 1-unit
+// values as fast as the proxy lets it. Errors (any status but success, or
+// a connection failure) are counted: fleet mode must never cause one.
+type load struct {
+	errs atomic.Int64
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	stop map[int][]chan struct{} // per instance
+}
+
+func newLoad() *load { return &load{stop: map[int][]chan struct{}{}} }
+
+// add starts n connections to instance i at addr.
+func (l *load) add(t *testing.T, i int, addr string, n int) {
+	t.Helper()
+	for k := 0; k < n; k++ {
+		c, err := mcclient.Dial(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Timeout = 30 * time.Second
+		stop := make(chan struct{})
+		l.mu.Lock()
+		l.stop[i] = append(l.stop[i], stop)
+		l.mu.Unlock()
+		l.wg.Add(1)
+		go func(k int) {
+			defer l.wg.Done()
+			defer c.Close()
+			key := []byte(fmt.Sprintf("fleet-%d-%d", i, k))
+			val := make([]byte, 3000)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := c.Set(key, val)
+				if err != nil || r.Header.Status() != mc.StatusSuccess {
+					l.errs.Add(1)
+					if err != nil {
+						return
+					}
+				}
+			}
+		}(k)
+	}
+}
+
+// remove stops n of instance i's connections.
+func (l *load) remove(i, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k := 0; k < n && len(l.stop[i]) > 0; k++ {
+		last := len(l.stop[i]) - 1
+		close(l.stop[i][last])
+		l.stop[i] = l.stop[i][:last]
+	}
+}
+
+func (l *load) close() {
+	l.mu.Lock()
+	for _, ss := range l.stop {
+		for _, s := range ss {
+			close(s)
+		}
+	}
+	l.stop = map[int][]chan struct{}{}
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
+// window samples the units of bucket once a second for n seconds and
+// returns the per-second, per-instance deltas.
+func (f *fleetTest) window(bucket string, n int) [][]float64 {
+	out := make([][]float64, 0, n)
+	prev := f.units(bucket)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for len(out) < n {
+		<-tick.C
+		cur := f.units(bucket)
+		d := make([]float64, len(cur))
+		for i := range cur {
+			d[i] = cur[i] - prev[i]
+		}
+		out = append(out, d)
+		prev = cur
+	}
+	return out
+}
+
+func sum(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}
+
+// checkWindow checks a 10 s window of a limit: the total within +-5%, each
+// second at most +10%; it returns each instance's part of the total.
+func checkWindow(t *testing.T, what string, secs [][]float64, limit float64) []float64 {
+	t.Helper()
+	total := 0.0
+	parts := make([]float64, len(secs[0]))
+	var perSec []string
+	for _, s := range secs {
+		n := sum(s)
+		total += n
+		perSec = append(perSec, fmt.Sprintf("%.0f", n))
+		if n > limit*1.10 {
+			t.Errorf("%s: %.0f units in one second, more than %.0f +10%%", what, n, limit)
+		}
+		for i, x := range s {
+			parts[i] += x
+		}
+	}
+	rate := total / float64(len(secs))
+	t.Logf("%s: %.0f units/s (limit %.0f); per second %s; per instance %v", what, rate, limit, strings.Join(perSec, " "), parts)
+	if math.Abs(rate-limit) > limit*0.05 {
+		t.Errorf("%s: %.0f units/s over %d s, want %.0f +-5%%", what, rate, len(secs), limit)
+	}
+	for i := range parts {
+		parts[i] /= total
+	}
+	return parts
+}
+
+// fleetAdmin makes an admin change through instance p and fails the test
+// unless it succeeds.
+func fleetAdmin(t *testing.T, p *testProxy, op mc.Opcode, key, body string) {
+	t.Helper()
+	c := login(t, p.Addr, "admin")
+	defer c.Close()
+	if r := adminDo(t, c, op, key, body); r.Header.Status() != mc.StatusSuccess {
+		t.Fatalf("%v %s %s: %v %s", op, key, body, r.Header.Status(), r.Value)
+	}
+}
+
+func fleetUsers(t *testing.T) string {
+	h := hashes(t)
+	return fmt.Sprintf("[[user]]\nname = \"admin\"\npassword_hash = %q\nprivileges = [\"admin\"]\nbuckets = [\"*\"]\n", h["admin"])
+}
+
+// TestFleetHardLimitFollowsTheLoad is the issue's first scenario: a
+// bucket with hard_limit 3000, saturating clients split 6/3/1 over three
+// instances, the split flipped after 10 s. The fleet stays at 3000 +-5%
+// over each 10 s window and at most +10% in any second, and two periods
+// after the flip the instances' parts follow the load.
+func TestFleetHardLimitFollowsTheLoad(t *testing.T) {
+	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n", "1s")
+	l := newLoad()
+	defer l.close()
+	for i, n := range []int{6, 3, 1} {
+		p := f.start(i, `default_bucket = "b"`)
+		l.add(t, i, p.Addr, n)
+	}
+	f.window("b", 3) // warm-up
+	parts := checkWindow(t, "before the flip", f.window("b", 10), 3000)
+	checkSplit(t, "before the flip", parts, []float64{0.6, 0.3, 0.1})
+	l.remove(0, 5)
+	l.add(t, 2, f.insts[2].Addr, 5)
+	secs := f.window("b", 10)
+	checkWindow(t, "after the flip", secs, 3000)
+	checkSplit(t, "2 periods after the flip", partsOf(secs[2:]), []float64{0.1, 0.3, 0.6})
+	if n := l.errs.Load(); n != 0 {
+		t.Errorf("%d client errors", n)
+	}
+}
+
+func partsOf(secs [][]float64) []float64 {
+	parts := make([]float64, len(secs[0]))
+	total := 0.0
+	for _, s := range secs {
+		for i, x := range s {
+			parts[i] += x
+			total += x
+		}
+	}
+	for i := range parts {
+		parts[i] /= total
+	}
+	return parts
+}
+
+// checkSplit: each instance's part within 7 points of the clients' split
+// (closed-loop clients share an instance's rate, and the demand each
+// instance reports is its mean number of waiting clients).
+func checkSplit(t *testing.T, what string, parts, want []float64) {
+	t.Helper()
+	for i := range parts {
+		if math.Abs(parts[i]-want[i]) > 0.07 {
+			t.Errorf("%s: instance %d has %.2f of the units, want %.2f (+-0.07); all %.2f", what, i, parts[i], want[i], parts)
+		}
+	}
+}
+
+// TestFleetCapacityAndReservation: capacity 4000 set by 0x2c on one
+// instance; two unlimited buckets saturating through different instances
+// get 4000 together; then a reservation of 1000 set by 0x2a on another
+// instance is honoured for a bucket saturating through the third while the
+// others go on saturating.
+func TestFleetCapacityAndReservation(t *testing.T) {
+	tail := "[[bucket]]\nname = \"x\"\n[[bucket]]\nname = \"y\"\n[[bucket]]\nname = \"r\"\n" + fleetUsers(t)
+	f := newFleetTest(t, tail, "1s")
+	l := newLoad()
+	defer l.close()
+	for i, b := range []string{"x", "y", "r"} {
+		f.start(i, fmt.Sprintf("default_bucket = %q", b))
+	}
+	fleetAdmin(t, f.insts[0], mc.OpSetNodeThrottleProperties, "", `{"capacity": 4000}`)
+	l.add(t, 0, f.insts[0].Addr, 4)
+	l.add(t, 1, f.insts[1].Addr, 4)
+	f.window("x", 3)
+	both := func(n int) [][]float64 {
+		xs, ys := make(chan [][]float64), make(chan [][]float64)
+		go func() { xs <- f.window("x", n) }()
+		go func() { ys <- f.window("y", n) }()
+		x, y := <-xs, <-ys
+		out := make([][]float64, n)
+		for k := range out {
+			out[k] = []float64{sum(x[k]), sum(y[k])}
+		}
+		return out
+	}
+	checkWindow(t, "capacity 4000, x and y", both(10), 4000)
+
+	fleetAdmin(t, f.insts[1], mc.OpSetBucketThrottleProperties, "r", `{"reserved": 1000}`)
+	l.add(t, 2, f.insts[2].Addr, 2)
+	f.window("r", 3)
+	rs := make(chan [][]float64)
+	go func() { rs <- f.window("r", 10) }()
+	xy := both(10)
+	r := <-rs
+	rate := 0.0
+	for _, s := range r {
+		rate += sum(s) / 10
+	}
+	t.Logf("reserved bucket r: %.0f units/s (reservation 1000)", rate)
+	if rate < 1000*0.95 {
+		t.Errorf("bucket r got %.0f units/s, below its reservation 1000 -5%%", rate)
+	}
+	total := rate
+	for _, s := range xy {
+		total += sum(s) / 10
+	}
+	if total > 4000*1.05 {
+		t.Errorf("the node ran at %.0f units/s, above capacity 4000 +5%%", total)
+	}
+	if n := l.errs.Load(); n != 0 {
+		t.Errorf("%d client errors", n)
+	}
+}
+
+// TestFleetAdminChangeReachesEveryInstance: 0x2a on instance 1 is in force
+// on instance 2 within one grant period, and survives a restart of
+// instance 2 (the store, not the file, has the fleet's limits).
+func TestFleetAdminChangeReachesEveryInstance(t *testing.T) {
+	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n"+fleetUsers(t), "500ms")
+	for i := 0; i < 3; i++ {
+		f.start(i, `default_bucket = "b"`)
+	}
+	hardLimit := func(p *testProxy) string {
+		c := dial(t, p.Addr)
+		defer c.Close()
+		if err := c.AuthPlain("admin", "admin-pw"); err != nil {
+			t.Fatal(err)
+		}
+		kv, err := c.Stats("throttle")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range kv {
+			if p[0] == "bucket:b:hard_limit" {
+				return p[1]
+			}
+		}
+		return ""
+	}
+	fleetAdmin(t, f.insts[1], mc.OpSetBucketThrottleProperties, "b", `{"reserved": 0, "hard_limit": 600}`)
+	at := time.Now()
+	testmc.Eventually(t, 2*time.Second, "instance 2 enforces the new hard limit", func() bool {
+		_, h := f.insts[2].Engine().Bucket("b").Limits()
+		return h <= 600 && hardLimit(f.insts[2]) == "600"
+	})
+	if d := time.Since(at); d > 600*time.Millisecond {
+		t.Errorf("the change took %v to reach instance 2, more than one grant period (500ms)", d)
+	}
+	f.insts[2].stop(t)
+	p := f.start(2, "")
+	if got := hardLimit(p); got != "600" {
+		t.Errorf("after a restart instance 2 has hard_limit %s, want the fleet's 600", got)
+	}
+	st, err := bucketcfg.LoadState(f.tcs[2].statePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bt, ok := st.Buckets["b"]; !ok || bt.HardLimit != 600 {
+		t.Errorf("instance 2's state file has %+v for b, want the fleet's hard limit 600", st.Buckets)
+	}
+}
+
+// TestFleetStoreLoss: Redis stopped (SIGSTOP) for 5 s, then killed and
+// restarted empty. Clients see no error; the fleet stays within the
+// "share" rule (each instance a third of the limit once the store has been
+// lost for 3 periods); after the restart the store is seeded again and the
+// fleet is accurate again within 2 periods. Then an instance dies: the
+// others take its share after its lease.
+func TestFleetStoreLoss(t *testing.T) {
+	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n", "500ms")
+	l := newLoad()
+	defer l.close()
+	for i, n := range []int{6, 3, 1} {
+		p := f.start(i, `default_bucket = "b"`)
+		l.add(t, i, p.Addr, n)
+	}
+	f.window("b", 2)
+	thaw := f.redis.Freeze(t)
+	secs := f.window("b", 5)
+	thaw()
+	for k, s := range secs {
+		if n := sum(s); n > 3000*1.10 {
+			t.Errorf("store stopped, second %d: %.0f units, more than 3000 +10%%", k, n)
+		}
+	}
+	for i, p := range f.insts {
+		if g := p.fleet.fl.Grants(); !g.Fallback() {
+			t.Errorf("instance %d not in fallback after the store stopped for 5 s", i)
+		}
+	}
+	f.redis.Kill()
+	f.redis.Restart(t)
+	f.window("b", 1) // 2 periods
+	checkWindow(t, "store restarted empty", f.window("b", 5), 3000)
+
+	if n := l.errs.Load(); n != 0 {
+		t.Errorf("%d client errors", n)
+	}
+	// Instance 0 dies: its clients lose their connections (not counted);
+	// the others take its share once its lease ends.
+	l.remove(0, 6)
+	f.insts[0].stop(t)
+	f.insts[0] = nil
+	f.window("b", 2) // lease (1.25 periods) + a period
+	checkWindow(t, "instance 0 gone", f.window("b", 5), 3000)
+}
+
+var _ = context.Background
