@@ -109,31 +109,37 @@ local function share(limit, caps, ws)
   return mine + rem * ws[1] / wsum
 end
 
--- grant computes and clamps the caller's share of limit. entryField(j)
--- names the entry of instance j; an entry is parsed into {cap, weight,
--- ...} and grantAt is the position of the share it holds of this limit;
--- cur is the caller's share so far (-1: none). A saturated caller whose
--- new share would be lower than its share so far by at most a tenth keeps
--- it: demand measured from waiting callers is noisy, and every share that
--- moves is unused for up to a period (the instance giving it up lowers at
--- once, the one taking it raises at its next call).
-local function grant(limit, cap, weight, entryField, grantAt, cur)
+-- entries reads, in one command, the caller's entry (self) and those of
+-- the other live instances (prefix .. name); it returns the caller's
+-- parsed entry (or nil) and the others' (missing ones left out).
+local function entries(self, prefix)
+  local fs = {self}
+  for j, name in ipairs(others) do fs[j + 1] = prefix .. name end
+  local vals = redis.call('HMGET', KEYS[3], unpack(fs))
+  local mine = vals[1] and fields(vals[1])
+  local theirs = {}
+  for j = 2, #vals do
+    if vals[j] then theirs[#theirs + 1] = fields(vals[j]) end
+  end
+  return mine, theirs
+end
+
+-- grant computes and clamps the caller's share of limit among the others'
+-- entries ({cap, weight, ...}, the share each holds of this limit at
+-- position grantAt); cur is the caller's share so far (-1: none). A
+-- saturated caller whose new share would be lower than its share so far
+-- by at most a tenth keeps it: demand measured from waiting callers is
+-- noisy, and every share that moves is unused for up to a period (the
+-- instance giving it up lowers at once, the one taking it raises at its
+-- next call).
+local function grant(limit, cap, weight, theirs, grantAt, cur)
   if limit < 0 then return -1 end
   local caps, ws = {cap}, {weight}
   local held = 0
-  if #others > 0 then
-    local fs = {}
-    for j, name in ipairs(others) do fs[j] = entryField(name) end
-    local vals = redis.call('HMGET', KEYS[3], unpack(fs))
-    for j = 1, #others do
-      local v = vals[j]
-      if v then
-        local e = fields(v)
-        caps[#caps + 1] = e[1]
-        ws[#ws + 1] = e[2]
-        if e[grantAt] > 0 then held = held + e[grantAt] end
-      end
-    end
+  for _, e in ipairs(theirs) do
+    caps[#caps + 1] = e[1]
+    ws[#ws + 1] = e[2]
+    if e[grantAt] > 0 then held = held + e[grantAt] end
   end
   local g = math.floor(share(limit, caps, ws))
   if cap < 0 and g < cur and g >= cur - cur / 10 then g = cur end
@@ -164,16 +170,14 @@ for _ = 1, nb do
   local self = name .. '|' .. inst
   local used = cum
   local curRes, curHard = -1, -1
-  local old = redis.call('HGET', KEYS[3], self)
-  if old then
-    local e = fields(old)
-    curRes, curHard = e[3], e[4]
-    if not fresh and cum >= e[5] then used = cum - e[5] end
+  local mine, theirs = entries(self, name .. '|')
+  if mine then
+    curRes, curHard = mine[3], mine[4]
+    if not fresh and cum >= mine[5] then used = cum - mine[5] end
   end
   local total = redis.call('HINCRBY', KEYS[4], name, used)
-  local function field(other) return name .. '|' .. other end
-  local res = grant(reserved, cap, w, field, 3, curRes)
-  local hrd = grant(hard, cap, w, field, 4, curHard)
+  local res = grant(reserved, cap, w, theirs, 3, curRes)
+  local hrd = grant(hard, cap, w, theirs, 4, curHard)
   if hrd >= 0 and res > hrd then res = hrd end
   redis.call('HSET', KEYS[3], self, string.format('%.0f %.3f %.0f %.0f %.0f', cap, w, res, hrd, cum))
   reply[#reply + 1] = name
@@ -184,9 +188,9 @@ end
 
 local fpCap, fpW = tonumber(ARGV[7]), weight(ARGV[8])
 local curFp = -1
-local oldFp = redis.call('HGET', KEYS[3], '|' .. inst)
-if oldFp then curFp = fields(oldFp)[3] end
-local fp = grant(tonumber(ARGV[6]), fpCap, fpW, function(other) return '|' .. other end, 3, curFp)
+local mineFp, theirsFp = entries('|' .. inst, '|')
+if mineFp then curFp = mineFp[3] end
+local fp = grant(tonumber(ARGV[6]), fpCap, fpW, theirsFp, 3, curFp)
 redis.call('HSET', KEYS[3], '|' .. inst, string.format('%.0f %.3f %.0f', fpCap, fpW, fp))
 reply[6] = fp
 return reply

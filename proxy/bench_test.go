@@ -79,6 +79,17 @@ func BenchmarkProxyPipelined(b *testing.B) {
 	benchPipelined(b, p.Addr)
 }
 
+// BenchmarkFleetProxyPipelined is BenchmarkProxyPipelined in fleet mode
+// (a real redis-server, grant period 100 ms): admission reads only local
+// gauges, so the request path should cost the same.
+func BenchmarkFleetProxyPipelined(b *testing.B) {
+	r := testmc.StartRedis(b)
+	tail := "[[bucket]]\nname = \"default\"\nhard_limit = 100000000\n" +
+		fmt.Sprintf("[fleet]\nredis_url = %q\ninstance = \"bench\"\ngrant_period = \"100ms\"\n", r.URL())
+	p := startProxy(b, testConfig{throttle: "capacity = 100000000", loops: 1, tail: tail})
+	benchPipelined(b, p.Addr)
+}
+
 // BenchmarkDirectPipelined is the same load against memcached itself, the
 // baseline for BenchmarkProxyPipelined.
 func BenchmarkDirectPipelined(b *testing.B) {
