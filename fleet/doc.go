@@ -18,11 +18,14 @@
 // new shares, computed in the store, atomically, with Redis's own clock:
 //
 //   - Demand. A bucket whose callers wait here (a mean of at least half a
-//     caller held over the last half period, or non-blocking callers
-//     refused) is saturated: it wants all it can get, weighted by how many
-//     callers wait, as one proxy would serve them one waiting connection
-//     after another. Any other bucket wants 1.25 times its rate over the
-//     last period plus 2 units/s, with weight 1.
+//     caller held over the last period, sampled 20 times, or non-blocking
+//     callers refused) is saturated: it wants all it can get, weighted by
+//     how many callers wait, as one proxy would serve them one waiting
+//     connection after another. Any other bucket wants 1.25 times its rate
+//     over the last period plus 2 units/s, with weight 1. The free pool's
+//     demand is the sum over the instance's buckets of what each wants
+//     beyond its reservation share, at most its hard limit less its
+//     reservation.
 //   - Shares. The limit is divided by weighted max-min (water-filling): a
 //     demand below the common level gets what it asks for, the rest is split
 //     by weight, and what nobody asks for is split by weight among all, so
@@ -32,14 +35,20 @@
 //     only when the first calls and lowers its own and then the second calls:
 //     the split follows a change of load within two periods, and the sum of
 //     the shares never exceeds the limit.
+//   - Steadiness. A saturated instance whose new share would be at most a
+//     tenth below its current one keeps it. Demand measured from waiting
+//     callers is noisy, and a share that moves is unused for up to a
+//     period; without this a fleet of two saturated instances ran 7% under
+//     its capacity. A real shift of load moves more than a tenth.
 //   - Leases. An instance's shares count for one period and a quarter (at
-//     least 50 ms more) after its last call; an instance that dies strands
-//     that much of its shares and no more. An instance gone for an hour is
-//     forgotten.
-//   - Retries. Each call carries the instance's epoch (its start) and a
-//     sequence number: a call not newer than one already recorded changes
-//     nothing, and usage travels as running totals, so a lost reply never
-//     counts usage twice.
+//     least 50 ms more, each instance by its own period) after its last
+//     call; an instance that dies strands that much of its shares and no
+//     more. An instance gone for an hour is forgotten.
+//   - Retries. Each call carries the instance's epoch and a sequence
+//     number: a call not newer than one already recorded changes nothing,
+//     and usage travels as running totals since the epoch began, so a lost
+//     reply never counts usage twice. A store found empty (restarted) starts
+//     a new epoch, so it counts only what is used from then on.
 //
 // # Accuracy
 //
@@ -47,9 +56,14 @@
 // instance enforces its share with the engine's own accuracy, so the fleet
 // admits at most the limit plus one engine burst per instance. Shares move
 // to where the load is within two periods; until then the fleet may admit
-// less than its limit, never more. A limit lowered by an admin change
-// reaches every instance within one period; meanwhile each instance keeps
-// its earlier share.
+// less than its limit, never more. Two things can make it admit more, each
+// bounded: a lost reply (the script ran, the caller timed out) that
+// lowered its instance's share leaves that instance on its older share
+// until its next call, so the fleet may run over by that difference for a
+// period; and a limit lowered by an admin change reaches every instance
+// within one period, each keeping its earlier share meanwhile. Measured
+// through three real instances (proxy/fleet_test.go): a hard limit of 3000
+// split 6:3:1 and flipped within 0.5% over 10 s, at most +2% in any second.
 //
 // # Store loss
 //
@@ -59,6 +73,14 @@
 // each fleet limit as a lone instance would. The first good call puts the
 // store's shares back in force. Clients see none of it: admission never
 // waits for the store.
+//
+// The store's lease (1.25 periods) is shorter than the three periods an
+// instance keeps its shares: an instance cut off from the store alone
+// while the others reach it keeps its share while the others take it back
+// after its lease, so the fleet may run over by that share for about 1.75
+// periods, and under Share by the limit divided by the instances for as
+// long as the partition lasts. An instance that starts while the store is
+// down knows no count of instances and enforces the whole limits.
 //
 // # State
 //
