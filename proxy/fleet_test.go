@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
@@ -426,3 +428,97 @@ func TestFleetStoreLoss(t *testing.T) {
 }
 
 var _ = context.Background
+
+// fleetMetrics gathers an instance's metrics.
+func fleetMetrics(t *testing.T, p *testProxy) map[string]*dto.MetricFamily {
+	t.Helper()
+	mfs, err := p.Metrics().Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*dto.MetricFamily{}
+	for _, mf := range mfs {
+		out[mf.GetName()] = mf
+	}
+	return out
+}
+
+// TestFleetMetricsReloadAndFlush: the fleet metrics of section 10; a
+// SIGHUP reload whose file changes a limit reaches the other instances like
+// an admin change; a FLUSH on one instance empties the bucket through every
+// instance (namespaces are fleet-wide); with the store down an admin change
+// is refused with Etmpfail and changes nothing, while clients go on.
+func TestFleetMetricsReloadAndFlush(t *testing.T) {
+	bucket := "[[bucket]]\nname = \"b\"\nhard_limit = %d\nflush_enabled = true\n"
+	f := newFleetTest(t, fmt.Sprintf(bucket, 3000)+fleetUsers(t), "200ms")
+	for i := 0; i < 2; i++ {
+		f.start(i, `default_bucket = "b"`)
+	}
+	testmc.Eventually(t, 2*time.Second, "both instances see each other", func() bool {
+		return f.insts[0].fleet.fl.Grants().Instances() == 2 && f.insts[1].fleet.fl.Grants().Instances() == 2
+	})
+	mfs := fleetMetrics(t, f.insts[0])
+	if v := testmc.SeriesValue(t, mfs, "kvthrottle_fleet_store_up"); v != 1 {
+		t.Errorf("kvthrottle_fleet_store_up = %v", v)
+	}
+	if v := testmc.SeriesValue(t, mfs, "kvthrottle_fleet_instances"); v != 2 {
+		t.Errorf("kvthrottle_fleet_instances = %v", v)
+	}
+	if v := testmc.SeriesValue(t, mfs, "kvthrottle_fleet_grant_units", "bucket", "b"); v <= 0 || v > 3000 {
+		t.Errorf("kvthrottle_fleet_grant_units{bucket=b} = %v, want a share of 3000", v)
+	}
+	if v := testmc.SeriesValue(t, mfs, "kvthrottle_fleet_sync_duration_seconds"); v < 1 {
+		t.Errorf("kvthrottle_fleet_sync_duration_seconds has %v samples", v)
+	}
+	if v := testmc.SeriesValue(t, mfs, "kvthrottle_bucket_hard_limit_units", "bucket", "b"); v != 3000 {
+		t.Errorf("kvthrottle_bucket_hard_limit_units{bucket=b} = %v, want the fleet's 3000", v)
+	}
+
+	// Reload instance 0 with hard_limit 1200 in its file.
+	tc := f.tcs[0]
+	tc.tail = strings.Replace(tc.tail, fmt.Sprintf(bucket, 3000), fmt.Sprintf(bucket, 1200), 1)
+	cfg, err := bucketcfg.Parse([]byte(tc.render(f.insts[0].Addr, []string{f.mc.Addr}, tc.statePath)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.insts[0].Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	testmc.Eventually(t, time.Second, "instance 1 enforces the reloaded hard limit", func() bool {
+		_, h := f.insts[1].Engine().Bucket("b").Limits()
+		eff, _ := f.insts[1].EffectiveConfig()
+		return h <= 1200 && eff.Bucket("b").Throttle.HardLimit == 1200
+	})
+
+	// FLUSH through instance 0 empties b for instance 1's clients.
+	c1 := dial(t, f.insts[1].Addr)
+	defer c1.Close()
+	if r, err := c1.Set([]byte("k"), []byte("v")); err != nil || r.Header.Status() != mc.StatusSuccess {
+		t.Fatalf("set: %v %v", r, err)
+	}
+	c0 := dial(t, f.insts[0].Addr)
+	defer c0.Close()
+	if r, err := c0.Do(mcclient.Request{Opcode: mc.OpFlush}); err != nil || r.Header.Status() != mc.StatusSuccess {
+		t.Fatalf("FLUSH: %v %v", r, err)
+	}
+	testmc.Eventually(t, time.Second, "the flushed key is gone through instance 1", func() bool {
+		r, err := c1.Get([]byte("k"))
+		return err == nil && r.Header.Status() == mc.StatusKeyEnoent
+	})
+
+	// The store stops: admin changes are refused, clients are served.
+	f.redis.Freeze(t)
+	a := login(t, f.insts[1].Addr, "admin")
+	defer a.Close()
+	a.Timeout = 10 * time.Second
+	r := adminDo(t, a, mc.OpSetBucketThrottleProperties, "b", `{"reserved": 0, "hard_limit": 50}`)
+	if r.Header.Status() != mc.StatusEtmpfail || !strings.Contains(string(r.Value), "fleet store") {
+		t.Errorf("admin change with the store stopped: %v %q, want Etmpfail naming the fleet store", r.Header.Status(), r.Value)
+	}
+	if eff, _ := f.insts[1].EffectiveConfig(); eff.Bucket("b").Throttle.HardLimit != 1200 {
+		t.Errorf("a refused change changed the hard limit to %v", eff.Bucket("b").Throttle.HardLimit)
+	}
+	if r, err := c1.Set([]byte("k2"), []byte("v")); err != nil || r.Header.Status() != mc.StatusSuccess {
+		t.Errorf("a client's SET with the store stopped: %v %v", r, err)
+	}
+}
