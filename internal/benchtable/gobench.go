@@ -302,7 +302,9 @@ func parseBench(pkg, out, procs string) []*benchResult {
 //     that element naming AllowN ("AdmitCharge/engine/goroutines=1" with
 //     "AdmitCharge/x-time-rate-AllowN/goroutines=1");
 //   - for a top-level name starting with "Proxy", the same name starting
-//     with "Direct" (memcached without the proxy).
+//     with "Direct" (memcached without the proxy);
+//   - for a name starting with "Fleet", the same name without it (the
+//     proxy in fleet mode against the proxy alone).
 func (g *goBench) sortAndPair() {
 	for _, b := range g.results {
 		if strings.Contains(b.name, "AllowN") {
@@ -311,6 +313,14 @@ func (g *goBench) sortAndPair() {
 	}
 	for _, b := range g.results {
 		if b.refKind != "" {
+			continue
+		}
+		if rest, ok := strings.CutPrefix(b.name, "Fleet"); ok {
+			for _, r := range g.results {
+				if r.pkg == b.pkg && r.name == rest {
+					b.ref = r
+				}
+			}
 			continue
 		}
 		if rest, ok := strings.CutPrefix(b.name, "Proxy"); ok {
