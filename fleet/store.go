@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -40,19 +41,46 @@ type Store struct {
 	keys []string // config, members, entries, usage
 }
 
-// OpenStore connects to the store at url (redis:// or rediss://) for the
-// fleet called name. It does not contact the server.
-func OpenStore(url, name string) (*Store, error) {
-	opts, err := redis.ParseURL(url)
+// OpenStore connects to the store at rawURL for the fleet called name. It
+// does not contact the server. The URL takes go-redis's forms:
+//
+//   - "redis://[user:password@]host:port/db" (or rediss:// for TLS): one
+//     server;
+//   - the same with "?master_name=NAME&addr=host:port&addr=...": Redis
+//     Sentinel, the host and the addr parameters being the sentinels;
+//   - the same with "?addr=host:port&addr=..." and no master_name: Redis
+//     Cluster, the host and the addr parameters being seed nodes (every key
+//     of a fleet shares one hash tag, so one node serves a fleet's calls).
+func OpenStore(rawURL, name string) (*Store, error) {
+	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: redis_url: %w", err)
 	}
+	q := u.Query()
 	// The caller bounds every call with a context deadline; go-redis's own
 	// retries would only make a late reply later.
-	opts.MaxRetries = -1
-	opts.DialTimeout = 2 * time.Second
-	opts.ContextTimeoutEnabled = true
-	opts.PoolSize = 4
+	const retries, dial, pool = -1, 2 * time.Second, 4
+	switch {
+	case q.Has("master_name"):
+		opts, err := redis.ParseFailoverURL(rawURL)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: redis_url (Sentinel): %w", err)
+		}
+		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
+		return newStore(redis.NewFailoverClient(opts), name), nil
+	case q.Has("addr"):
+		opts, err := redis.ParseClusterURL(rawURL)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: redis_url (Cluster): %w", err)
+		}
+		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
+		return newStore(redis.NewClusterClient(opts), name), nil
+	}
+	opts, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: redis_url: %w", err)
+	}
+	opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
 	return newStore(redis.NewClient(opts), name), nil
 }
 

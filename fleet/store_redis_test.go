@@ -407,3 +407,28 @@ func TestRedisMatchesMiniredis(t *testing.T) {
 	}
 	t.Logf("%d replies agree; last: %+v", len(got), got[len(got)-1])
 }
+
+// TestOpenStoreKinds: the URL picks one server, Sentinel or Cluster.
+func TestOpenStoreKinds(t *testing.T) {
+	for url, want := range map[string]string{
+		"redis://127.0.0.1:6379/0":                                        "*redis.Client",
+		"rediss://u:p@cache.example:6380/2":                               "*redis.Client",
+		"redis://127.0.0.1:26379?master_name=main&addr=127.0.0.1:26380":   "*redis.Client",
+		"redis://127.0.0.1:7000?addr=127.0.0.1:7001&addr=127.0.0.1:7002": "*redis.ClusterClient",
+	} {
+		st, err := OpenStore(url, "t")
+		if err != nil {
+			t.Errorf("%s: %v", url, err)
+			continue
+		}
+		if got := fmt.Sprintf("%T", st.rdb); got != want {
+			t.Errorf("%s: client %s, want %s", url, got, want)
+		}
+		st.Close()
+	}
+	for _, url := range []string{"http://x", "redis://127.0.0.1:7000?addr=x&bogus=1", "redis://%zz"} {
+		if _, err := OpenStore(url, "t"); err == nil {
+			t.Errorf("%s: no error", url)
+		}
+	}
+}
