@@ -411,9 +411,9 @@ func TestRedisMatchesMiniredis(t *testing.T) {
 // TestOpenStoreKinds: the URL picks one server, Sentinel or Cluster.
 func TestOpenStoreKinds(t *testing.T) {
 	for url, want := range map[string]string{
-		"redis://127.0.0.1:6379/0":                                        "*redis.Client",
-		"rediss://u:p@cache.example:6380/2":                               "*redis.Client",
-		"redis://127.0.0.1:26379?master_name=main&addr=127.0.0.1:26380":   "*redis.Client",
+		"redis://127.0.0.1:6379/0":                                       "*redis.Client",
+		"rediss://u:p@cache.example:6380/2":                              "*redis.Client",
+		"redis://127.0.0.1:26379?master_name=main&addr=127.0.0.1:26380":  "*redis.Client",
 		"redis://127.0.0.1:7000?addr=127.0.0.1:7001&addr=127.0.0.1:7002": "*redis.ClusterClient",
 	} {
 		st, err := OpenStore(url, "t")
