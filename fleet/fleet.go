@@ -58,6 +58,11 @@ type Config struct {
 	OnStoreLoss LossPolicy
 	// Clock times periods and usage rates; nil selects a real clock.
 	Clock throttle.Clock
+	// Instances is how many instances the fleet had when this one last
+	// knew (0: unknown, taken as 1). Until the store answers it divides
+	// the limits under Share, and it keeps an empty store's first caller
+	// from taking the shares instances of its earlier life still hold.
+	Instances int
 }
 
 // Usage is what the instance reports about one of its buckets: the fleet's
@@ -84,10 +89,10 @@ type Hooks struct {
 	// Usage reports the node and appends one Usage per bucket in force to
 	// dst. It must be cheap: it runs every tenth of a period.
 	Usage func(dst []Usage) (Node, []Usage)
-	// State hands over the fleet's state document at version, newer than
-	// any passed before. The instance adopts it (and keeps its local copy)
-	// or logs why not.
-	State func(doc []byte, version int64)
+	// State hands over the fleet's state document with its token
+	// ("id:version"), different from the last one passed. The instance
+	// adopts it (and keeps its local copy) or logs why not.
+	State func(doc []byte, token string)
 	// Seed returns the document an empty store is seeded with: this
 	// instance's state.
 	Seed func() []byte
@@ -112,7 +117,7 @@ type Fleet struct {
 
 	// Owned by the sync goroutine (or the test driving syncOnce).
 	seq      int64
-	known    int64 // the version of the last state document seen
+	known    string // the token of the last state document seen
 	lastOK   time.Duration
 	contact  bool
 	lastLive int
@@ -159,14 +164,19 @@ func New(cfg Config, h Hooks) (*Fleet, error) {
 		prev:     make(map[string]counters),
 		base:     make(map[string]uint64),
 		fleetRef: make(map[string]fleetCount),
-		known:    -1,
 	}
-	f.grants.Store(&Grants{policy: cfg.OnStoreLoss, live: 1})
+	f.grants.Store(&Grants{policy: cfg.OnStoreLoss, live: max(1, cfg.Instances)})
+	f.lastLive = max(1, cfg.Instances)
 	return f, nil
 }
 
 // newEpoch names a new run of running totals: the wall clock in ns.
 func newEpoch() string { return strconv.FormatInt(time.Now().UnixNano(), 36) }
+
+// ErrNameTaken is returned (wrapped) by a sync when another live instance
+// reports under this instance's name: the instance keeps no shares of its
+// own until the name is its alone (fix the configuration).
+var ErrNameTaken = errors.New("fleet: another live instance uses this instance name")
 
 // CheckInstance reports whether name can name an instance in the store.
 func CheckInstance(name string) error {
@@ -198,8 +208,9 @@ func (f *Fleet) Start() {
 	go f.run()
 }
 
-// Close stops the sync goroutine and waits for it. The store's entries of
-// this instance expire on their own after one lease.
+// Close stops the sync goroutine, waits for it, and tells the store this
+// instance has left, so that the others take its shares at their next
+// call (if the store cannot be told, they do after its lease).
 func (f *Fleet) Close() {
 	if f.stop == nil {
 		return
@@ -207,6 +218,9 @@ func (f *Fleet) Close() {
 	close(f.stop)
 	<-f.done
 	f.stop = nil
+	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Period/2)
+	defer cancel()
+	_ = f.cfg.Store.leave(ctx, f.cfg.Instance, f.epoch)
 }
 
 func (f *Fleet) run() {
@@ -265,14 +279,15 @@ func (f *Fleet) exchange(ctx context.Context) error {
 			return err
 		}
 		// A new store: a new epoch whose running totals start now, so
-		// that it counts only what is used from now on.
+		// that it counts only what is used from now on, and whose first
+		// call may take the name back from an earlier run.
 		f.epoch = newEpoch()
 		for i, u := range usage {
 			f.base[u.Name] = u.Units
 			req.buckets[i].cum = 0
 		}
 		req.epoch = f.epoch
-		f.seq++
+		f.seq = 1
 		req.seq = f.seq
 		rep, err = f.cfg.Store.sync(ctx, req)
 	}
@@ -283,6 +298,8 @@ func (f *Fleet) exchange(ctx context.Context) error {
 	case "ok":
 	case "stale":
 		return nil // a duplicate: the grants in force stay
+	case "conflict":
+		return fmt.Errorf("%w: %q", ErrNameTaken, f.cfg.Instance)
 	default:
 		return fmt.Errorf("fleet: sync: status %q", rep.status)
 	}
@@ -290,9 +307,9 @@ func (f *Fleet) exchange(ctx context.Context) error {
 	for _, u := range usage {
 		f.prev[u.Name] = counters{u.Units, u.Rejected}
 	}
-	if rep.state != nil && rep.version > f.known {
-		f.known = rep.version
-		f.hooks.State(rep.state, rep.version)
+	if rep.state != nil && rep.token != f.known {
+		f.known = rep.token
+		f.hooks.State(rep.state, rep.token)
 	}
 	f.contact, f.lastOK, f.lastLive = true, now, rep.instances
 	f.put(f.fromReply(rep))
@@ -325,44 +342,44 @@ func (f *Fleet) put(g *Grants) {
 // Update changes the fleet's state document: change gets the document in
 // force (nil when the store holds none) and returns the new one, which is
 // written if nobody changed the document meanwhile (else change runs again
-// on the newer one, up to 8 times). It returns the new version. Errors: the
+// on the newer one, up to 8 times). It returns the new token. Errors: the
 // store's (unreachable, slow), change's own, or ErrConflict after too many
-// races. Safe from any goroutine; one round trip or three per try.
-func (f *Fleet) Update(ctx context.Context, change func(doc []byte) ([]byte, error)) (int64, error) {
+// races. Safe from any goroutine; two round trips per try.
+func (f *Fleet) Update(ctx context.Context, change func(doc []byte) ([]byte, error)) (string, error) {
 	f.updates.Lock()
 	defer f.updates.Unlock()
 	for try := 0; try < 8; try++ {
-		doc, v, ok, err := f.cfg.Store.Load(ctx)
+		doc, tok, ok, err := f.cfg.Store.Load(ctx)
 		if err != nil {
-			return 0, err
+			return "", err
 		}
 		if !ok {
 			doc = nil
 		}
 		next, err := change(doc)
 		if err != nil {
-			return 0, err
+			return "", err
 		}
 		if !ok {
-			nv, seeded, err := f.cfg.Store.Seed(ctx, next)
+			nt, seeded, err := f.cfg.Store.Seed(ctx, next)
 			if err != nil {
-				return 0, err
+				return "", err
 			}
 			if seeded {
-				return nv, nil
+				return nt, nil
 			}
 			continue
 		}
-		nv, err := f.cfg.Store.Update(ctx, v, next)
+		nt, err := f.cfg.Store.Update(ctx, tok, next)
 		if errors.Is(err, ErrConflict) {
 			continue
 		}
 		if err != nil {
-			return 0, err
+			return "", err
 		}
-		return nv, nil
+		return nt, nil
 	}
-	return 0, ErrConflict
+	return "", ErrConflict
 }
 
 // Dimensions of the protocol.
@@ -377,13 +394,14 @@ const (
 func (f *Fleet) request(node Node, usage []Usage, now time.Duration) *syncRequest {
 	f.seq++
 	req := &syncRequest{
-		instance:     f.cfg.Instance,
-		epoch:        f.epoch,
-		seq:          f.seq,
-		lease:        f.lease(),
-		knownVersion: f.known,
-		freePool:     limitArg(node.FreePool),
-		buckets:      make([]bucketDemand, 0, len(usage)),
+		instance:   f.cfg.Instance,
+		epoch:      f.epoch,
+		seq:        f.seq,
+		lease:      f.lease(),
+		knownToken: f.known,
+		hint:       f.grants.Load().live,
+		freePool:   limitArg(node.FreePool),
+		buckets:    make([]bucketDemand, 0, len(usage)),
 	}
 	elapsed := now - f.lastSync
 	if f.lastSync == 0 || elapsed <= 0 {

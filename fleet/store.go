@@ -2,11 +2,14 @@ package fleet
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -21,10 +24,14 @@ var seedLua string
 //go:embed update.lua
 var updateLua string
 
+//go:embed leave.lua
+var leaveLua string
+
 var (
 	syncScript   = redis.NewScript(syncLua)
 	seedScript   = redis.NewScript(seedLua)
 	updateScript = redis.NewScript(updateLua)
+	leaveScript  = redis.NewScript(leaveLua)
 )
 
 // ErrConflict is returned by Store.Update when the fleet's state document
@@ -54,7 +61,18 @@ type Store struct {
 func OpenStore(rawURL, name string) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // without the URL, which may hold a password
+		}
 		return nil, fmt.Errorf("fleet: redis_url: %w", err)
+	}
+	// go-redis's errors may quote the URL's parts; never the password.
+	scrub := func(err error) error {
+		if p, ok := u.User.Password(); ok && p != "" && strings.Contains(err.Error(), p) {
+			return errors.New(strings.ReplaceAll(err.Error(), p, "xxxxx"))
+		}
+		return err
 	}
 	q := u.Query()
 	// The caller bounds every call with a context deadline; go-redis's own
@@ -64,21 +82,21 @@ func OpenStore(rawURL, name string) (*Store, error) {
 	case q.Has("master_name"):
 		opts, err := redis.ParseFailoverURL(rawURL)
 		if err != nil {
-			return nil, fmt.Errorf("fleet: redis_url (Sentinel): %w", err)
+			return nil, fmt.Errorf("fleet: redis_url (Sentinel): %w", scrub(err))
 		}
 		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
 		return newStore(redis.NewFailoverClient(opts), name), nil
 	case q.Has("addr"):
 		opts, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
-			return nil, fmt.Errorf("fleet: redis_url (Cluster): %w", err)
+			return nil, fmt.Errorf("fleet: redis_url (Cluster): %w", scrub(err))
 		}
 		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
 		return newStore(redis.NewClusterClient(opts), name), nil
 	}
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("fleet: redis_url: %w", err)
+		return nil, fmt.Errorf("fleet: redis_url: %w", scrub(err))
 	}
 	opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
 	return newStore(redis.NewClient(opts), name), nil
@@ -92,51 +110,62 @@ func newStore(rdb redis.UniversalClient, name string) *Store {
 // Close closes the connections to the store.
 func (s *Store) Close() error { return s.rdb.Close() }
 
-// Load returns the fleet's state document and its version; ok is false
-// when the store holds none yet.
-func (s *Store) Load(ctx context.Context) (doc []byte, version int64, ok bool, err error) {
-	vals, err := s.rdb.HMGet(ctx, s.keys[0], "state", "version").Result()
+// Load returns the fleet's state document and its token ("id:version",
+// which changes with every change of the document and with every new life
+// of the store); ok is false when the store holds none yet.
+func (s *Store) Load(ctx context.Context) (doc []byte, token string, ok bool, err error) {
+	vals, err := s.rdb.HMGet(ctx, s.keys[0], "state", "version", "id").Result()
 	if err != nil {
-		return nil, 0, false, fmt.Errorf("fleet: load state: %w", err)
+		return nil, "", false, fmt.Errorf("fleet: load state: %w", err)
 	}
 	st, _ := vals[0].(string)
 	vs, _ := vals[1].(string)
-	if vs == "" {
-		return nil, 0, false, nil
+	id, _ := vals[2].(string)
+	if _, err := strconv.ParseInt(vs, 10, 64); err != nil {
+		return nil, "", false, nil // none, or not ours: seeding replaces it
 	}
-	v, err := strconv.ParseInt(vs, 10, 64)
-	if err != nil {
-		return nil, 0, false, fmt.Errorf("fleet: load state: bad version %q", vs)
-	}
-	return []byte(st), v, true, nil
+	return []byte(st), id + ":" + vs, true, nil
 }
 
 // Seed makes doc the fleet's state document if the store holds none, and
-// returns the version in force and whether doc was stored.
-func (s *Store) Seed(ctx context.Context, doc []byte) (version int64, seeded bool, err error) {
-	r, err := seedScript.Run(ctx, s.rdb, s.keys[:1], string(doc)).Slice()
+// returns the token in force and whether doc was stored. Each seeding
+// names a new life of the store with a random id.
+func (s *Store) Seed(ctx context.Context, doc []byte) (token string, seeded bool, err error) {
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return "", false, fmt.Errorf("fleet: seed state: %w", err)
+	}
+	r, err := seedScript.Run(ctx, s.rdb, s.keys[:1], string(doc), hex.EncodeToString(id[:])).Slice()
 	if err != nil {
-		return 0, false, fmt.Errorf("fleet: seed state: %w", err)
+		return "", false, fmt.Errorf("fleet: seed state: %w", err)
 	}
 	if len(r) != 2 {
-		return 0, false, fmt.Errorf("fleet: seed state: reply of %d elements", len(r))
+		return "", false, fmt.Errorf("fleet: seed state: reply of %d elements", len(r))
 	}
-	v, _ := r[0].(int64)
+	tok, _ := r[0].(string)
 	n, _ := r[1].(int64)
-	return v, n == 1, nil
+	return tok, n == 1, nil
 }
 
-// Update replaces the fleet's state document with doc if its version is
-// still version, and returns the new version; ErrConflict when it moved on.
-func (s *Store) Update(ctx context.Context, version int64, doc []byte) (int64, error) {
-	v, err := updateScript.Run(ctx, s.rdb, s.keys[:1], strconv.FormatInt(version, 10), string(doc)).Int64()
+// Update replaces the fleet's state document with doc if its token is
+// still token, and returns the new token; ErrConflict when it moved on.
+func (s *Store) Update(ctx context.Context, token string, doc []byte) (string, error) {
+	tok, err := updateScript.Run(ctx, s.rdb, s.keys[:1], token, string(doc)).Text()
 	if err != nil {
-		return 0, fmt.Errorf("fleet: update state: %w", err)
+		return "", fmt.Errorf("fleet: update state: %w", err)
 	}
-	if v < 0 {
-		return 0, ErrConflict
+	if tok == "" {
+		return "", ErrConflict
 	}
-	return v, nil
+	return tok, nil
+}
+
+// leave forgets instance (of this epoch) in the store.
+func (s *Store) leave(ctx context.Context, instance, epoch string) error {
+	if err := leaveScript.Run(ctx, s.rdb, s.keys, instance, epoch).Err(); err != nil {
+		return fmt.Errorf("fleet: leave: %w", err)
+	}
+	return nil
 }
 
 // syncRequest is one instance's report for one period. Limits and caps use
@@ -145,7 +174,8 @@ type syncRequest struct {
 	instance, epoch string
 	seq             int64
 	lease           time.Duration
-	knownVersion    int64
+	knownToken      string
+	hint            int // live instances the caller last knew of
 	freePool        int64
 	fpCap           int64
 	fpWeight        float64
@@ -163,11 +193,11 @@ type bucketDemand struct {
 
 // syncReply is the store's answer to a syncRequest.
 type syncReply struct {
-	status    string // "ok", "stale", "seed"
+	status    string // "ok", "stale", "seed", "conflict"
 	now       time.Duration
 	instances int
-	version   int64
-	state     []byte // the fleet's state document when version != knownVersion
+	token     string
+	state     []byte // the fleet's state document when token != knownToken
 	freePool  int64
 	buckets   []bucketGrant
 }
@@ -181,7 +211,7 @@ type bucketGrant struct {
 
 func (s *Store) sync(ctx context.Context, req *syncRequest) (*syncReply, error) {
 	args := make([]any, 0, 9+6*len(req.buckets))
-	args = append(args, req.instance, req.epoch, req.seq, req.lease.Milliseconds(), req.knownVersion,
+	args = append(args, req.instance, req.epoch, req.seq, req.lease.Milliseconds(), req.knownToken, req.hint,
 		req.freePool, req.fpCap, strconv.FormatFloat(req.fpWeight, 'f', 3, 64), len(req.buckets))
 	for _, b := range req.buckets {
 		args = append(args, b.name, b.reserved, b.hard, b.cum, b.cap, strconv.FormatFloat(b.weight, 'f', 3, 64))
@@ -214,13 +244,13 @@ func parseSyncReply(raw []any) (*syncReply, error) {
 		return bad("length")
 	}
 	n, ok1 := raw[2].(int64)
-	v, ok2 := raw[3].(int64)
+	v, ok2 := raw[3].(string)
 	st, ok3 := raw[4].(string)
 	fp, ok4 := raw[5].(int64)
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return bad("header")
 	}
-	r.instances, r.version, r.freePool = int(n), v, fp
+	r.instances, r.token, r.freePool = int(n), v, fp
 	if st != "" {
 		r.state = []byte(st)
 	}

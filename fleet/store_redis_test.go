@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -50,16 +52,26 @@ func TestRedisSeedAndLoad(t *testing.T) {
 		t.Fatalf("Load on an empty store: ok=%v err=%v, want nothing", ok, err)
 	}
 	v1, seeded, err := st.Seed(ctx, []byte(`{"a":1}`))
-	if err != nil || !seeded || v1 <= 0 {
-		t.Fatalf("first Seed: version %d seeded %v err %v", v1, seeded, err)
+	if err != nil || !seeded || tokenVersion(t, v1) <= 0 {
+		t.Fatalf("first Seed: token %q seeded %v err %v", v1, seeded, err)
 	}
 	v2, seeded, err := st.Seed(ctx, []byte(`{"b":2}`))
 	if err != nil || seeded || v2 != v1 {
-		t.Fatalf("second Seed: version %d seeded %v err %v, want %d false nil", v2, seeded, err, v1)
+		t.Fatalf("second Seed: token %q seeded %v err %v, want %q false nil", v2, seeded, err, v1)
 	}
 	doc, v, ok, err := st.Load(ctx)
 	if err != nil || !ok || v != v1 || string(doc) != `{"a":1}` {
-		t.Fatalf("Load: %q version %d ok %v err %v, want the first document at %d", doc, v, ok, err, v1)
+		t.Fatalf("Load: %q token %q ok %v err %v, want the first document at %q", doc, v, ok, err, v1)
+	}
+	// Another life of the store (emptied, seeded again) has another id:
+	// an instance that remembers the old token learns of the new document
+	// even if the version numbers collide.
+	if err := st.rdb.Del(ctx, st.keys[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	v3, seeded, err := st.Seed(ctx, []byte(`{"c":3}`))
+	if err != nil || !seeded || v3 == v1 || strings.Split(v3, ":")[0] == strings.Split(v1, ":")[0] {
+		t.Fatalf("seeding again: token %q (was %q) seeded %v err %v, want a new id", v3, v1, seeded, err)
 	}
 }
 
@@ -74,27 +86,38 @@ func TestRedisUpdateCompareAndSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	v1, err := st.Update(ctx, v0, []byte(`{"n":1}`))
-	if err != nil || v1 != v0+1 {
-		t.Fatalf("Update at the current version: %d, %v; want %d", v1, err, v0+1)
+	if err != nil || tokenVersion(t, v1) != tokenVersion(t, v0)+1 {
+		t.Fatalf("Update at the current version: %q, %v; want the version after %q", v1, err, v0)
 	}
 	if _, err := st.Update(ctx, v0, []byte(`{"n":2}`)); !errors.Is(err, ErrConflict) {
 		t.Fatalf("Update at a stale version: %v, want ErrConflict", err)
 	}
 	doc, v, _, err := st.Load(ctx)
 	if err != nil || v != v1 || string(doc) != `{"n":1}` {
-		t.Fatalf("Load: %q at %d (%v), want {\"n\":1} at %d", doc, v, err, v1)
+		t.Fatalf("Load: %q at %q (%v), want {\"n\":1} at %q", doc, v, err, v1)
 	}
 }
 
 // req builds one instance's report of one bucket "b" under hard limit
 // 3000 (no reservation, no free pool), saturated (cap -1) unless cap is
 // given.
-func req(inst, epoch string, seq int64, known int64, cum uint64, cap int64) *syncRequest {
+func req(inst, epoch string, seq int64, known string, cum uint64, cap int64) *syncRequest {
 	return &syncRequest{
-		instance: inst, epoch: epoch, seq: seq, lease: time.Minute, knownVersion: known,
+		instance: inst, epoch: epoch, seq: seq, lease: time.Minute, knownToken: known, hint: 1,
 		freePool: -1, fpCap: 0, fpWeight: 1,
 		buckets: []bucketDemand{{name: "b", reserved: 0, hard: 3000, cum: cum, cap: cap, weight: 1}},
 	}
+}
+
+// tokenVersion is the version part of a state token "id:version".
+func tokenVersion(t *testing.T, tok string) int64 {
+	t.Helper()
+	_, v, ok := strings.Cut(tok, ":")
+	n, err := strconv.ParseInt(v, 10, 64)
+	if !ok || err != nil {
+		t.Fatalf("token %q is not id:version", tok)
+	}
+	return n
 }
 
 func mustSync(t *testing.T, st *Store, r *syncRequest) *syncReply {
@@ -133,7 +156,7 @@ func TestRedisSync(t *testing.T) {
 		return n
 	}
 
-	if rep := mustSync(t, st, req("a", "e1", 1, -1, 0, -1)); rep.status != "seed" {
+	if rep := mustSync(t, st, req("a", "e1", 1, "", 0, -1)); rep.status != "seed" {
 		t.Fatalf("sync on an empty store: status %q, want seed", rep.status)
 	}
 	ver, _, err := st.Seed(ctx, []byte(`{"state":1}`))
@@ -154,9 +177,9 @@ func TestRedisSync(t *testing.T) {
 		return rep
 	}
 
-	rep := call(req("a", "e1", 1, -1, 100, -1))
-	if string(rep.state) != `{"state":1}` || rep.version != ver {
-		t.Fatalf("first sync: state %q version %d, want the seeded document at %d", rep.state, rep.version, ver)
+	rep := call(req("a", "e1", 1, "", 100, -1))
+	if string(rep.state) != `{"state":1}` || rep.token != ver {
+		t.Fatalf("first sync: state %q token %q, want the seeded document at %q", rep.state, rep.token, ver)
 	}
 	if held["a"] != 3000 {
 		t.Fatalf("a lone saturated instance got %d, want all 3000", held["a"])
@@ -209,8 +232,8 @@ func TestRedisSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep = call(req("b", "e1", 5, ver, 250, -1))
-	if rep.version != v2 || string(rep.state) != `{"state":2}` {
-		t.Fatalf("after an update: state %q version %d, want {\"state\":2} at %d", rep.state, rep.version, v2)
+	if rep.token != v2 || string(rep.state) != `{"state":2}` {
+		t.Fatalf("after an update: state %q token %q, want {\"state\":2} at %q", rep.state, rep.token, v2)
 	}
 	if rep = call(req("b", "e1", 6, v2, 250, -1)); rep.state != nil {
 		t.Fatalf("sync at the new version returned the state %q", rep.state)
@@ -242,7 +265,7 @@ func TestRedisFleetUpdateConcurrent(t *testing.T) {
 		t.Cleanup(func() { st.Close() })
 		f, err := New(Config{Store: st, Instance: fmt.Sprintf("i%d", i), Period: time.Second}, Hooks{
 			Usage:   func(dst []Usage) (Node, []Usage) { return Node{}, dst },
-			State:   func([]byte, int64) {},
+			State:   func([]byte, string) {},
 			Seed:    func() []byte { return []byte(`{}`) },
 			Granted: func(*Grants) {},
 			Synced:  func(time.Duration, error) {},
@@ -336,7 +359,7 @@ func runScenario(t *testing.T, st *Store) []scenarioStep {
 	type inst struct {
 		name, epoch string
 		seq         int64
-		known       int64
+		known       string
 		cum         [2]uint64
 	}
 	ins := []*inst{{name: "x", epoch: "1"}, {name: "y", epoch: "1"}, {name: "z", epoch: "1"}}
@@ -355,7 +378,7 @@ func runScenario(t *testing.T, st *Store) []scenarioStep {
 			}
 			w := 1 + float64(i)*0.75
 			r := &syncRequest{
-				instance: in.name, epoch: in.epoch, seq: in.seq, lease: time.Minute, knownVersion: in.known,
+				instance: in.name, epoch: in.epoch, seq: in.seq, lease: time.Minute, knownToken: in.known, hint: 1,
 				freePool: 3000, fpCap: int64(400 * (i + round)), fpWeight: w,
 				buckets: []bucketDemand{
 					{name: "a", reserved: 1000, hard: 2500, cum: in.cum[0], cap: capA, weight: w},
@@ -366,7 +389,9 @@ func runScenario(t *testing.T, st *Store) []scenarioStep {
 			if round == 3 && i == 0 { // a retry of the same report
 				rep = mustSync(t, st, r)
 			}
-			in.known = rep.version
+			if rep.state != nil {
+				in.known = rep.token
+			}
 			out = append(out, scenarioStep{rep.status, rep.instances, rep.freePool, rep.buckets, string(rep.state)})
 		}
 	}
@@ -430,5 +455,103 @@ func TestOpenStoreKinds(t *testing.T) {
 		if _, err := OpenStore(url, "t"); err == nil {
 			t.Errorf("%s: no error", url)
 		}
+	}
+}
+
+// TestOpenStoreErrorsHideThePassword: a malformed redis_url is reported
+// without the password it holds.
+func TestOpenStoreErrorsHideThePassword(t *testing.T) {
+	for _, url := range []string{
+		"redis://u:S3cretPw@127.0.0.1:63x9/0",
+		"redis://u:S3cretPw@127.0.0.1:6379/notadb",
+		"redis://u:S3cretPw@127.0.0.1:6379?addr=h:1&bogus=S3cretPw",
+	} {
+		_, err := OpenStore(url, "t")
+		if err == nil {
+			t.Errorf("%s: no error", url)
+			continue
+		}
+		if strings.Contains(err.Error(), "S3cretPw") {
+			t.Errorf("the error shows the password: %v", err)
+		}
+	}
+}
+
+// TestRedisReviewGuards: what an outside review found, each against a real
+// Redis: two live instances under one name; instances whose limits
+// disagree; records that are not the script's; an emptied store's first
+// caller while earlier instances may still hold shares.
+func TestRedisReviewGuards(t *testing.T) {
+	st, rdb := realStore(t, "guards")
+	ctx := ctx5(t)
+	tok, _, err := st.Seed(ctx, []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(r *syncRequest) string {
+		t.Helper()
+		return mustSync(t, st, r).status
+	}
+
+	// One name, two runs: a restart (seq 1) takes the name back; a second
+	// live run that is not starting gets "conflict" and changes nothing.
+	mustSync(t, st, req("a", "e1", 1, tok, 0, -1))
+	mustSync(t, st, req("a", "e1", 2, tok, 10, -1))
+	if s := status(req("a", "twin", 5, tok, 10, -1)); s != "conflict" {
+		t.Errorf("a second live run of name a: status %q, want conflict", s)
+	}
+	if s := status(req("a", "e2", 1, tok, 0, -1)); s != "ok" {
+		t.Errorf("a restart of a (seq 1): status %q, want ok", s)
+	}
+	if s := status(req("a", "e1", 3, tok, 20, -1)); s != "conflict" {
+		t.Errorf("the old run of a after the restart: status %q, want conflict", s)
+	}
+
+	// Limits that disagree: b has 6000 in its file, a 3000. The shares
+	// never add up to more than the lowest.
+	rb := req("b", "e1", 1, tok, 0, -1)
+	rb.buckets[0].hard = 6000
+	held := map[string]int64{}
+	for seq := int64(2); seq < 6; seq++ {
+		ra := req("a", "e2", seq, tok, 0, -1)
+		held["a"] = hardShare(t, mustSync(t, st, ra))
+		rb.seq = seq
+		held["b"] = hardShare(t, mustSync(t, st, rb))
+		if held["a"]+held["b"] > 3000 {
+			t.Fatalf("with limits 3000 and 6000 the shares are %v", held)
+		}
+	}
+
+	// Garbage in the fleet's keys: ignored or dropped, never fatal.
+	rdb.HSet(ctx, "{kvthrottle:guards}:members", "junk", "garbage")
+	rdb.HSet(ctx, "{kvthrottle:guards}:entries", "b|a", "x y")
+	rb.seq = 10
+	if rep := mustSync(t, st, rb); rep.status != "ok" || len(rep.buckets) != 1 {
+		t.Errorf("with junk records: %+v", rep)
+	}
+	if n, _ := rdb.HExists(ctx, "{kvthrottle:guards}:members", "junk").Result(); n {
+		t.Errorf("the junk member record was kept")
+	}
+	rdb.HSet(ctx, "{kvthrottle:guards}:config", "version", "abc")
+	rb.seq = 11
+	if s := status(rb); s != "seed" {
+		t.Errorf("with a version that is no number: status %q, want seed", s)
+	}
+	if _, seeded, err := st.Seed(ctx, []byte(`{}`)); err != nil || !seeded {
+		t.Errorf("seeding over a junk version: seeded %v, %v", seeded, err)
+	}
+
+	// The store emptied and seeded again: its first caller, which knew of
+	// three instances, takes at most a third until the others have called
+	// or a lease has passed.
+	rdb.Del(ctx, "{kvthrottle:guards}:config", "{kvthrottle:guards}:members", "{kvthrottle:guards}:entries")
+	tok, _, err = st.Seed(ctx, []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := req("c", "e1", 1, tok, 0, -1)
+	first.hint = 3
+	if got := hardShare(t, mustSync(t, st, first)); got > 1000 {
+		t.Errorf("the first caller of a reseeded store took %d of 3000, knowing of 3 instances", got)
 	}
 }

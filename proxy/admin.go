@@ -5,6 +5,7 @@ import (
 	be "encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/panjf2000/gnet/v2"
@@ -409,13 +410,39 @@ func (srv *Server) runFlushes() {
 func (srv *Server) flushBuckets(batch []flushReq) error {
 	srv.adminMu.Lock()
 	defer srv.adminMu.Unlock()
-	next := srv.state.Clone()
-	epochs := make(map[*bucket]uint64, len(batch))
+	var bs []*bucket
 	for _, r := range batch {
-		b := r.b
-		if _, ok := epochs[b]; ok {
-			continue
+		if !slices.Contains(bs, r.b) {
+			bs = append(bs, r.b)
 		}
+	}
+	if link := srv.fleet; link != nil && link.storeUp.Load() {
+		// In fleet mode the new epoch is chosen in the store, against the
+		// fleet's (compare-and-set): a FLUSH on another instance at the
+		// same time gets a later one, so neither is lost. The other
+		// instances move at their next sync.
+		ctx, cancel := context.WithTimeout(context.Background(), min(fleetTimeout, link.fl.Period()))
+		defer cancel()
+		err := srv.fleetChange(ctx, func(st *bucketcfg.State) error {
+			for _, b := range bs {
+				if cur := b.gen.Load(); st.Epochs[b.name] < cur {
+					st.Epochs[b.name] = cur
+				}
+				st.BumpEpoch(b.name)
+			}
+			return nil
+		})
+		if err == nil {
+			for _, b := range bs {
+				srv.log.Info().Str("bucket", b.name).Uint64("epoch", b.gen.Load()).Msg("bucket flushed")
+			}
+			return nil
+		}
+		srv.log.Warn().Err(err).Msg("FLUSH: the fleet store did not answer; flushing here, the store learns it later")
+	}
+	next := srv.state.Clone()
+	epochs := make(map[*bucket]uint64, len(bs))
+	for _, b := range bs {
 		if cur := b.gen.Load(); next.Epochs[b.name] < cur {
 			next.Epochs[b.name] = cur
 		}
@@ -431,14 +458,9 @@ func (srv *Server) flushBuckets(batch []flushReq) error {
 		srv.log.Info().Str("bucket", b.name).Uint64("epoch", e).Msg("bucket flushed")
 	}
 	if srv.fleet != nil {
-		// The other instances move to the new namespace at their next
-		// sync. A store that cannot be reached does not fail the FLUSH:
-		// the epochs go to the store once it is back.
-		ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
-		defer cancel()
-		if err := srv.fleetChange(ctx, func(*bucketcfg.State) error { return nil }); err != nil {
-			srv.fleet.pushEpochs = true
-		}
+		// A store that cannot be reached does not fail the FLUSH: the
+		// epochs go to the store once it is back (the later epoch wins).
+		srv.fleet.pushEpochs.Store(true)
 	}
 	return nil
 }

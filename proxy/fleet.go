@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
@@ -30,14 +32,88 @@ type fleetLink struct {
 	store    *fleet.Store
 	instance string
 
-	// Guarded by the Server's adminMu.
-	version    int64 // the state document version in force here
-	pushEpochs bool  // local namespace epochs ahead of the store's
-	storeUp    bool  // as of the last sync, for logging changes
+	storeUp    atomic.Bool  // as of the last sync (for logging changes, and FLUSH)
+	pushEpochs atomic.Bool  // local namespace epochs ahead of the store's
+	instances  atomic.Int64 // live instances last saved in hintPath
+	hintPath   string       // the state file's companion: the fleet's size
+
+	smallerSince time.Time // since when the fleet is smaller than saved (Fleet goroutine)
+
+	token string // the state document in force here ("id:version"); guarded by adminMu
 }
 
 // fleetTimeout bounds a store round trip made for an admin change.
 const fleetTimeout = 2 * time.Second
+
+// fleetHint is the state file's companion in fleet mode: how many
+// instances the fleet had at the last contact, for a start while the
+// store is down (on_store_loss "share" divides by it).
+type fleetHint struct {
+	Instances int `json:"instances"`
+}
+
+func readFleetHint(path string) int {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	var h fleetHint
+	if json.Unmarshal(data, &h) != nil || h.Instances < 0 {
+		return 0
+	}
+	return h.Instances
+}
+
+// writeFleetHint replaces the hint file atomically.
+func writeFleetHint(path string, n int) error {
+	data, _ := json.Marshal(fleetHint{Instances: n})
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o600); err != nil {
+		return fmt.Errorf("fleet hint: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("fleet hint: %w", err)
+	}
+	return nil
+}
+
+// hintShrinkAfter is how long the fleet must stay smaller before the
+// saved size shrinks: instances stopping one after another (a rolling
+// restart, or a whole fleet stopped) must not leave the last of them
+// believing it is alone.
+const hintShrinkAfter = 10 * time.Minute
+
+// noteInstances saves the fleet's size when it grows, or when it has been
+// smaller for hintShrinkAfter. Called from the Fleet's goroutine only.
+func (link *fleetLink) noteInstances(srv *Server, n int, now time.Time) {
+	saved := int(link.instances.Load())
+	switch {
+	case n == saved:
+		link.smallerSince = time.Time{}
+		return
+	case n < saved:
+		if link.smallerSince.IsZero() {
+			link.smallerSince = now
+		}
+		if now.Sub(link.smallerSince) < hintShrinkAfter {
+			return
+		}
+	}
+	link.smallerSince = time.Time{}
+	link.instances.Store(int64(n))
+	if err := writeFleetHint(link.hintPath, n); err != nil {
+		srv.log.Warn().Err(err).Msg("could not save the number of fleet instances")
+	}
+}
+
+// redisLogger sends go-redis's own messages (connection pool failures,
+// which repeat every period while the store is down) to the proxy's log at
+// debug level: the fleet's sync failures are logged, sampled, already.
+type redisLogger struct{ log zerolog.Logger }
+
+func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
+	l.log.Debug().Str("component", "redis").Msg(fmt.Sprintf(format, v...))
+}
 
 // openFleet sets up fleet mode when the configuration names a store. The
 // store is first contacted by startFleet.
@@ -60,14 +136,19 @@ func (srv *Server) openFleet(cfg *bucketcfg.Config) error {
 	}
 	store, err := fleet.OpenStore(fc.RedisURL, fc.Name)
 	if err != nil {
-		return err
+		return err // the URL is not in the error: it may hold a password
 	}
-	link := &fleetLink{store: store, instance: instance, storeUp: true}
+	redis.SetLogger(redisLogger{srv.log})
+	link := &fleetLink{store: store, instance: instance, hintPath: cfg.Throttle.StateFile + ".fleet"}
+	link.storeUp.Store(true)
+	hint := readFleetHint(link.hintPath)
+	link.instances.Store(int64(hint))
 	link.fl, err = fleet.New(fleet.Config{
 		Store:       store,
 		Instance:    instance,
 		Period:      fc.GrantPeriod,
 		OnStoreLoss: policy,
+		Instances:   hint,
 	}, fleet.Hooks{
 		Usage:   srv.fleetUsage,
 		State:   srv.adoptFleetState,
@@ -169,22 +250,27 @@ func (srv *Server) fleetUsage(dst []fleet.Usage) (fleet.Node, []fleet.Usage) {
 }
 
 // applyGrants puts new shares in force on the engine and wakes the held
-// sessions, whose wait may now be shorter.
+// sessions, whose wait may now be shorter. An admin change in progress
+// (which may wait on the store) is not waited for: it applies the shares
+// in force when it commits, and the next period's grants follow anyway.
 func (srv *Server) applyGrants(g *fleet.Grants) {
-	srv.adminMu.Lock()
-	eff := srv.ten.Load().cfg
-	changed := srv.enforce(eff)
 	link := srv.fleet
-	if link.storeUp != g.StoreUp() {
-		link.storeUp = g.StoreUp()
+	if link.storeUp.Swap(g.StoreUp()) != g.StoreUp() {
 		if g.StoreUp() {
 			srv.log.Info().Int("instances", g.Instances()).Msg("fleet store reachable again")
 		} else {
 			srv.log.Warn().Msg("fleet store unreachable; keeping the last grants")
 		}
 	}
-	push := link.pushEpochs && g.StoreUp()
-	srv.adminMu.Unlock()
+	if g.StoreUp() {
+		link.noteInstances(srv, g.Instances(), time.Now())
+	}
+	changed := false
+	if srv.adminMu.TryLock() {
+		changed = srv.enforce(srv.ten.Load().cfg)
+		srv.adminMu.Unlock()
+	}
+	push := link.pushEpochs.Load() && g.StoreUp()
 	if g.Fallback() {
 		srv.log.Warn().Int("instances", g.Instances()).Str("on_store_loss", srv.file.Fleet.OnStoreLoss).
 			Msg("fleet store lost for 3 grant periods; enforcing the loss policy")
@@ -231,7 +317,11 @@ func (srv *Server) fleetSynced(d time.Duration, err error) {
 	if srv.metrics != nil {
 		srv.metrics.FleetSyncObserver().Observe(d.Seconds())
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, fleet.ErrNameTaken):
+		srv.logFleetSync.event(&srv.log, zerolog.ErrorLevel).Err(err).Str("instance", srv.fleet.instance).
+			Msg("two live instances share one fleet.instance name; this one takes no shares until it is unique (the loss policy applies)")
+	case err != nil:
 		srv.logFleetSync.event(&srv.log, zerolog.WarnLevel).Err(err).Msg("fleet sync failed")
 	}
 }
@@ -289,31 +379,37 @@ func mergeFleetState(fleetSt, local *bucketcfg.State) (merged *bucketcfg.State, 
 // adoptFleetState makes a newer fleet state document the one in force and
 // saves it as the local copy. A document that does not fit this instance's
 // configuration is logged and skipped (the instance keeps its limits).
-func (srv *Server) adoptFleetState(doc []byte, version int64) {
+//
+// Any document other than the one in force is adopted, older ones too: a
+// store restored from an older snapshot, or a Sentinel failover to a
+// replica behind, is the fleet's truth from then on.
+func (srv *Server) adoptFleetState(doc []byte, token string) {
 	srv.adminMu.Lock()
 	link := srv.fleet
-	if version <= link.version {
+	if token == link.token {
 		srv.adminMu.Unlock()
 		return
 	}
-	link.version = version
+	link.token = token
 	st, err := parseFleetDoc(doc)
 	if err != nil {
 		srv.adminMu.Unlock()
-		srv.log.Error().Err(err).Int64("version", version).Msg("fleet state document refused; keeping the local state")
+		srv.log.Error().Err(err).Str("token", token).Msg("fleet state document refused; keeping the local state")
 		return
 	}
 	merged, ahead := mergeFleetState(st, srv.state)
 	if err := srv.commit(merged); err != nil {
 		srv.adminMu.Unlock()
-		srv.log.Error().Err(err).Int64("version", version).Msg("fleet state document refused; keeping the local state")
+		srv.log.Error().Err(err).Str("token", token).Msg("fleet state document refused; keeping the local state")
 		return
 	}
 	srv.syncEpochs()
-	link.pushEpochs = link.pushEpochs || ahead
-	push := link.pushEpochs
+	if ahead {
+		link.pushEpochs.Store(true)
+	}
+	push := link.pushEpochs.Load()
 	srv.adminMu.Unlock()
-	srv.log.Info().Int64("version", version).Msg("fleet state adopted")
+	srv.log.Info().Str("token", token).Msg("fleet state adopted")
 	if push {
 		srv.pushFleetEpochs()
 	}
@@ -333,7 +429,7 @@ func (srv *Server) syncEpochs() {
 // pushFleetEpochs writes the local namespace epochs that are ahead of the
 // store's (a FLUSH made while the store was down) to the store.
 func (srv *Server) pushFleetEpochs() {
-	ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), srv.fleet.fl.Period()/2)
 	defer cancel()
 	srv.adminMu.Lock()
 	defer srv.adminMu.Unlock()
@@ -342,7 +438,7 @@ func (srv *Server) pushFleetEpochs() {
 		srv.log.Warn().Err(err).Msg("could not write the namespace epochs to the fleet store; will retry")
 		return
 	}
-	srv.fleet.pushEpochs = false
+	srv.fleet.pushEpochs.Store(false)
 }
 
 // fleetChange applies change to the fleet's state document in the store
@@ -352,7 +448,7 @@ func (srv *Server) pushFleetEpochs() {
 func (srv *Server) fleetChange(ctx context.Context, change func(*bucketcfg.State) error) error {
 	link := srv.fleet
 	var next *bucketcfg.State
-	nv, err := link.fl.Update(ctx, func(doc []byte) ([]byte, error) {
+	tok, err := link.fl.Update(ctx, func(doc []byte) ([]byte, error) {
 		base := srv.state
 		if doc != nil {
 			st, err := parseFleetDoc(doc)
@@ -384,7 +480,7 @@ func (srv *Server) fleetChange(ctx context.Context, change func(*bucketcfg.State
 		return err
 	}
 	srv.syncEpochs()
-	link.version = max(link.version, nv)
+	link.token = tok
 	return nil
 }
 

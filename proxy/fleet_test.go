@@ -522,3 +522,77 @@ func TestFleetMetricsReloadAndFlush(t *testing.T) {
 		t.Errorf("a client's SET with the store stopped: %v %v", r, err)
 	}
 }
+
+// TestFleetStartWhileStoreDown: instances that start while the store is
+// down divide each limit by the fleet's size at their last contact (saved
+// beside the state file), not by one.
+func TestFleetStartWhileStoreDown(t *testing.T) {
+	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n", "200ms")
+	for i := 0; i < 3; i++ {
+		f.start(i, `default_bucket = "b"`)
+	}
+	testmc.Eventually(t, 3*time.Second, "every instance knows of three", func() bool {
+		for _, p := range f.insts {
+			if p.fleet.instances.Load() != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, p := range f.insts {
+		p.stop(t)
+	}
+	f.redis.Kill()
+	for i := 0; i < 3; i++ {
+		p := f.start(i, "")
+		if _, h := p.Engine().Bucket("b").Limits(); h != 1000 {
+			t.Errorf("instance %d started with the store down enforces %v, want 3000/3", i, h)
+		}
+	}
+}
+
+// TestFleetFlushes: FLUSHes on two instances in one period both take
+// effect (each gets its own namespace epoch from the store), and a FLUSH
+// while the store is stopped is answered at once and reaches the other
+// instances once the store is back.
+func TestFleetFlushes(t *testing.T) {
+	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\nflush_enabled = true\n", "1s")
+	a, b := f.start(0, `default_bucket = "b"`), f.start(1, `default_bucket = "b"`)
+	ca, cb := dial(t, a.Addr), dial(t, b.Addr)
+	defer ca.Close()
+	defer cb.Close()
+	flush := func(c *mcclient.Client) {
+		t.Helper()
+		if r, err := c.Do(mcclient.Request{Opcode: mc.OpFlush}); err != nil || r.Header.Status() != mc.StatusSuccess {
+			t.Fatalf("FLUSH: %v %v", r, err)
+		}
+	}
+	set := func(c *mcclient.Client, k string) {
+		t.Helper()
+		if r, err := c.Set([]byte(k), []byte("v")); err != nil || r.Header.Status() != mc.StatusSuccess {
+			t.Fatalf("SET %s: %v %v", k, r, err)
+		}
+	}
+	gone := func(c *mcclient.Client, k string) bool {
+		r, err := c.Get([]byte(k))
+		return err == nil && r.Header.Status() == mc.StatusKeyEnoent
+	}
+	flush(ca)
+	set(ca, "k2")
+	flush(cb) // before b has heard of a's FLUSH
+	if !gone(cb, "k2") {
+		t.Errorf("k2, set after a's FLUSH, survived b's FLUSH (read through b)")
+	}
+	testmc.Eventually(t, 3*time.Second, "a follows b's FLUSH", func() bool { return gone(ca, "k2") })
+
+	set(cb, "k3")
+	thaw := f.redis.Freeze(t)
+	testmc.Eventually(t, 3*time.Second, "a notices the store is gone", func() bool { return !a.fleet.storeUp.Load() })
+	ca.Timeout = time.Second
+	flush(ca) // answered without waiting for the store
+	if !gone(ca, "k3") {
+		t.Errorf("k3 survived a FLUSH made while the store was stopped")
+	}
+	thaw()
+	testmc.Eventually(t, 5*time.Second, "b follows the FLUSH once the store is back", func() bool { return gone(cb, "k3") })
+}

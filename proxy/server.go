@@ -223,11 +223,13 @@ func New(opts Options) (*Server, error) {
 	}
 	ten, err := buildTenants(eng, eff, nil, s.metrics, st.Epochs, s.localLimits)
 	if err != nil {
+		s.stopFleet()
 		return nil, fmt.Errorf("proxy: buckets: %w", err)
 	}
 	s.ten.Store(ten)
 	if tracked {
 		if err := st.Save(cfg.Throttle.StateFile); err != nil {
+			s.stopFleet()
 			return nil, fmt.Errorf("proxy: record the buckets in service: %w", err)
 		}
 	}
