@@ -44,6 +44,16 @@
 //     least 50 ms more, each instance by its own period) after its last
 //     call; an instance that dies strands that much of its shares and no
 //     more. An instance gone for an hour is forgotten.
+//   - Agreement. Each limit is the lowest any live instance reports, so
+//     instances whose configurations disagree (a file changed on one, a
+//     change on its way) never share out more than the lowest.
+//   - Names. Two live instances under one name would overwrite each
+//     other's entries: the script answers "conflict" to a run of a name
+//     other than the live one, unless it is starting (sequence number 1),
+//     and that instance takes no shares ([ErrNameTaken]).
+//   - Records the script did not write (junk in the fleet's keys) are
+//     dropped or ignored, never trusted; a state version that is not a
+//     number means the store is seeded again.
 //   - Retries. Each call carries the instance's epoch and a sequence
 //     number: a call not newer than one already recorded changes nothing,
 //     and usage travels as running totals since the epoch began, so a lost
@@ -74,21 +84,29 @@
 // store's shares back in force. Clients see none of it: admission never
 // waits for the store.
 //
+// A store found empty (restarted) is seeded again, under a new id; for
+// one lease its first callers leave room for the instances they knew of
+// ([Config.Instances], a hint-th of each limit each), which may still hold
+// shares from its earlier life. An instance that starts while the store is
+// down divides the limits by the same number under Share.
+//
 // The store's lease (1.25 periods) is shorter than the three periods an
 // instance keeps its shares: an instance cut off from the store alone
 // while the others reach it keeps its share while the others take it back
 // after its lease, so the fleet may run over by that share for about 1.75
 // periods, and under Share by the limit divided by the instances for as
-// long as the partition lasts. An instance that starts while the store is
-// down knows no count of instances and enforces the whole limits.
+// long as the partition lasts: Share assumes the whole fleet lost the
+// store, and no instance can tell a partition from the store's loss, nor
+// its peers a dead instance from a partitioned one.
 //
 // # State
 //
 // The fleet's state document (the runtime limits set by the admin opcodes,
-// and the key namespaces' epochs) lives in the store under a version
-// number; each sync returns it when it changed, and [Fleet.Update] changes
-// it with compare-and-set. An empty store is seeded from the first
-// instance's state.
+// and the key namespaces' epochs) lives in the store under a token
+// "id:version" (the id names one life of the store); each sync returns it
+// when the caller's token differs, and [Fleet.Update] changes it with
+// compare-and-set. An empty store is seeded from the first instance's
+// state.
 //
 // # Sources
 //
