@@ -35,7 +35,10 @@ stop() {
 }
 
 cleanup() {
-  trap - EXIT INT TERM
+  # A second signal (make forwards one, Ctrl-C twice) must not cut the
+  # cleanup short and leave Redis or memcached running.
+  trap "" INT TERM
+  trap - EXIT
   local pid
   for pid in "${instances[@]}"; do stop "$pid" "kvthrottle"; done
   [ -z "$mc" ] || stop "$mc" memcached
