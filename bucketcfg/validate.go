@@ -328,7 +328,12 @@ const (
 func buildFleet(f *FleetConfig, raw *tomlFleet, probs *problems) {
 	f.RedisURL = strOr(raw.RedisURL, "")
 	if f.RedisURL != "" && !strings.HasPrefix(f.RedisURL, "redis://") && !strings.HasPrefix(f.RedisURL, "rediss://") {
-		probs.addf("fleet.redis_url", `must start with "redis://" or "rediss://", got %s`, echo.Quote(f.RedisURL))
+		// The URL is not quoted: it may hold a password.
+		scheme, _, _ := strings.Cut(f.RedisURL, ":")
+		if len(scheme) > 10 {
+			scheme = scheme[:10] + "..."
+		}
+		probs.addf("fleet.redis_url", `must start with "redis://" or "rediss://" (lower case), got a URL starting %s`, echo.Quote(scheme))
 	}
 	f.Name = strOr(raw.Name, defaultFleetName)
 	if err := CheckBucketName(f.Name); err != nil || len(f.Name) > 100 {

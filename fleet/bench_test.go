@@ -58,7 +58,7 @@ func BenchmarkFleetSync(b *testing.B) {
 						}
 						return Node{Capacity: 100_000, FreePool: throttle.Limit(100_000 - 10*nb)}, dst
 					},
-					State:   func([]byte, string) {},
+					State:   func([]byte, string) error { return nil },
 					Seed:    func() []byte { return []byte(`{}`) },
 					Granted: func(*Grants) {},
 					Synced: func(_ time.Duration, err error) {

@@ -48,9 +48,11 @@
 //     instances whose configurations disagree (a file changed on one, a
 //     change on its way) never share out more than the lowest.
 //   - Names. Two live instances under one name would overwrite each
-//     other's entries: the script answers "conflict" to a run of a name
-//     other than the live one, unless it is starting (sequence number 1),
-//     and that instance takes no shares ([ErrNameTaken]).
+//     other's entries and each take a share as if alone: the script
+//     answers "conflict" to a run of a name other than the live one,
+//     unless it is starting (sequence number 1), and that instance moves
+//     to a name of its own (the configured one, "~" and its epoch) and
+//     reports [ErrNameTaken], so both count and the limits hold.
 //   - Records the script did not write (junk in the fleet's keys) are
 //     dropped or ignored, never trusted; a state version that is not a
 //     number means the store is seeded again.
@@ -106,7 +108,9 @@
 // "id:version" (the id names one life of the store); each sync returns it
 // when the caller's token differs, and [Fleet.Update] changes it with
 // compare-and-set. An empty store is seeded from the first instance's
-// state.
+// state. A document the instance cannot adopt is offered again at every
+// sync; one read before the instance's own Update landed is dropped (it
+// is older than what the instance has).
 //
 // # Sources
 //

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/throttle"
@@ -90,15 +91,18 @@ type Hooks struct {
 	// dst. It must be cheap: it runs every tenth of a period.
 	Usage func(dst []Usage) (Node, []Usage)
 	// State hands over the fleet's state document with its token
-	// ("id:version"), different from the last one passed. The instance
-	// adopts it (and keeps its local copy) or logs why not.
-	State func(doc []byte, token string)
+	// ("id:version"), different from the last one adopted. The instance
+	// adopts it (and keeps its local copy) or returns why not: the
+	// document is then handed over again at the next sync.
+	State func(doc []byte, token string) error
 	// Seed returns the document an empty store is seeded with: this
 	// instance's state.
 	Seed func() []byte
 	// Granted announces new grants (or a change of mode).
 	Granted func(*Grants)
-	// Synced reports each sync's duration and outcome.
+	// Synced reports each sync's duration and outcome. An err wrapping
+	// ErrNameTaken says the configured name was taken and the instance
+	// now reports under another (Fleet.Instance).
 	Synced func(d time.Duration, err error)
 }
 
@@ -112,8 +116,10 @@ type Fleet struct {
 	clock throttle.Clock
 	epoch string
 
-	grants  atomicGrants
-	updates sync.Mutex // serialises Update's read-change-write
+	grants    atomicGrants
+	updates   sync.Mutex   // serialises Update's read-change-write
+	updateGen atomic.Int64 // changes written by Update: a sync reply older than one carries a stale document
+	name      atomic.Pointer[string]
 
 	// Owned by the sync goroutine (or the test driving syncOnce).
 	seq      int64
@@ -165,6 +171,7 @@ func New(cfg Config, h Hooks) (*Fleet, error) {
 		base:     make(map[string]uint64),
 		fleetRef: make(map[string]fleetCount),
 	}
+	f.name.Store(&cfg.Instance)
 	f.grants.Store(&Grants{policy: cfg.OnStoreLoss, live: max(1, cfg.Instances)})
 	f.lastLive = max(1, cfg.Instances)
 	return f, nil
@@ -173,9 +180,10 @@ func New(cfg Config, h Hooks) (*Fleet, error) {
 // newEpoch names a new run of running totals: the wall clock in ns.
 func newEpoch() string { return strconv.FormatInt(time.Now().UnixNano(), 36) }
 
-// ErrNameTaken is returned (wrapped) by a sync when another live instance
-// reports under this instance's name: the instance keeps no shares of its
-// own until the name is its alone (fix the configuration).
+// ErrNameTaken is reported (wrapped, through Hooks.Synced) when another
+// live instance reports under this instance's name: this one moves to a
+// name of its own so that both count, and the configuration should be
+// fixed.
 var ErrNameTaken = errors.New("fleet: another live instance uses this instance name")
 
 // CheckInstance reports whether name can name an instance in the store.
@@ -193,6 +201,11 @@ func CheckInstance(name string) error {
 
 // Grants returns the grants in force. Never nil; safe from any goroutine.
 func (f *Fleet) Grants() *Grants { return f.grants.Load() }
+
+// Instance returns the name this instance reports under: the configured
+// one, or after a conflict (ErrNameTaken) that name with "~" and the
+// instance's epoch.
+func (f *Fleet) Instance() string { return *f.name.Load() }
 
 // Period returns the grant period.
 func (f *Fleet) Period() time.Duration { return f.cfg.Period }
@@ -220,7 +233,7 @@ func (f *Fleet) Close() {
 	f.stop = nil
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Period/2)
 	defer cancel()
-	_ = f.cfg.Store.leave(ctx, f.cfg.Instance, f.epoch)
+	_ = f.cfg.Store.leave(ctx, f.Instance(), f.epoch)
 }
 
 func (f *Fleet) run() {
@@ -273,6 +286,7 @@ func (f *Fleet) exchange(ctx context.Context) error {
 	f.buf = usage
 	now := f.clock.Now()
 	req := f.request(node, usage, now)
+	gen := f.updateGen.Load()
 	rep, err := f.cfg.Store.sync(ctx, req)
 	if err == nil && rep.status == "seed" {
 		if _, _, err = f.cfg.Store.Seed(ctx, f.hooks.Seed()); err != nil {
@@ -299,7 +313,14 @@ func (f *Fleet) exchange(ctx context.Context) error {
 	case "stale":
 		return nil // a duplicate: the grants in force stay
 	case "conflict":
-		return fmt.Errorf("%w: %q", ErrNameTaken, f.cfg.Instance)
+		// Two live instances under one name would each take a share
+		// as if alone. This one moves to a name of its own (its
+		// configured name and its epoch) at its next sync, and says so.
+		taken := f.Instance()
+		name := f.cfg.Instance + "~" + f.epoch
+		f.name.Store(&name)
+		f.seq = 0
+		return fmt.Errorf("%w: %q; reporting as %q from now on", ErrNameTaken, taken, name)
 	default:
 		return fmt.Errorf("fleet: sync: status %q", rep.status)
 	}
@@ -307,9 +328,13 @@ func (f *Fleet) exchange(ctx context.Context) error {
 	for _, u := range usage {
 		f.prev[u.Name] = counters{u.Units, u.Rejected}
 	}
-	if rep.state != nil && rep.token != f.known {
-		f.known = rep.token
-		f.hooks.State(rep.state, rep.token)
+	// A document read before an Update of this instance landed is older
+	// than the one in force here: skip it (the next sync brings the
+	// current one if it differs).
+	if rep.state != nil && rep.token != f.known && gen == f.updateGen.Load() {
+		if f.hooks.State(rep.state, rep.token) == nil {
+			f.known = rep.token
+		}
 	}
 	f.contact, f.lastOK, f.lastLive = true, now, rep.instances
 	f.put(f.fromReply(rep))
@@ -366,6 +391,7 @@ func (f *Fleet) Update(ctx context.Context, change func(doc []byte) ([]byte, err
 				return "", err
 			}
 			if seeded {
+				f.updateGen.Add(1)
 				return nt, nil
 			}
 			continue
@@ -377,6 +403,7 @@ func (f *Fleet) Update(ctx context.Context, change func(doc []byte) ([]byte, err
 		if err != nil {
 			return "", err
 		}
+		f.updateGen.Add(1)
 		return nt, nil
 	}
 	return "", ErrConflict
@@ -394,7 +421,7 @@ const (
 func (f *Fleet) request(node Node, usage []Usage, now time.Duration) *syncRequest {
 	f.seq++
 	req := &syncRequest{
-		instance:   f.cfg.Instance,
+		instance:   f.Instance(),
 		epoch:      f.epoch,
 		seq:        f.seq,
 		lease:      f.lease(),

@@ -112,7 +112,7 @@ func (s *sim) add() *simInstance {
 			}
 			return Node{Capacity: s.capacity, FreePool: s.freePool()}, dst
 		},
-		State:   func([]byte, string) { in.states++ },
+		State:   func([]byte, string) error { in.states++; return nil },
 		Seed:    func() []byte { return []byte(`{}`) },
 		Granted: func(*Grants) {},
 		Synced: func(_ time.Duration, err error) {

@@ -61,18 +61,23 @@ type Store struct {
 func OpenStore(rawURL, name string) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // without the URL, which may hold a password
-		}
-		return nil, fmt.Errorf("fleet: redis_url: %w", err)
+		// Not even the parser's reason: it quotes the part of the URL it
+		// stumbled on, which may be the password.
+		return nil, errors.New("fleet: redis_url is not a valid URL (a password with '%', '@', '/', ':' or '#' must be percent-encoded)")
 	}
-	// go-redis's errors may quote the URL's parts; never the password.
+	// go-redis's errors may quote the URL's parts; never a password.
 	scrub := func(err error) error {
-		if p, ok := u.User.Password(); ok && p != "" && strings.Contains(err.Error(), p) {
-			return errors.New(strings.ReplaceAll(err.Error(), p, "xxxxx"))
+		msg := err.Error()
+		secrets := u.Query()["password"]
+		if p, ok := u.User.Password(); ok {
+			secrets = append(secrets, p)
 		}
-		return err
+		for _, p := range secrets {
+			if p != "" {
+				msg = strings.ReplaceAll(msg, p, "xxxxx")
+			}
+		}
+		return errors.New(msg)
 	}
 	q := u.Query()
 	// The caller bounds every call with a context deadline; go-redis's own

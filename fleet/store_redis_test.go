@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // These tests run the store's Lua scripts in a real redis-server (the
@@ -265,7 +266,7 @@ func TestRedisFleetUpdateConcurrent(t *testing.T) {
 		t.Cleanup(func() { st.Close() })
 		f, err := New(Config{Store: st, Instance: fmt.Sprintf("i%d", i), Period: time.Second}, Hooks{
 			Usage:   func(dst []Usage) (Node, []Usage) { return Node{}, dst },
-			State:   func([]byte, string) {},
+			State:   func([]byte, string) error { return nil },
 			Seed:    func() []byte { return []byte(`{}`) },
 			Granted: func(*Grants) {},
 			Synced:  func(time.Duration, error) {},
@@ -465,13 +466,15 @@ func TestOpenStoreErrorsHideThePassword(t *testing.T) {
 		"redis://u:S3cretPw@127.0.0.1:63x9/0",
 		"redis://u:S3cretPw@127.0.0.1:6379/notadb",
 		"redis://u:S3cretPw@127.0.0.1:6379?addr=h:1&bogus=S3cretPw",
+		"redis://:S3c%retPw@127.0.0.1:6379/0",
+		"redis://127.0.0.1:6379/0?password=S3cretPw&bogus=S3cretPw",
 	} {
 		_, err := OpenStore(url, "t")
 		if err == nil {
 			t.Errorf("%s: no error", url)
 			continue
 		}
-		if strings.Contains(err.Error(), "S3cretPw") {
+		if strings.Contains(err.Error(), "S3cretPw") || strings.Contains(err.Error(), "%re") {
 			t.Errorf("the error shows the password: %v", err)
 		}
 	}
@@ -553,5 +556,131 @@ func TestRedisReviewGuards(t *testing.T) {
 	first.hint = 3
 	if got := hardShare(t, mustSync(t, st, first)); got > 1000 {
 		t.Errorf("the first caller of a reseeded store took %d of 3000, knowing of 3 instances", got)
+	}
+}
+
+// fleetOn makes a Fleet of instance name against the store at url, with
+// hooks that report one saturated bucket "b" (hard limit 3000) and record
+// the state documents offered.
+func fleetOn(t *testing.T, url, name string, state func([]byte, string) error) *Fleet {
+	t.Helper()
+	st, err := OpenStore(url, "fl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if state == nil {
+		state = func([]byte, string) error { return nil }
+	}
+	f, err := New(Config{Store: st, Instance: name, Period: 200 * time.Millisecond}, Hooks{
+		Usage: func(dst []Usage) (Node, []Usage) {
+			return Node{Capacity: throttle.Unlimited, FreePool: throttle.Unlimited},
+				append(dst, Usage{Name: "b", Reserved: 0, HardLimit: 3000, Waiting: 4})
+		},
+		State:   state,
+		Seed:    func() []byte { return []byte(`{}`) },
+		Granted: func(*Grants) {},
+		Synced:  func(time.Duration, error) {},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestRedisTwinsMoveApart: two live instances configured with one name
+// end up under two names, and their shares add up to the limit at most.
+func TestRedisTwinsMoveApart(t *testing.T) {
+	r := testmc.StartRedis(t)
+	a, b := fleetOn(t, r.URL(), "same", nil), fleetOn(t, r.URL(), "same", nil)
+	for i := 0; i < 6; i++ {
+		a.sample()
+		a.syncOnce()
+		b.sample()
+		b.syncOnce()
+	}
+	if a.Instance() == b.Instance() {
+		t.Fatalf("both still report as %q", a.Instance())
+	}
+	ga, _ := a.Grants().Bucket("b")
+	gb, _ := b.Grants().Bucket("b")
+	if a.Grants().Instances() != 2 || ga.HardLimit+gb.HardLimit > 3000 || ga.HardLimit <= 0 || gb.HardLimit <= 0 {
+		t.Errorf("twins %q and %q: %d live, shares %d + %d of 3000", a.Instance(), b.Instance(), a.Grants().Instances(), ga.HardLimit, gb.HardLimit)
+	}
+}
+
+// TestRedisStateRetriedAndNotStale: a state document the instance could not
+// adopt is offered again at the next sync; a document read before the
+// instance's own Update landed is not offered at all.
+func TestRedisStateRetriedAndNotStale(t *testing.T) {
+	r := testmc.StartRedis(t)
+	var offered []string
+	refuse := true
+	f := fleetOn(t, r.URL(), "i", func(doc []byte, tok string) error {
+		offered = append(offered, string(doc))
+		if refuse {
+			refuse = false
+			return errors.New("disk full")
+		}
+		return nil
+	})
+	f.syncOnce() // seeds {} and offers it: refused
+	f.syncOnce() // offered again: adopted
+	f.syncOnce() // nothing new
+	if len(offered) != 2 || offered[0] != `{}` || offered[1] != `{}` {
+		t.Fatalf("offered %q, want the refused document once more and then nothing", offered)
+	}
+
+	// An Update of this instance lands while its sync is in flight: the
+	// sync's (older) document must not be offered.
+	opts, _ := redis.ParseURL(r.URL())
+	other := redis.NewClient(opts)
+	defer other.Close()
+	otherStore := newStore(other, "fl")
+	if _, err := otherStore.Update(ctx5(t), mustToken(t, otherStore), []byte(`{"v":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	f.cfg.Store.rdb.AddHook(&afterSync{do: func() {
+		if _, err := f.Update(context.Background(), func([]byte) ([]byte, error) { return []byte(`{"v":3}`), nil }); err != nil {
+			t.Error(err)
+		}
+	}})
+	offered = nil
+	f.syncOnce()
+	for _, d := range offered {
+		if d == `{"v":2}` {
+			t.Errorf("the document read before this instance's update was offered: %q", offered)
+		}
+	}
+}
+
+func mustToken(t *testing.T, st *Store) string {
+	t.Helper()
+	_, tok, ok, err := st.Load(ctx5(t))
+	if err != nil || !ok {
+		t.Fatalf("load: %v %v", ok, err)
+	}
+	return tok
+}
+
+// afterSync runs do once, right after the first sync script call returns.
+type afterSync struct {
+	do   func()
+	done bool
+}
+
+func (h *afterSync) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *afterSync) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *afterSync) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		// The sync script is the call with many arguments.
+		if !h.done && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(cmd.Args()) > 8 {
+			h.done = true
+			h.do()
+		}
+		return err
 	}
 }

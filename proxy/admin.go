@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
@@ -201,7 +202,7 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	defer srv.adminMu.Unlock()
 	// Everything that can refuse the file is checked before anything is
 	// persisted or applied: a refused reload leaves no trace.
-	next, changed := srv.state.TrackBuckets(cfg.BucketNames())
+	next, changed := trackBuckets(srv.state, cfg)
 	eff, err := bucketcfg.Effective(cfg, next)
 	if err != nil {
 		return fmt.Errorf("reload: %w", err)
@@ -447,6 +448,16 @@ func (srv *Server) flushBuckets(batch []flushReq) error {
 			next.Epochs[b.name] = cur
 		}
 		epochs[b] = next.BumpEpoch(b.name)
+		if srv.fleet != nil {
+			// Without the store, instances FLUSHing one bucket must not
+			// pick the same epoch (the later FLUSH would be lost when
+			// the epochs merge, the greatest winning): the epoch is the
+			// time in ms since 2026, later FLUSHes getting greater ones
+			// (as far as the instances' clocks agree).
+			e := max(epochs[b], uint64(max(0, time.Since(flushEpochBase).Milliseconds())))
+			next.Epochs[b.name] = e
+			epochs[b] = e
+		}
 	}
 	if err := next.Save(srv.opts.statePath); err != nil {
 		srv.log.Error().Err(err).Int("flushes", len(batch)).Msg("could not persist a flush; buckets not flushed")
@@ -464,6 +475,10 @@ func (srv *Server) flushBuckets(batch []flushReq) error {
 	}
 	return nil
 }
+
+// flushEpochBase is the origin of the namespace epochs chosen by a FLUSH
+// while the fleet store is unreachable.
+var flushEpochBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // fileLimitChanges returns a change that writes the throttle values that
 // differ between two configuration files (capacity, defaults, limits a

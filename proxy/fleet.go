@@ -184,6 +184,21 @@ func (srv *Server) stopFleet() {
 	_ = srv.fleet.store.Close()
 }
 
+// trackBuckets records the buckets of cfg in service (State.TrackBuckets).
+// In fleet mode a bucket's namespace is the fleet's and moves only by
+// FLUSH: a bucket removed from one instance's file (maybe for a rolling
+// change) and back later must find the keys the other instances serve, so
+// its epoch is not raised here.
+func trackBuckets(st *bucketcfg.State, cfg *bucketcfg.Config) (*bucketcfg.State, bool) {
+	next, changed := st.TrackBuckets(cfg.BucketNames())
+	if changed && cfg.Fleet.RedisURL != "" {
+		for name, e := range st.Epochs {
+			next.Epochs[name] = e
+		}
+	}
+	return next, changed
+}
+
 // localLimits returns what the engine enforces here for a bucket whose
 // limits in force are reserved and hard: the same outside fleet mode, this
 // instance's shares in it.
@@ -319,8 +334,8 @@ func (srv *Server) fleetSynced(d time.Duration, err error) {
 	}
 	switch {
 	case errors.Is(err, fleet.ErrNameTaken):
-		srv.logFleetSync.event(&srv.log, zerolog.ErrorLevel).Err(err).Str("instance", srv.fleet.instance).
-			Msg("two live instances share one fleet.instance name; this one takes no shares until it is unique (the loss policy applies)")
+		srv.log.Error().Err(err).
+			Msg("another live instance uses this fleet.instance name (or this one restarted within a grant period and its first sync failed); give each instance a name of its own")
 	case err != nil:
 		srv.logFleetSync.event(&srv.log, zerolog.WarnLevel).Err(err).Msg("fleet sync failed")
 	}
@@ -376,43 +391,46 @@ func mergeFleetState(fleetSt, local *bucketcfg.State) (merged *bucketcfg.State, 
 	return merged, ahead
 }
 
-// adoptFleetState makes a newer fleet state document the one in force and
-// saves it as the local copy. A document that does not fit this instance's
-// configuration is logged and skipped (the instance keeps its limits).
+// adoptFleetState makes the fleet's state document the one in force and
+// saves it as the local copy. A document that cannot be adopted (it does
+// not fit this instance's configuration, or the state file cannot be
+// written) is logged and refused: the Fleet hands it over again at the
+// next sync, and this instance keeps its limits meanwhile.
 //
 // Any document other than the one in force is adopted, older ones too: a
 // store restored from an older snapshot, or a Sentinel failover to a
-// replica behind, is the fleet's truth from then on.
-func (srv *Server) adoptFleetState(doc []byte, token string) {
+// replica behind, is the fleet's truth from then on. (The Fleet drops a
+// document read before this instance's own change landed.)
+func (srv *Server) adoptFleetState(doc []byte, token string) error {
 	srv.adminMu.Lock()
 	link := srv.fleet
 	if token == link.token {
 		srv.adminMu.Unlock()
-		return
+		return nil
 	}
-	link.token = token
 	st, err := parseFleetDoc(doc)
-	if err != nil {
-		srv.adminMu.Unlock()
-		srv.log.Error().Err(err).Str("token", token).Msg("fleet state document refused; keeping the local state")
-		return
-	}
-	merged, ahead := mergeFleetState(st, srv.state)
-	if err := srv.commit(merged); err != nil {
-		srv.adminMu.Unlock()
-		srv.log.Error().Err(err).Str("token", token).Msg("fleet state document refused; keeping the local state")
-		return
-	}
-	srv.syncEpochs()
-	if ahead {
-		link.pushEpochs.Store(true)
+	if err == nil {
+		merged, ahead := mergeFleetState(st, srv.state)
+		if err = srv.commit(merged); err == nil {
+			link.token = token
+			srv.syncEpochs()
+			if ahead {
+				link.pushEpochs.Store(true)
+			}
+		}
 	}
 	push := link.pushEpochs.Load()
 	srv.adminMu.Unlock()
+	if err != nil {
+		srv.logFleetState.event(&srv.log, zerolog.ErrorLevel).Err(err).Str("token", token).
+			Msg("fleet state document not adopted; keeping the local state and trying again next period")
+		return err
+	}
 	srv.log.Info().Str("token", token).Msg("fleet state adopted")
 	if push {
 		srv.pushFleetEpochs()
 	}
+	return nil
 }
 
 // syncEpochs moves every bucket to the namespace epoch of the state in
@@ -499,5 +517,5 @@ func (srv *Server) Fleet() (st FleetStatus, ok bool) {
 		return FleetStatus{}, false
 	}
 	g := srv.fleet.fl.Grants()
-	return FleetStatus{Instance: srv.fleet.instance, StoreUp: g.StoreUp(), Fallback: g.Fallback(), Instances: g.Instances()}, true
+	return FleetStatus{Instance: srv.fleet.fl.Instance(), StoreUp: g.StoreUp(), Fallback: g.Fallback(), Instances: g.Instances()}, true
 }

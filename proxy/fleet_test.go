@@ -595,4 +595,22 @@ func TestFleetFlushes(t *testing.T) {
 	}
 	thaw()
 	testmc.Eventually(t, 5*time.Second, "b follows the FLUSH once the store is back", func() bool { return gone(cb, "k3") })
+
+	// Two FLUSHes from one epoch while the store is stopped, b's first: a
+	// key written between them is gone everywhere once the epochs meet in
+	// the store.
+	thaw = f.redis.Freeze(t)
+	testmc.Eventually(t, 3*time.Second, "both notice the store is gone", func() bool {
+		return !a.fleet.storeUp.Load() && !b.fleet.storeUp.Load()
+	})
+	cb.Timeout = time.Second
+	flush(cb)
+	set(cb, "k4")
+	time.Sleep(2 * time.Millisecond) // a's FLUSH a wall-clock ms later: the order the epochs keep
+	flush(ca)
+	thaw()
+	testmc.Eventually(t, 5*time.Second, "b follows a's FLUSH once the store is back", func() bool { return gone(cb, "k4") })
+	if !gone(ca, "k4") {
+		t.Errorf("k4, set through b before a's FLUSH, is visible through a")
+	}
 }

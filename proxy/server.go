@@ -117,10 +117,11 @@ type Server struct {
 
 	wakeDelay delayHist // how late held sessions are woken
 
-	logAuthFail  logSample // refused SASL AUTHs
-	logBadInput  logSample // malformed frames, text-protocol clients
-	logUpDown    perKeyLog // upstream connections down, per server
-	logFleetSync logSample // failed fleet syncs
+	logAuthFail   logSample // refused SASL AUTHs
+	logBadInput   logSample // malformed frames, text-protocol clients
+	logUpDown     perKeyLog // upstream connections down, per server
+	logFleetSync  logSample // failed fleet syncs
+	logFleetState logSample // fleet state documents not adopted
 
 	fleet *fleetLink // fleet mode (fleet.go); nil for a single instance
 
@@ -149,7 +150,7 @@ func New(opts Options) (*Server, error) {
 	// back must not find the old keys. Saved once everything else has
 	// been checked, before anything is served: a refused start leaves the
 	// state file as it was.
-	st, tracked := st.TrackBuckets(cfg.BucketNames())
+	st, tracked := trackBuckets(st, cfg)
 	eff, err := bucketcfg.Effective(cfg, st)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: apply runtime state: %w", err)
