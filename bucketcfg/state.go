@@ -367,20 +367,31 @@ func (s *State) Save(path string) error {
 		return fmt.Errorf("state file %s: %w", path, err)
 	}
 	data = append(data, '\n')
+	if err := WriteFileAtomic(path, data); err != nil {
+		return fmt.Errorf("state file %w", err)
+	}
+	return nil
+}
 
+// WriteFileAtomic writes data to path atomically and durably, as State.Save
+// does (temporary file in the same directory, fsync, rename, directory
+// fsync; mode 0600). Its errors name path and say whether path was left
+// untouched ("not saved") or may hold either content (the directory sync
+// failed after the rename).
+func WriteFileAtomic(path string, data []byte) error {
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
 	}
 	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("state file %s: %w", path, err)
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	tmp := f.Name()
 	fail := func(err error) error {
 		f.Close()
 		os.Remove(tmp)
-		return fmt.Errorf("state file %s: not saved: %w", path, err)
+		return fmt.Errorf("%s: not saved: %w", path, err)
 	}
 	if err := saveWrite(f, data); err != nil {
 		return fail(err)
@@ -390,20 +401,20 @@ func (s *State) Save(path string) error {
 	}
 	if err := f.Close(); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("state file %s: not saved: %w", path, err)
+		return fmt.Errorf("%s: not saved: %w", path, err)
 	}
 	if saveBeforeRename != nil {
 		if err := saveBeforeRename(tmp); err != nil {
 			os.Remove(tmp)
-			return fmt.Errorf("state file %s: not saved: %w", path, err)
+			return fmt.Errorf("%s: not saved: %w", path, err)
 		}
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("state file %s: not saved: %w", path, err)
+		return fmt.Errorf("%s: not saved: %w", path, err)
 	}
 	if err := syncDir(dir); err != nil {
-		return fmt.Errorf("state file %s: written, but syncing directory %s failed: %w", path, dir, err)
+		return fmt.Errorf("%s: written, but syncing directory %s failed: %w", path, dir, err)
 	}
 	return nil
 }

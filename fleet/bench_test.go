@@ -16,11 +16,7 @@ import (
 // countHook counts the commands a client sends.
 type countHook struct{ n atomic.Int64 }
 
-func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *countHook) hook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.n.Add(1)
 		return next(ctx, cmd)
@@ -47,7 +43,7 @@ func BenchmarkFleetSync(b *testing.B) {
 				rdb := redis.NewClient(opts)
 				b.Cleanup(func() { rdb.Close() })
 				h := &countHook{}
-				rdb.AddHook(h)
+				rdb.AddHook(procHook(h.hook))
 				hook = h
 				units := uint64(0)
 				f, err := New(Config{Store: newStore(rdb, "bench"), Instance: fmt.Sprintf("i%d", i), Period: time.Second}, Hooks{

@@ -66,11 +66,16 @@ type lossHook struct {
 	drop, down bool
 }
 
-func (h *lossHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *lossHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+// procHook is a redis.Hook that wraps single commands only.
+type procHook func(next redis.ProcessHook) redis.ProcessHook
+
+func (h procHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h procHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (h *lossHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h procHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return h(next) }
+
+func (h *lossHook) hook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.mu.Lock()
 		drop, down := h.drop, h.down
@@ -100,7 +105,7 @@ func newSim(t *testing.T, period time.Duration, capacity throttle.Limit, buckets
 // of a period per instance.
 func (s *sim) add() *simInstance {
 	rdb := redis.NewClient(&redis.Options{Addr: s.mr.Addr(), MaxRetries: -1})
-	rdb.AddHook(s.lose)
+	rdb.AddHook(procHook(s.lose.hook))
 	s.t.Cleanup(func() { rdb.Close() })
 	in := &simInstance{clients: map[string]int{}, units: map[string]float64{}, waiting: map[string]int{}}
 	in.phase = s.nextPhase

@@ -640,11 +640,20 @@ func TestRedisStateRetriedAndNotStale(t *testing.T) {
 	if _, err := otherStore.Update(ctx5(t), mustToken(t, otherStore), []byte(`{"v":2}`)); err != nil {
 		t.Fatal(err)
 	}
-	f.cfg.Store.rdb.AddHook(&afterSync{do: func() {
-		if _, err := f.Update(context.Background(), func([]byte) ([]byte, error) { return []byte(`{"v":3}`), nil }); err != nil {
-			t.Error(err)
+	done := false
+	f.cfg.Store.rdb.AddHook(procHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			// The sync script is the call with many arguments.
+			if !done && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(cmd.Args()) > 8 {
+				done = true
+				if _, err := f.Update(context.Background(), func([]byte) ([]byte, error) { return []byte(`{"v":3}`), nil }); err != nil {
+					t.Error(err)
+				}
+			}
+			return err
 		}
-	}})
+	}))
 	offered = nil
 	f.syncOnce()
 	for _, d := range offered {
@@ -661,26 +670,4 @@ func mustToken(t *testing.T, st *Store) string {
 		t.Fatalf("load: %v %v", ok, err)
 	}
 	return tok
-}
-
-// afterSync runs do once, right after the first sync script call returns.
-type afterSync struct {
-	do   func()
-	done bool
-}
-
-func (h *afterSync) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *afterSync) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *afterSync) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		// The sync script is the call with many arguments.
-		if !h.done && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(cmd.Args()) > 8 {
-			h.done = true
-			h.do()
-		}
-		return err
-	}
 }

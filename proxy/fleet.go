@@ -67,12 +67,8 @@ func readFleetHint(path string) int {
 // writeFleetHint replaces the hint file atomically.
 func writeFleetHint(path string, n int) error {
 	data, _ := json.Marshal(fleetHint{Instances: n})
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o600); err != nil {
-		return fmt.Errorf("fleet hint: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("fleet hint: %w", err)
+	if err := bucketcfg.WriteFileAtomic(path, append(data, '\n')); err != nil {
+		return fmt.Errorf("fleet size file %w", err)
 	}
 	return nil
 }
