@@ -20,7 +20,7 @@ import (
 
 // fleetLink is the proxy's side of fleet mode (DESIGN.md section 10): the
 // Fleet that keeps this instance's shares of the fleet's limits, and the
-// version of the fleet's state document in force here.
+// token of the fleet's state document in force here.
 //
 // In fleet mode the configuration in force (the file with the state
 // document's overrides) holds the fleet's limits; the throttle engine
