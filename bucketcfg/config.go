@@ -83,6 +83,9 @@ type Config struct {
 	Metrics  MetricsConfig
 	Log      LogConfig
 	Fleet    FleetConfig
+	// Listeners are the [[listener]] tables in file order: further client
+	// addresses, each binding its connections to one bucket.
+	Listeners []Listener
 	// Buckets in file order; names are unique.
 	Buckets []Bucket
 	// Users in file order; names are unique.
@@ -216,6 +219,20 @@ type MetricsConfig struct {
 	// Listen is the address of the Prometheus endpoint /metrics, host:port
 	// (key listen, default "127.0.0.1:9150"). "" disables the endpoint.
 	Listen string
+}
+
+// Listener is one [[listener]] table: a client address whose connections
+// belong to a bucket without authenticating (for networks where where a
+// client connects from says who it is). They may still authenticate with
+// SASL, and then land in their user's bucket as anywhere else. Read at
+// start; a reload must keep the listeners as they are.
+type Listener struct {
+	// Listen is the address, host:port with a port other than 0 (key
+	// listen); unique, and not proxy.listen. An empty host means every
+	// interface.
+	Listen string
+	// Bucket names the [[bucket]] its connections use (key bucket).
+	Bucket string
 }
 
 // FleetConfig is the [fleet] table (DESIGN.md section 10): limits that hold

@@ -433,3 +433,26 @@ func TestParseFleet(t *testing.T) {
 		}
 	}
 }
+
+func TestParseListeners(t *testing.T) {
+	cfg := mustParse(t, "[[bucket]]\nname = \"default\"\n[[bucket]]\nname = \"a\"\n[[listener]]\nlisten = \"127.0.0.1:11312\"\nbucket = \"a\"\n[[listener]]\nlisten = \":11313\"\nbucket = \"default\"\n")
+	want := []Listener{{Listen: "127.0.0.1:11312", Bucket: "a"}, {Listen: ":11313", Bucket: "default"}}
+	if !reflect.DeepEqual(cfg.Listeners, want) {
+		t.Errorf("Listeners = %+v, want %+v", cfg.Listeners, want)
+	}
+	for doc, want := range map[string]string{
+		"[[listener]]\nbucket = \"default\"\n":                                                                         "listener[0].listen: is required",
+		"[[listener]]\nlisten = \"127.0.0.1:11312\"\n":                                                                 "listener[0].bucket: is required",
+		"[[listener]]\nlisten = \"127.0.0.1:0\"\nbucket = \"default\"\n":                                               "port 0",
+		"[[listener]]\nlisten = \"127.0.0.1:11312\"\nbucket = \"nope\"\n":                                              "is not a [[bucket]]",
+		"[[listener]]\nlisten = \"127.0.0.1:11311\"\nbucket = \"default\"\n":                                           "already proxy.listen",
+		"[[listener]]\nlisten = \":11311\"\nbucket = \"default\"\n":                                                    "proxy.listen's port",
+		"[[listener]]\nlisten = \"127.0.0.1:11312\"\nbucket = \"default\"\nport = 1\n":                                 "listener.port: unknown key",
+		"[[listener]]\nlisten = \"a:1\"\nbucket = \"default\"\n[[listener]]\nlisten = \"a:1\"\nbucket = \"default\"\n": "listener[1].listen",
+	} {
+		_, err := Parse([]byte(doc))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want one with %q", doc, err, want)
+		}
+	}
+}

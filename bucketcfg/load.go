@@ -84,14 +84,15 @@ func Parse(data []byte) (*Config, error) { return parse(data) }
 // from a zero value; Limit-valued keys are `any` so that their errors are
 // reported by this package with the key name, like every other value error.
 type tomlFile struct {
-	Proxy    tomlProxy    `toml:"proxy"`
-	Upstream tomlUpstream `toml:"upstream"`
-	Throttle tomlThrottle `toml:"throttle"`
-	Metrics  tomlMetrics  `toml:"metrics"`
-	Log      tomlLog      `toml:"log"`
-	Fleet    tomlFleet    `toml:"fleet"`
-	Bucket   []tomlBucket `toml:"bucket"`
-	User     []tomlUser   `toml:"user"`
+	Proxy    tomlProxy      `toml:"proxy"`
+	Upstream tomlUpstream   `toml:"upstream"`
+	Throttle tomlThrottle   `toml:"throttle"`
+	Metrics  tomlMetrics    `toml:"metrics"`
+	Log      tomlLog        `toml:"log"`
+	Fleet    tomlFleet      `toml:"fleet"`
+	Listener []tomlListener `toml:"listener"`
+	Bucket   []tomlBucket   `toml:"bucket"`
+	User     []tomlUser     `toml:"user"`
 }
 
 type tomlProxy struct {
@@ -129,6 +130,11 @@ type tomlThrottle struct {
 
 type tomlMetrics struct {
 	Listen *string `toml:"listen"`
+}
+
+type tomlListener struct {
+	Listen *string `toml:"listen"`
+	Bucket *string `toml:"bucket"`
 }
 
 type tomlFleet struct {
@@ -175,6 +181,7 @@ var knownKeys = func() map[string]bool {
 		"throttle.write_unit_size", "throttle.state_file", "throttle.burst_ms", "throttle.max_hold", "throttle.max_item_bytes",
 		"metrics", "metrics.listen",
 		"log", "log.level", "log.format",
+		"listener", "listener.listen", "listener.bucket",
 		"fleet", "fleet.redis_url", "fleet.name", "fleet.instance", "fleet.grant_period", "fleet.on_store_loss",
 		"bucket", "bucket.name", "bucket.reserved", "bucket.hard_limit", "bucket.flush_enabled",
 		"user", "user.name", "user.password_hash", "user.buckets", "user.privileges",
@@ -265,6 +272,7 @@ func parse(data []byte) (*Config, error) {
 	}
 
 	buildUsers(cfg, raw.User, &probs)
+	buildListeners(cfg, raw.Listener, &probs)
 
 	if len(probs) > 0 {
 		return nil, &ConfigError{Problems: probs}

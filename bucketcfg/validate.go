@@ -363,3 +363,43 @@ func buildFleet(f *FleetConfig, raw *tomlFleet, probs *problems) {
 		probs.addf("fleet.on_store_loss", `must be "share" or "open", got %s`, echo.Quote(f.OnStoreLoss))
 	}
 }
+
+func buildListeners(cfg *Config, raws []tomlListener, probs *problems) {
+	seen := map[string]bool{cfg.Proxy.Listen: true}
+	for i, raw := range raws {
+		key := fmt.Sprintf("listener[%d]", i)
+		l := Listener{Listen: strOr(raw.Listen, ""), Bucket: strOr(raw.Bucket, "")}
+		if l.Listen == "" {
+			probs.addf(key+".listen", "is required")
+		} else if err := checkHostPort(l.Listen, true, false); err != nil {
+			probs.addf(key+".listen", "%s", err)
+		} else if seen[l.Listen] {
+			probs.addf(key+".listen", "%s is already proxy.listen or another listener's", echo.Quote(l.Listen))
+		} else if samePortAmbiguous(l.Listen, cfg.Proxy.Listen) {
+			// Connections are told apart by the address they reached:
+			// only IP addresses can share a port.
+			probs.addf(key+".listen", "%s has proxy.listen's port; give one of them another port, or both an IP address", echo.Quote(l.Listen))
+		}
+		seen[l.Listen] = true
+		if l.Bucket == "" {
+			probs.addf(key+".bucket", "is required")
+		} else if cfg.Bucket(l.Bucket) == nil {
+			probs.addf(key+".bucket", "%s is not a [[bucket]]", echo.Quote(l.Bucket))
+		}
+		cfg.Listeners = append(cfg.Listeners, l)
+	}
+}
+
+// samePortAmbiguous reports whether two host:port addresses share a port
+// while one of them names no IP address (empty host or a DNS name), so
+// that a connection's local address cannot tell them apart.
+func samePortAmbiguous(a, b string) bool {
+	ha, pa, errA := net.SplitHostPort(a)
+	hb, pb, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil || pa != pb {
+		return false
+	}
+	_, ipA := netip.ParseAddr(ha)
+	_, ipB := netip.ParseAddr(hb)
+	return ipA != nil || ipB != nil
+}

@@ -210,6 +210,9 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	if err := poolConfig(cfg).Validate(); err != nil {
 		return fmt.Errorf("reload: %w", err)
 	}
+	if !sameListeners(srv.file.Listeners, cfg.Listeners) {
+		return errors.New("reload: [[listener]] tables changed; they take effect only at a restart")
+	}
 	// A removed bucket that comes back later must not find its old keys
 	// (maybe another tenant's by then): its namespace epoch moves on,
 	// persisted before the removal takes effect.
@@ -272,7 +275,7 @@ func (lp *loop) recheckSessions(context.Context) error {
 			s.quit()
 			continue
 		}
-		allowed := s.bkt.name == ten.cfg.Proxy.DefaultBucket
+		allowed := s.bkt.name == s.homeBucket(ten)
 		if s.user != nil {
 			allowed = s.user.CanAccess(s.bkt.name)
 		}

@@ -171,7 +171,7 @@ func (s *session) logout() {
 	s.user = nil
 	ten := s.lp.srv.ten.Load()
 	var b *bucket
-	if name := ten.cfg.Proxy.DefaultBucket; name != "" {
+	if name := s.homeBucket(ten); name != "" {
 		b = ten.bucket(name)
 	} else {
 		s.unauthenticated()
@@ -234,7 +234,7 @@ func (s *session) selectBucket(r *request) {
 		s.localStatus(r, binary.StatusKeyEnoent, "no such bucket")
 		return
 	}
-	allowed := name == ten.cfg.Proxy.DefaultBucket
+	allowed := name == s.homeBucket(ten)
 	if s.user != nil {
 		allowed = s.user.CanAccess(name)
 	}

@@ -125,6 +125,8 @@ type Server struct {
 
 	fleet *fleetLink // fleet mode (fleet.go); nil for a single instance
 
+	listeners listenerTable // [[listener]]s, fixed at start (listeners.go)
+
 	jobs      jobGroup             // off-loop work (offloop.go, the FLUSH writer): password checks, state writes, refusal delays
 	flushes   flushQueue           // FLUSHes waiting for their state file write
 	authQ     *authQueue           // password checks for the one auth worker (runs during Serve)
@@ -219,6 +221,7 @@ func New(opts Options) (*Server, error) {
 	if !opts.NoMetrics {
 		s.metrics = metrics.New(s)
 	}
+	s.listeners = newListenerTable(cfg.Listeners)
 	if err := s.openFleet(cfg); err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
@@ -283,7 +286,7 @@ func (s *Server) Serve() error {
 	defer s.pool.Close()
 	s.startFleet()
 	defer s.stopFleet()
-	err := gnet.Run(s, "tcp://"+s.opts.listen,
+	err := gnet.Rotate(s, listenAddrs(s.file),
 		gnet.WithMulticore(true),
 		gnet.WithNumEventLoop(s.opts.eventLoops),
 		gnet.WithLoadBalancing(gnet.LeastConnections),
@@ -400,12 +403,14 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		return nil, gnet.Close
 	}
 	lp := s.loopOf(c.EventLoop())
-	// A connection must authenticate when there is no default bucket. Such
+	// A connection must authenticate when it has no bucket of its own
+	// (its [[listener]]'s, or else proxy.default_bucket). Such
 	// connections may take only their share of max_connections, split
 	// between the loops; when the loop's share or max_connections is full,
 	// the oldest unauthenticated connection of the loop makes room
 	// (connlimits.go).
-	needAuth := s.ten.Load().cfg.Proxy.DefaultBucket == ""
+	listenerBucket := s.listeners.bucketOf(c.LocalAddr())
+	needAuth := listenerBucket == "" && s.ten.Load().cfg.Proxy.DefaultBucket == ""
 	var src string
 	if needAuth {
 		// A source at its part of the share makes room among its own
@@ -436,7 +441,7 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		return nil, gnet.Close
 	}
 	lp.clock()
-	ss := newSession(lp, c)
+	ss := newSession(lp, c, listenerBucket)
 	ss.src = src
 	lp.openSession(ss, needAuth)
 	c.SetContext(ss)

@@ -37,6 +37,8 @@ type session struct {
 	codec codec   // the client's protocol (codec.go)
 	req   request // the request being dispatched (onTraffic)
 
+	listenerBucket string // the bucket of the [[listener]] the client connected to; "" for proxy.listen
+
 	unpauseFn func() // s.unpause, for upstream.Conn.NotifyRoom
 
 	q  []*slot // commands not yet answered to the client, oldest first
@@ -79,12 +81,12 @@ type session struct {
 	evicted    bool          // closed to make room: no longer counted in Server.conns
 }
 
-func newSession(lp *loop, c gnet.Conn) *session {
-	s := &session{lp: lp, c: c, codec: binaryCodec{}, remote: c.RemoteAddr().String()}
+func newSession(lp *loop, c gnet.Conn, listenerBucket string) *session {
+	s := &session{lp: lp, c: c, codec: binaryCodec{}, remote: c.RemoteAddr().String(), listenerBucket: listenerBucket}
 	s.unpauseFn = s.unpause // bound once: a method value made per wait would allocate
 	lp.sessions[s] = struct{}{}
 	ten := lp.srv.ten.Load()
-	if name := ten.cfg.Proxy.DefaultBucket; name != "" {
+	if name := s.homeBucket(ten); name != "" {
 		s.setBucket(ten.bucket(name))
 	}
 	return s
