@@ -26,6 +26,10 @@ func (binaryCodec) requestLen(buf []byte, maxBody int) int {
 	return binary.PendingFrameLen(buf, maxBody)
 }
 
+func (binaryCodec) peekLen() int { return binary.HeaderLen }
+
+func (binaryCodec) starts(b byte) bool { return binary.Magic(b).IsRequest() }
+
 // appendResponse appends a classic answer, memcached's own frame (with the
 // client's opaque) when the answer is it unchanged, or a flexible-framing
 // answer carrying the read and write units (framing-info IDs 0x01 and

@@ -19,9 +19,7 @@ import "github.com/kvthrottle/kvthrottle/proto/binary"
 //     (a text codec is to build one); upstream answers reach slot.Deliver
 //     as binary frames;
 //   - telling the protocol from a connection's first byte and answering
-//     input that is no binary request (session.notRequest), and the
-//     frame length peeked while a large request arrives (onTraffic,
-//     checkBuffered, through binary.HeaderLen);
+//     input that is no binary request (session.notRequest);
 //   - what only the binary protocol has: HELLO and its features
 //     (non-blocking mode, units reported in flexible framing extras).
 
@@ -39,6 +37,10 @@ type request struct {
 	// frame is the command as memcached's binary frame, which is what goes
 	// upstream; the binary codec's is the client's own frame.
 	frame binary.Frame
+
+	// more: this request is one part of a client command whose other
+	// parts follow (see codec.decode).
+	more bool
 }
 
 // head returns what an answer to r needs of it.
@@ -84,12 +86,27 @@ type codec interface {
 	// error: the input is no valid request and the stream cannot be
 	// resumed; r's op and opaque are what could be read, to answer it.
 	// maxBody bounds a request's body (its bytes past the header).
+	//
+	// A client command may become several requests (a text multi-key
+	// get: one per key, then its end): decode then sets r.more and
+	// returns n == 0 for every part but the last, whose n is the whole
+	// command's length; the codec remembers which part comes next, and is
+	// asked again at the same place (after a hold, too) until the last.
 	decode(buf []byte, maxBody int, r *request) (n int, err error)
 
 	// requestLen returns the length of the request at the start of buf
 	// once buf tells it (with the binary protocol, its header has arrived
 	// and is valid within maxBody), else 0.
 	requestLen(buf []byte, maxBody int) int
+
+	// peekLen is how many bytes at the start of a request requestLen
+	// needs (the binary header); 0: everything buffered (a protocol
+	// whose requests are told by their first line).
+	peekLen() int
+
+	// starts reports whether b can begin a request of this protocol; a
+	// session answers input that cannot (notRequest).
+	starts(b byte) bool
 
 	// appendResponse appends resp, the answer to the request q, to dst.
 	appendResponse(dst []byte, q reqHead, resp response) []byte

@@ -108,8 +108,8 @@ func (s *session) checkBuffered() gnet.Action {
 	if n <= limit {
 		return gnet.None
 	}
-	if hdr, err := s.c.Peek(binary.HeaderLen); err == nil {
-		limit += s.codec.requestLen(hdr, s.maxBody())
+	if start, err := s.peekStart(); err == nil {
+		limit += s.codec.requestLen(start, s.maxBody())
 	}
 	if n > limit {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).Int("limit", limit).

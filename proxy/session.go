@@ -93,10 +93,10 @@ func newSession(lp *loop, c gnet.Conn, listenerBucket string) *session {
 }
 
 // onTraffic decodes (s.codec) and dispatches every whole request buffered
-// for the client, unless the session is paused. The first byte of each
-// request tells the protocol (a binary request magic, or else
-// notRequest), and while a large request arrives its binary header tells
-// how much more is coming.
+// for the client, unless the session is paused. A request's first byte
+// must start one of the codec's (else notRequest), and while a large
+// request arrives its start (the codec's peekLen bytes) tells how much
+// more is coming.
 func (s *session) onTraffic() gnet.Action {
 	s.touch()
 	if s.quitting {
@@ -109,13 +109,10 @@ func (s *session) onTraffic() gnet.Action {
 	maxBody := s.maxBody() // small until the client authenticates
 	// While a large request is still arriving, do nothing: peeking the
 	// whole buffer on every read would copy it again and again.
-	hdr, err := s.c.Peek(binary.HeaderLen)
-	if err != nil {
-		hdr, _ = s.c.Peek(-1) // less than a header
-	}
-	if len(hdr) > 0 && !binary.Magic(hdr[0]).IsRequest() {
-		// No binary request is coming: answer now, not when a header or
-		// a body has arrived.
+	hdr, err := s.peekStart()
+	if len(hdr) > 0 && !s.codec.starts(hdr[0]) {
+		// No request is coming: answer now, not when a header or a body
+		// has arrived.
 		s.notRequest(hdr)
 		s.flush()
 		return gnet.None
@@ -129,7 +126,7 @@ func (s *session) onTraffic() gnet.Action {
 	off := 0
 	r := &s.req // a field, not a local: the codec gets a pointer to it
 	for off < len(buf) {
-		if !binary.Magic(buf[off]).IsRequest() {
+		if !s.codec.starts(buf[off]) {
 			s.notRequest(buf[off:])
 			break
 		}
@@ -142,7 +139,7 @@ func (s *session) onTraffic() gnet.Action {
 			s.badFrame(r, err)
 			break
 		}
-		if n == 0 {
+		if n == 0 && !r.more {
 			break
 		}
 		if s.needAuth && (s.pending() >= preAuthMaxPending || s.unsent() > preAuthMaxOutput) {
@@ -187,6 +184,23 @@ func (s *session) onTraffic() gnet.Action {
 	}
 	return s.checkBuffered()
 }
+
+// peekStart peeks the start of the next request: the codec's peekLen
+// bytes, or everything buffered when fewer have arrived (err then says
+// so) or the codec tells requests by their whole first line.
+func (s *session) peekStart() ([]byte, error) {
+	if n := s.codec.peekLen(); n > 0 {
+		if b, err := s.c.Peek(n); err == nil {
+			return b, nil
+		}
+		b, _ := s.c.Peek(-1)
+		return b, errShortPeek
+	}
+	return s.c.Peek(-1)
+}
+
+// errShortPeek: fewer bytes than the codec's peekLen are buffered.
+var errShortPeek = errors.New("request start not yet buffered")
 
 // resume re-runs dispatch on the loop outside a gnet callback (after a
 // pause or a hold ends).
