@@ -68,6 +68,7 @@ var mcCases = []struct{ name, in string }{
 	{"set flags wrap", "set k 4294967296 0 1\r\nx\r\n"},
 	{"set junk instead of noreply", "set k 0 0 1 junk\r\nx\r\n"},
 	{"set bare newline", "set k 0 0 1\nx\r\n"},
+	{"set long line", "set k 0 0 1" + strings.Repeat(" ", 3000) + "\r\nx\r\n"},
 	{"add bad length", "add k 0 0 z\r\n"},
 	{"replace too few", "replace k 0\r\n"},
 	{"prepend bad flags", "prepend k 0x1 0 1\r\nx\r\n"},
@@ -195,16 +196,12 @@ func exchange(t *testing.T, addr, in string, n int, toClose bool) ([]byte, bool)
 		got, err := io.ReadAll(conn)
 		return got, err == nil
 	}
+	// The reply to the sentinel mn is the last, so a reply memcached sends
+	// beyond the model's shows as a mismatch within n bytes.
 	got := make([]byte, n)
 	m, err := io.ReadFull(conn, got)
 	if err != nil {
 		return got[:m], errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-	}
-	// Nothing more may follow.
-	_ = conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-	var extra [64]byte
-	if k, _ := conn.Read(extra[:]); k > 0 {
-		got = append(got, extra[:k]...)
 	}
 	return got, false
 }
