@@ -248,12 +248,14 @@ func (c *Command) fail(e Error) error {
 }
 
 // reset clears c for a new command, keeping its slices' capacity.
+// It leaves c.toks alone: tokenize writes the tokens it reports.
 func (c *Command) reset() {
-	*c = Command{
-		Keys: c.Keys[:0],
-		Args: c.Args[:0],
-		Meta: c.Meta[:0],
-	}
+	c.Kind = KindNone
+	c.Key, c.Value, c.Line = nil, nil, nil
+	c.Keys, c.Args, c.Meta = c.Keys[:0], c.Args[:0], c.Meta[:0]
+	c.Flags, c.Exptime, c.HasDelay = 0, 0, false
+	c.Delta, c.CAS, c.Level = 0, 0, 0
+	c.NoReply, c.Base64 = false, false
 }
 
 // Parse reads the command at the start of buf into c and returns its length
