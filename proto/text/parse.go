@@ -158,6 +158,12 @@ type Command struct {
 	// NUL byte (memcached reads the line as a C string).
 	Line []byte
 
+	// Need is set when Parse returns 0 and a nil error for a storage
+	// command whose line has arrived but not all of its data: the length in
+	// bytes of the whole command, so the caller knows how much to buffer.
+	// It is 0 otherwise.
+	Need int
+
 	err  Error
 	toks [maxTokens][]byte
 }
@@ -256,6 +262,7 @@ func (c *Command) reset() {
 	c.Flags, c.Exptime, c.HasDelay = 0, 0, false
 	c.Delta, c.CAS, c.Level = 0, 0, 0
 	c.NoReply, c.Base64 = false, false
+	c.Need = 0
 }
 
 // Parse reads the command at the start of buf into c and returns its length
@@ -309,30 +316,35 @@ func Parse(buf []byte, maxValue int, c *Command) (n int, err error) {
 // tokenize splits s as memcached's tokenize_command does into c.toks and
 // returns ntokens in memcached's sense (real tokens plus the terminal one)
 // and the unsplit rest of s (nil when all of s was split).
-func (c *Command) tokenize(s []byte) (nt int, rest []byte) {
+func (c *Command) tokenize(s []byte) (nt int, rest []byte) { return tokenize(&c.toks, s) }
+
+// tokenize splits s at spaces into toks, at most maxTokens-1 tokens, and
+// returns ntokens in memcached's sense (real tokens plus the terminal one)
+// and the unsplit rest of s (nil when all of s was split).
+func tokenize(toks *[maxTokens][]byte, s []byte) (nt int, rest []byte) {
 	start := 0
 	for i := 0; i < len(s); i++ {
 		if s[i] != ' ' {
 			continue
 		}
 		if i > start {
-			c.toks[nt] = s[start:i]
+			toks[nt] = s[start:i]
 			nt++
 			if nt == maxTokens-1 {
 				if i+1 < len(s) {
 					rest = s[i+1:]
 				}
-				c.toks[nt] = nil
+				toks[nt] = nil
 				return nt + 1, rest
 			}
 		}
 		start = i + 1
 	}
 	if start < len(s) {
-		c.toks[nt] = s[start:]
+		toks[nt] = s[start:]
 		nt++
 	}
-	c.toks[nt] = nil
+	toks[nt] = nil
 	return nt + 1, nil
 }
 
@@ -549,6 +561,7 @@ func (c *Command) data(buf []byte, n, vlen, maxValue int, meta bool) (int, error
 	}
 	end := n + vlen + 2
 	if len(buf) < end {
+		c.Need = end
 		return 0, nil
 	}
 	if buf[end-2] != '\r' || buf[end-1] != '\n' {

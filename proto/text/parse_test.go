@@ -116,6 +116,12 @@ func TestParseRefusals(t *testing.T) {
 		t.Errorf("long get line over the bound: %+v", *e)
 	}
 	var c Command
+	if n, err := Parse([]byte("set k 0 0 10\r\nabc"), 0, &c); n != 0 || err != nil || c.Need != 25 {
+		t.Errorf("a set waiting for its data: n %d err %v need %d", n, err, c.Need)
+	}
+	if n, err := Parse([]byte("set k 0 0 10"), 0, &c); n != 0 || err != nil || c.Need != 0 {
+		t.Errorf("a set waiting for its line: n %d err %v need %d", n, err, c.Need)
+	}
 	if n, err := Parse([]byte("get "+strings.Repeat("k ", 2000)), 0, &c); n != 0 || err != nil {
 		t.Errorf("a long get line waits for its newline: n %d err %v", n, err)
 	}
