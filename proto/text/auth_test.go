@@ -142,13 +142,13 @@ func TestAuthOneByOneMatchesMemcached(t *testing.T) {
 }
 
 func TestParseAuth(t *testing.T) {
-	in := []byte("set k 0 0 11 noreply\r\nalice s3cret\r\n")
+	in := []byte("set k 0 0 12 noreply\r\nalice s3cret\r\n")
 	var a Auth
 	for i := 0; i < len(in); i++ {
 		if n, err := ParseAuth(in[:i], 0, &a); n != 0 || err != nil {
 			t.Fatalf("prefix %d: n %d err %v", i, n, err)
 		}
-		if i > 22 && a.Need != len(in) {
+		if i >= 22 && a.Need != len(in) {
 			t.Fatalf("prefix %d: need %d", i, a.Need)
 		}
 	}
