@@ -47,6 +47,11 @@ type Auth struct {
 //
 // maxValue bounds the data block (Error.Limit, closing; memcached would
 // wait for it); maxValue <= 0 means no bound.
+//
+// memcached 1.6.18 keeps a single reply while a connection is
+// unauthenticated and overwrites it with each attempt's: of attempts it
+// reads in one batch (pipelined), only the last is answered. A client that
+// waits for each answer, as clients do, sees every one.
 func ParseAuth(buf []byte, maxValue int, a *Auth) (n int, err error) {
 	a.User, a.Password, a.Need = nil, nil, 0
 	nl := bytes.IndexByte(buf, '\n')

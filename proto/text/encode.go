@@ -1,6 +1,9 @@
 package text
 
-import "strconv"
+import (
+	"errors"
+	"strconv"
+)
 
 // Reply lines of the classic commands, with their "\r\n", as memcached
 // sends them. Append them with append(dst, End...).
@@ -274,7 +277,7 @@ func (r *MetaResponse) Flag(f byte) ([]byte, bool) {
 // ErrBadResponse is returned by ParseMetaResponse for a reply memcached
 // does not send: a VA without a valid size, or a data block not ending in
 // "\r\n". The stream cannot be resynchronised after it.
-var ErrBadResponse = &Error{Line: "SERVER_ERROR bad response from memcached", Close: true}
+var ErrBadResponse = errors.New("text: malformed meta reply")
 
 // ParseMetaResponse reads the meta reply at the start of buf (from
 // memcached) into r and returns its length in bytes, the data block of VA

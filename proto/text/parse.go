@@ -32,37 +32,38 @@ const MaxOpaqueLen = 32
 // Kind is the command a line names.
 type Kind uint8
 
-// The commands Parse knows. KindAdmin stands for memcached's
-// administrative commands (slabs, lru, lru_crawler, watch, shutdown,
-// cache_memlimit, extstore, refresh_certs, and bget, an ancient alias of
-// get): their tokens are in Command.Args and a proxy answers them itself.
+// The commands Parse knows.
 const (
-	KindNone Kind = iota
-	KindGet
-	KindGets
-	KindGat
-	KindGats
-	KindSet
-	KindAdd
-	KindReplace
-	KindAppend
-	KindPrepend
-	KindCas
-	KindIncr
-	KindDecr
-	KindDelete
-	KindTouch
-	KindFlushAll
-	KindVersion
-	KindQuit
-	KindStats
-	KindVerbosity
-	KindMetaGet        // mg
-	KindMetaSet        // ms
-	KindMetaDelete     // md
-	KindMetaArithmetic // ma
-	KindMetaNoop       // mn
-	KindMetaDebug      // me
+	KindNone           Kind = iota // no command (Parse failed or found none)
+	KindGet                        // get <key>*: Keys
+	KindGets                       // gets <key>*: Keys; the reply carries CAS values
+	KindGat                        // gat <exptime> <key>*: Exptime, Keys (possibly none: memcached answers END)
+	KindGats                       // gats <exptime> <key>*: as gat, with CAS values
+	KindSet                        // set <key> <flags> <exptime> <bytes> [noreply]: Key, Flags, Exptime, Value, NoReply
+	KindAdd                        // add: as set
+	KindReplace                    // replace: as set
+	KindAppend                     // append: as set (memcached ignores flags and exptime)
+	KindPrepend                    // prepend: as set
+	KindCas                        // cas <key> <flags> <exptime> <bytes> <cas> [noreply]: as set, and CAS
+	KindIncr                       // incr <key> <delta> [noreply]: Key, Delta, NoReply
+	KindDecr                       // decr: as incr
+	KindDelete                     // delete <key> [0] [noreply]: Key, NoReply
+	KindTouch                      // touch <key> <exptime> [noreply]: Key, Exptime, NoReply
+	KindFlushAll                   // flush_all [delay] [noreply]: Exptime and HasDelay, NoReply
+	KindVersion                    // version
+	KindQuit                       // quit: memcached closes the connection without a reply
+	KindStats                      // stats [group [args]]: Args
+	KindVerbosity                  // verbosity <level> [noreply]: Level, NoReply
+	KindMetaGet                    // mg <key> <flag>*: Key, Meta, Base64, NoReply (q)
+	KindMetaSet                    // ms <key> <datalen> <flag>*: Key, Value, Meta, Base64, NoReply (q)
+	KindMetaDelete                 // md <key> <flag>*: as mg
+	KindMetaArithmetic             // ma <key> <flag>*: as mg
+	KindMetaNoop                   // mn: memcached answers MN
+	KindMetaDebug                  // me <key> [b]: Key, Base64 (Meta holds b alone; memcached reads no other flag)
+	// KindAdmin is one of memcached's administrative commands (slabs, lru,
+	// lru_crawler, watch, shutdown, cache_memlimit, extstore,
+	// refresh_certs, and bget, an ancient alias of get): Args holds its
+	// tokens, the name first, and a proxy answers it itself.
 	KindAdmin
 	kindCount
 )

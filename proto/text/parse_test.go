@@ -116,7 +116,7 @@ func TestParseRefusals(t *testing.T) {
 		t.Errorf("long get line over the bound: %+v", *e)
 	}
 	var c Command
-	if n, err := Parse([]byte("set k 0 0 10\r\nabc"), 0, &c); n != 0 || err != nil || c.Need != 25 {
+	if n, err := Parse([]byte("set k 0 0 10\r\nabc"), 0, &c); n != 0 || err != nil || c.Need != 26 {
 		t.Errorf("a set waiting for its data: n %d err %v need %d", n, err, c.Need)
 	}
 	if n, err := Parse([]byte("set k 0 0 10"), 0, &c); n != 0 || err != nil || c.Need != 0 {
