@@ -2,9 +2,9 @@ package proxy
 
 import (
 	be "encoding/binary"
-	"strconv"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/proto/text"
 )
 
 // The text protocol's classic commands, translated to the binary
@@ -131,16 +131,9 @@ func buildTextRequest(buf []byte, c *textCommand, r *request) []byte {
 	return buf
 }
 
-// Memcached's text replies.
+// Memcached's text replies that proto/text does not name (its encoders
+// and reply lines give the rest).
 const (
-	textStored      = "STORED\r\n"
-	textNotStored   = "NOT_STORED\r\n"
-	textExists      = "EXISTS\r\n"
-	textNotFound    = "NOT_FOUND\r\n"
-	textDeleted     = "DELETED\r\n"
-	textTouched     = "TOUCHED\r\n"
-	textEnd         = "END\r\n"
-	textOK          = "OK\r\n"
 	textTooLarge    = "SERVER_ERROR object too large for cache\r\n"
 	textOutOfMemory = "SERVER_ERROR out of memory storing object\r\n"
 	textNonNumeric  = "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n"
@@ -162,36 +155,26 @@ func appendTextResponse(dst []byte, q reqHead, resp response) []byte {
 		if len(resp.extras) >= 4 {
 			flags = be.BigEndian.Uint32(resp.extras)
 		}
-		dst = append(dst, "VALUE "...)
-		dst = append(dst, resp.key...)
-		dst = append(dst, ' ')
-		dst = strconv.AppendUint(dst, uint64(flags), 10)
-		dst = append(dst, ' ')
-		dst = strconv.AppendInt(dst, int64(len(resp.value)), 10)
 		if k == tkGets || k == tkGats {
-			dst = append(dst, ' ')
-			dst = strconv.AppendUint(dst, resp.cas, 10)
+			return text.AppendValueCAS(dst, resp.key, flags, resp.value, resp.cas)
 		}
-		dst = append(dst, "\r\n"...)
-		dst = append(dst, resp.value...)
-		return append(dst, "\r\n"...)
+		return text.AppendValue(dst, resp.key, flags, resp.value)
 	case tkEnd:
-		return append(dst, textEnd...)
+		return append(dst, text.End...)
 	case tkSet, tkAdd, tkReplace, tkAppend, tkPrepend, tkCas:
-		return append(dst, textStored...)
+		return append(dst, text.Stored...)
 	case tkIncr, tkDecr:
 		var n uint64
 		if len(resp.value) == 8 {
 			n = be.BigEndian.Uint64(resp.value)
 		}
-		dst = strconv.AppendUint(dst, n, 10)
-		return append(dst, "\r\n"...)
+		return text.AppendNumber(dst, n)
 	case tkDelete:
-		return append(dst, textDeleted...)
+		return append(dst, text.Deleted...)
 	case tkTouch:
-		return append(dst, textTouched...)
+		return append(dst, text.Touched...)
 	case tkFlushAll, tkVerbosity:
-		return append(dst, textOK...)
+		return append(dst, text.OK...)
 	case tkVersion:
 		dst = append(dst, "VERSION "...)
 		dst = append(dst, resp.value...)
@@ -217,27 +200,27 @@ func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []b
 	case tkSet, tkAdd, tkReplace, tkAppend, tkPrepend:
 		switch st {
 		case binary.StatusKeyEexists, binary.StatusKeyEnoent, binary.StatusNotStored:
-			return append(dst, textNotStored...)
+			return append(dst, text.NotStored...)
 		}
 	case tkCas:
 		switch st {
 		case binary.StatusKeyEexists:
-			return append(dst, textExists...)
+			return append(dst, text.Exists...)
 		case binary.StatusKeyEnoent:
-			return append(dst, textNotFound...)
+			return append(dst, text.NotFound...)
 		case binary.StatusNotStored:
-			return append(dst, textNotStored...)
+			return append(dst, text.NotStored...)
 		}
 	case tkIncr, tkDecr:
 		switch st {
 		case binary.StatusKeyEnoent:
-			return append(dst, textNotFound...)
+			return append(dst, text.NotFound...)
 		case binary.StatusDeltaBadval:
 			return append(dst, textNonNumeric...)
 		}
 	case tkDelete, tkTouch:
 		if st == binary.StatusKeyEnoent {
-			return append(dst, textNotFound...)
+			return append(dst, text.NotFound...)
 		}
 	}
 	switch st {
