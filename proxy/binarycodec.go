@@ -30,6 +30,8 @@ func (binaryCodec) peekLen() int { return binary.HeaderLen }
 
 func (binaryCodec) starts(b byte) bool { return binary.Magic(b).IsRequest() }
 
+func (binaryCodec) partDone(bool) {}
+
 // appendResponse appends a classic answer, memcached's own frame (with the
 // client's opaque) when the answer is it unchanged, or a flexible-framing
 // answer carrying the read and write units (framing-info IDs 0x01 and

@@ -39,8 +39,9 @@ type request struct {
 	frame binary.Frame
 
 	// more: this request is one part of a client command whose other
-	// parts follow (see codec.decode).
-	more bool
+	// parts follow; last: the last part of such a command (see
+	// codec.decode).
+	more, last bool
 }
 
 // head returns what an answer to r needs of it.
@@ -107,6 +108,11 @@ type codec interface {
 	// starts reports whether b can begin a request of this protocol; a
 	// session answers input that cannot (notRequest).
 	starts(b byte) bool
+
+	// partDone tells the codec that the part of a client command decode
+	// gave last (request.more or .last) was dispatched: the next decode
+	// gives the next part.
+	partDone(last bool)
 
 	// appendResponse appends resp, the answer to the request q, to dst.
 	appendResponse(dst []byte, q reqHead, resp response) []byte

@@ -37,6 +37,10 @@ type session struct {
 	codec codec   // the client's protocol (codec.go)
 	req   request // the request being dispatched (onTraffic)
 
+	text   textCodec // the text protocol's codec, when the client speaks it (codec points here)
+	picked bool      // the protocol is chosen (by the first byte)
+	skip   int       // input bytes still to drop (what a refused text command swallows)
+
 	listenerBucket string // the bucket of the [[listener]] the client connected to; "" for proxy.listen
 
 	unpauseFn func() // s.unpause, for upstream.Conn.NotifyRoom
@@ -106,6 +110,28 @@ func (s *session) onTraffic() gnet.Action {
 	if s.pause != running {
 		return s.checkBuffered()
 	}
+	if s.skip > 0 {
+		n, _ := s.c.Discard(s.skip)
+		s.skip -= n
+		if s.skip > 0 {
+			return gnet.None
+		}
+	}
+	if !s.picked {
+		// The first byte tells the protocol, as memcached tells it: a
+		// binary request magic, or else text.
+		b, err := s.c.Peek(1)
+		if err != nil {
+			return gnet.None
+		}
+		s.picked = true
+		// (A binary response magic stays binary: the client is confused,
+		// and gets Einval, notRequest.)
+		if m := binary.Magic(b[0]); !m.IsRequest() && !m.IsResponse() {
+			s.text.s = s
+			s.codec = &s.text
+		}
+	}
 	maxBody := s.maxBody() // small until the client authenticates
 	// While a large request is still arriving, do nothing: peeking the
 	// whole buffer on every read would copy it again and again.
@@ -132,6 +158,26 @@ func (s *session) onTraffic() gnet.Action {
 		}
 		s.framed = true
 		n, err := s.codec.decode(buf[off:], maxBody, r)
+		var refused *codecReply
+		if errors.As(err, &refused) {
+			// Input the protocol refuses the way memcached does: its
+			// answer, then on with the next command (or closed).
+			if len(refused.reply) > 0 {
+				s.local(func(b []byte) []byte { return append(b, refused.reply...) })
+			}
+			if refused.close {
+				s.quit()
+				off = len(buf)
+				break
+			}
+			if avail := len(buf) - off; refused.skip > avail {
+				s.skip = refused.skip - avail
+				off = len(buf)
+				break
+			}
+			off += refused.skip
+			continue
+		}
 		if err != nil {
 			if s.needAuth && errors.Is(err, binary.ErrFrameTooLarge) {
 				err = fmt.Errorf("%w before authentication: authenticate first", err)
@@ -165,6 +211,9 @@ func (s *session) onTraffic() gnet.Action {
 		}
 		if !s.dispatch(r) {
 			break
+		}
+		if r.more || r.last {
+			s.codec.partDone(r.last)
 		}
 		s.leaveLaneWait() // its turn is taken, whether the request went upstream or not
 		off += n

@@ -37,6 +37,10 @@ const (
 	tkFlushAll
 	tkVersion
 	tkVerbosity
+	tkQuit
+	tkStats
+	tkMetaNoop
+	tkAuth // memcached's text authentication, as SASL PLAIN
 )
 
 // textTag is what a text request's reqHead.opaque carries (the text
@@ -86,6 +90,10 @@ var textOps = [...]struct{ loud, quiet binary.Opcode }{
 	tkFlushAll:  {binary.OpFlush, binary.OpFlushQ},
 	tkVersion:   {binary.OpVersion, binary.OpVersion},
 	tkVerbosity: {binary.OpVerbosity, binary.OpVerbosity},
+	tkQuit:      {binary.OpQuit, binary.OpQuit},
+	tkStats:     {binary.OpStat, binary.OpStat},
+	tkMetaNoop:  {binary.OpNoop, binary.OpNoop},
+	tkAuth:      {binary.OpSASLAuth, binary.OpSASLAuth},
 }
 
 // buildTextRequest fills r with c as a binary request whose frame is built
@@ -150,6 +158,21 @@ func appendTextResponse(dst []byte, q reqHead, resp response) []byte {
 		return dst
 	}
 	switch k {
+	case tkStats:
+		if len(resp.key) == 0 {
+			return append(dst, text.End...)
+		}
+		dst = append(dst, "STAT "...)
+		dst = appendLine(dst, string(resp.key))
+		dst = append(dst, ' ')
+		dst = appendLine(dst, string(resp.value))
+		return append(dst, "\r\n"...)
+	case tkMetaNoop:
+		return append(dst, text.MetaNoop...)
+	case tkAuth:
+		return append(dst, text.AuthStored...)
+	case tkQuit:
+		return dst
 	case tkGet, tkGets, tkGat, tkGats:
 		var flags uint32
 		if len(resp.extras) >= 4 {
@@ -189,10 +212,26 @@ func appendTextResponse(dst []byte, q reqHead, resp response) []byte {
 // retrieval miss answers nothing; noreply suppresses every reply.
 func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []byte {
 	k, noreply := tagOf(q.opaque)
-	if noreply {
+	if noreply || k == tkQuit {
 		return dst
 	}
+	if st == binary.StatusSuccess { // the proxy's own answers (NOOP, QUIT ...)
+		return appendTextResponse(dst, q, response{status: st})
+	}
+	if st == binary.StatusEaccess && reason == "authentication required" {
+		return append(dst, "CLIENT_ERROR unauthenticated\r\n"...)
+	}
 	switch k {
+	case tkAuth:
+		if st == binary.StatusAuthError {
+			return append(dst, text.AuthFailure...)
+		}
+	case tkVerbosity:
+		return append(dst, text.OK...) // memcached answers OK, whatever the level
+	case tkFlushAll:
+		if st == binary.StatusEaccess {
+			return append(dst, "CLIENT_ERROR flush_all not allowed\r\n"...)
+		}
 	case tkGet, tkGets, tkGat, tkGats:
 		if st == binary.StatusKeyEnoent {
 			return dst

@@ -1,0 +1,194 @@
+package proxy
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/proto/text"
+)
+
+// textCodec is memcached's text protocol as a codec (codec.go), for a
+// client whose first byte is not a binary request magic (DESIGN.md section
+// 12). proto/text parses each command exactly as memcached does; the
+// classic commands become the binary requests the rest of the proxy
+// handles (texttrans.go), and their answers become memcached's text
+// replies. A retrieval command becomes one request per key and an END.
+// Input memcached refuses is answered as memcached answers it (a
+// codecReply). Meta commands are answered "SERVER_ERROR" for now, except
+// mn.
+//
+// A session keeps its textCodec in place (session.text) and the codec
+// interface points at it, so that its buffers are reused.
+type textCodec struct {
+	s       *session
+	cmd     text.Command
+	auth    text.Auth
+	tc      textCommand
+	scratch []byte // the binary frame of the request being dispatched
+	part    int    // which part of a retrieval command comes next
+}
+
+var _ codec = (*textCodec)(nil)
+
+// codecReply is a decode error the session answers and goes on from
+// (unless close): the client's input is refused with reply (empty:
+// silently), its skip bytes dropped (the command and whatever memcached
+// swallows after it, which may not have arrived yet).
+type codecReply struct {
+	reply []byte
+	skip  int
+	close bool
+}
+
+func (e *codecReply) Error() string { return "refused: " + strings.TrimSpace(string(e.reply)) }
+
+// errMetaUnsupported answers a meta command other than mn.
+var errMetaUnsupported = []byte("SERVER_ERROR meta commands are not supported by kvthrottle yet\r\n")
+
+func (c *textCodec) peekLen() int { return 0 }
+
+func (c *textCodec) starts(byte) bool { return true }
+
+func (c *textCodec) requestLen(buf []byte, maxBody int) int {
+	n, err := c.parse(buf, maxBody)
+	if err != nil {
+		return 0 // decode answers it
+	}
+	if n == 0 {
+		if c.authenticating() {
+			return c.auth.Need
+		}
+		return c.cmd.Need
+	}
+	return n
+}
+
+// authenticating reports that the client must authenticate and may do so
+// with memcached's text authentication (a first set carrying "user
+// password").
+func (c *textCodec) authenticating() bool { return c.s.needAuth && c.s.user == nil }
+
+func (c *textCodec) parse(buf []byte, maxBody int) (int, error) {
+	if c.authenticating() {
+		return text.ParseAuth(buf, maxBody, &c.auth)
+	}
+	return text.Parse(buf, maxBody, &c.cmd)
+}
+
+func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
+	n, err := c.parse(buf, maxBody)
+	if err != nil {
+		var te *text.Error
+		if errors.As(err, &te) {
+			c.part = 0
+			re := &codecReply{skip: n + te.Swallow, close: te.Close}
+			if !te.Silent && te.Line != "" {
+				re.reply = te.AppendReply(nil)
+			}
+			return 0, re
+		}
+		return 0, err
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if c.authenticating() {
+		// memcached's text authentication, as SASL PLAIN.
+		c.tc = textCommand{kind: tkAuth, key: []byte("PLAIN")}
+		c.scratch = append(c.scratch[:0], 0)
+		c.scratch = append(c.scratch, c.auth.User...)
+		c.scratch = append(c.scratch, 0)
+		c.scratch = append(c.scratch, c.auth.Password...)
+		c.tc.value = c.scratch
+		c.scratch = buildTextRequest(nil, &c.tc, r)
+		return n, nil
+	}
+	cmd := &c.cmd
+	tc := &c.tc
+	*tc = textCommand{noreply: cmd.NoReply, key: cmd.Key, value: cmd.Value, flags: cmd.Flags,
+		exptime: textExptime(cmd.Exptime), cas: cmd.CAS, delta: cmd.Delta}
+	switch cmd.Kind {
+	case text.KindGet, text.KindGets, text.KindGat, text.KindGats:
+		tc.kind = retrievalKinds[cmd.Kind]
+		if c.part < len(cmd.Keys) {
+			tc.key = cmd.Keys[c.part]
+			c.scratch = buildTextRequest(c.scratch, tc, r)
+			r.more = true
+			return 0, nil
+		}
+		tc.kind, tc.key = tkEnd, nil
+		c.scratch = buildTextRequest(c.scratch, tc, r)
+		r.last = true
+		return n, nil
+	case text.KindSet:
+		tc.kind = tkSet
+	case text.KindAdd:
+		tc.kind = tkAdd
+	case text.KindReplace:
+		tc.kind = tkReplace
+	case text.KindAppend:
+		tc.kind = tkAppend
+	case text.KindPrepend:
+		tc.kind = tkPrepend
+	case text.KindCas:
+		tc.kind = tkCas
+	case text.KindIncr:
+		tc.kind = tkIncr
+	case text.KindDecr:
+		tc.kind = tkDecr
+	case text.KindDelete:
+		tc.kind = tkDelete
+	case text.KindTouch:
+		tc.kind = tkTouch
+	case text.KindFlushAll:
+		tc.kind = tkFlushAll
+	case text.KindVersion:
+		tc.kind = tkVersion
+	case text.KindVerbosity:
+		tc.kind = tkVerbosity
+	case text.KindQuit:
+		tc.kind = tkQuit
+	case text.KindStats:
+		tc.kind = tkStats
+		tc.key = nil
+		if len(cmd.Args) > 0 {
+			tc.key = cmd.Args[0]
+		}
+	case text.KindMetaNoop:
+		tc.kind = tkMetaNoop
+	default: // the other meta commands, memcached's administrative ones
+		return 0, &codecReply{reply: errMetaUnsupported, skip: n}
+	}
+	c.scratch = buildTextRequest(c.scratch, tc, r)
+	return n, nil
+}
+
+// partDone: the part decode gave last was dispatched.
+func (c *textCodec) partDone(last bool) {
+	if last {
+		c.part = 0
+	} else {
+		c.part++
+	}
+}
+
+func (c *textCodec) appendResponse(dst []byte, q reqHead, resp response) []byte {
+	return appendTextResponse(dst, q, resp)
+}
+
+func (c *textCodec) appendError(dst []byte, q reqHead, st binary.Status, reason string) []byte {
+	return appendTextError(dst, q, st, reason)
+}
+
+var retrievalKinds = [...]textKind{text.KindGet: tkGet, text.KindGets: tkGets, text.KindGat: tkGat, text.KindGats: tkGats}
+
+// textExptime is a text exptime as the binary protocol's: memcached's text
+// protocol expires an item at once for a negative exptime, which the
+// binary one (unsigned) says with an absolute time long past.
+func textExptime(e int32) uint32 {
+	if e < 0 {
+		return 30*24*3600 + 1 // an absolute Unix time in 1970
+	}
+	return uint32(e)
+}
