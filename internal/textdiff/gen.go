@@ -1,0 +1,684 @@
+package textdiff
+
+import (
+	"encoding/base64"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+)
+
+// GenOptions configures Generate. The zero value of every field but Seed
+// picks a default.
+type GenOptions struct {
+	// Seed makes the stream: the same GenOptions give the same stream.
+	Seed uint64
+	// Commands is the number of commands to generate (default 1000).
+	Commands int
+	// FlushAll allows flush_all commands (which empty the whole server;
+	// through a proxy they may be refused or scoped to a tenant).
+	FlushAll bool
+	// HugeMax is the largest huge value, in bytes (default 1 MiB + 4 KiB,
+	// so that some huge values exceed memcached's default 1 MiB item size
+	// limit and some do not).
+	HugeMax int
+	// TooLarge is the size of the values meant to be refused as too large
+	// (default 2 MiB). Memcached swallows their data.
+	TooLarge int
+	// NoHuge leaves out huge and too-large values (for quick runs).
+	NoHuge bool
+}
+
+// ttls are the exptimes the generator uses: never, already expired
+// (negative, or an absolute time in the past), or relative times of whole
+// thousands of seconds, so that nothing expires during a run and a
+// reported remaining TTL, rounded to thousands, does not depend on when
+// it is asked (see Options.KeepTTL).
+var ttls = []string{"0", "0", "0", "-1", "1000", "2000", "5000", "9000", "2592000", "1000000000"}
+
+// plainKeys are ordinary keys of various shapes; numKeys hold counters;
+// bigKeys hold huge values. A small pool makes commands interact.
+var (
+	plainKeys = []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "a:b/c", "x.y-z_1",
+		"\u00fc\u00f1\u00ee", strings.Repeat("L", 250)}
+	numKeys = []string{"n0", "n1", "n2"}
+	bigKeys = []string{"big0", "big1"}
+)
+
+// gen holds the generator's state.
+type gen struct {
+	r     *rand.Rand
+	o     GenOptions
+	s     *Stream
+	n     int  // commands generated
+	fresh bool // the next command is the first on a new connection
+}
+
+// Generate returns the stream that o describes. It is deterministic: a
+// given GenOptions always yields the same stream. Every command in it is
+// one whose reply from memcached 1.6 does not depend on the wall clock or
+// on the server's identity (given a fresh server and Options' TTL
+// rounding); commands that make memcached close the connection end their
+// batch, and the next batch opens a new connection.
+func Generate(o GenOptions) *Stream {
+	if o.Commands <= 0 {
+		o.Commands = 1000
+	}
+	if o.HugeMax <= 0 {
+		o.HugeMax = 1<<20 + 4<<10
+	}
+	if o.TooLarge <= 0 {
+		o.TooLarge = 2 << 20
+	}
+	g := &gen{r: rand.New(rand.NewPCG(o.Seed, 0x7465787464696666)), o: o, s: &Stream{Seed: o.Seed}}
+	for g.n < o.Commands {
+		b := Batch{NewConn: len(g.s.Batches) == 0 || g.s.Batches[len(g.s.Batches)-1].Closes() || g.r.IntN(50) == 0}
+		if b.NewConn {
+			g.fresh = true
+		}
+		size := 1
+		switch p := g.r.IntN(10); {
+		case p < 4:
+		case p < 8:
+			size = 2 + g.r.IntN(10)
+		default:
+			size = 10 + g.r.IntN(90)
+		}
+		for len(b.Cmds) < size && g.n < o.Commands {
+			if g.r.IntN(400) == 0 {
+				// An over-long line: memcached closes the connection
+				// without a reply, possibly with a reset that loses
+				// replies still in flight, so it goes alone in a batch.
+				if len(b.Cmds) > 0 {
+					break
+				}
+				b.Cmds = append(b.Cmds, g.longLine())
+				g.n++
+				break
+			}
+			cmds := g.next()
+			b.Cmds = append(b.Cmds, cmds...)
+			g.n += len(cmds)
+			g.fresh = false
+			if b.Closes() {
+				break
+			}
+		}
+		g.s.Batches = append(g.s.Batches, b)
+	}
+	return g.s
+}
+
+// pick returns a random element of xs.
+func pick[T any](r *rand.Rand, xs []T) T { return xs[r.IntN(len(xs))] }
+
+func (g *gen) chance(n int) bool { return g.r.IntN(n) == 0 }
+
+// key returns a key for reads and most writes.
+func (g *gen) key() string {
+	switch p := g.r.IntN(100); {
+	case p < 3:
+		return pick(g.r, bigKeys)
+	case p < 15:
+		return pick(g.r, numKeys)
+	case p < 17:
+		return "miss" + strconv.Itoa(g.r.IntN(1000))
+	default:
+		return pick(g.r, plainKeys)
+	}
+}
+
+// badKey returns a key longer than memcached's 250 bytes.
+func (g *gen) badKey() string { return strings.Repeat("K", 251+g.r.IntN(100)) }
+
+func (g *gen) ttl() string { return pick(g.r, ttls) }
+
+func (g *gen) flags() string {
+	switch p := g.r.IntN(20); {
+	case p < 12:
+		return "0"
+	case p < 18:
+		return strconv.Itoa(g.r.IntN(70000))
+	case p < 19:
+		return "4294967295"
+	default:
+		return "4294967296" // memcached 1.6 accepts and truncates it
+	}
+}
+
+// value returns data for key: counters for numeric keys, huge values for
+// big keys now and then, small values (binary ones sometimes) otherwise.
+func (g *gen) value(key string) []byte {
+	for _, k := range numKeys {
+		if k == key && !g.chance(8) {
+			return []byte(pick(g.r, []string{"0", "1", "42", "99", "100", "18446744073709551615",
+				"18446744073709551614", "007", "12a", strconv.Itoa(g.r.IntN(1 << 30))}))
+		}
+	}
+	if !g.o.NoHuge {
+		for _, k := range bigKeys {
+			if k == key && g.chance(4) {
+				return g.bytes(100<<10+g.r.IntN(g.o.HugeMax-100<<10+1), true)
+			}
+		}
+	}
+	n := g.r.IntN(64)
+	if g.chance(20) {
+		n = 64 + g.r.IntN(4096)
+	}
+	return g.bytes(n, g.chance(5))
+}
+
+// bytes returns n bytes: any byte values if binary, letters otherwise.
+func (g *gen) bytes(n int, binary bool) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		if binary {
+			b[i] = byte(g.r.IntN(256))
+		} else {
+			b[i] = byte('a' + g.r.IntN(26))
+		}
+	}
+	return b
+}
+
+// safeData returns n (at least 1) bytes that memcached, should it read
+// them as a command line rather than data, answers with a single ERROR.
+func (g *gen) safeData(n int) []byte {
+	if n < 1 {
+		n = 1
+	}
+	b := g.bytes(n, false)
+	b[0] = 'z'
+	return b
+}
+
+// eol is the command line terminator: memcached also accepts a bare LF.
+func (g *gen) eol() string {
+	if g.chance(10) {
+		return "\n"
+	}
+	return "\r\n"
+}
+
+func (g *gen) noreply() bool { return g.chance(6) }
+
+// next returns the next command, or a few when it makes a quiet run.
+func (g *gen) next() []Command {
+	p := g.r.IntN(1000)
+	switch {
+	case p < 150:
+		return []Command{g.get()}
+	case p < 330:
+		return []Command{g.store()}
+	case p < 370:
+		return []Command{g.cas()}
+	case p < 430:
+		return []Command{g.incr()}
+	case p < 470:
+		return []Command{g.del()}
+	case p < 500:
+		return []Command{g.touch()}
+	case p < 510:
+		return []Command{g.misc()}
+	case p < 620:
+		return []Command{g.mg()}
+	case p < 720:
+		return []Command{g.ms()}
+	case p < 750:
+		return []Command{g.md()}
+	case p < 800:
+		return []Command{g.ma()}
+	case p < 815:
+		return []Command{{Text: []byte("mn" + g.eol()), Replies: 1, Kind: "mn"}}
+	case p < 860:
+		return g.quietRun()
+	case p < 863:
+		return []Command{{Text: []byte("quit" + g.eol()), Closes: true, Replies: 0, Kind: "quit"}}
+	case p < 867 && !g.o.NoHuge:
+		return []Command{g.tooLarge()}
+	default:
+		return []Command{g.bad()}
+	}
+}
+
+func (g *gen) get() Command {
+	verb := pick(g.r, []string{"get", "get", "gets", "gat", "gats"})
+	line := verb
+	if verb == "gat" || verb == "gats" {
+		line += " " + g.ttl()
+	}
+	n := 1 + g.r.IntN(4)
+	if g.chance(10) {
+		n = 5 + g.r.IntN(20)
+	}
+	for range n {
+		line += " " + g.key()
+	}
+	return Command{Text: []byte(line + g.eol()), Replies: 1, Kind: verb}
+}
+
+// storeLine returns a storage command for verb with data, its line
+// ending with the data block.
+func storeText(line string, eol string, data []byte) []byte {
+	b := make([]byte, 0, len(line)+len(eol)+len(data)+2)
+	b = append(b, line...)
+	b = append(b, eol...)
+	b = append(b, data...)
+	return append(b, "\r\n"...)
+}
+
+func (g *gen) store() Command {
+	verb := pick(g.r, []string{"set", "set", "set", "add", "replace", "append", "prepend"})
+	key := g.key()
+	data := g.value(key)
+	line := fmt.Sprintf("%s %s %s %s %d", verb, key, g.flags(), g.ttl(), len(data))
+	c := Command{Replies: 1, Kind: verb}
+	if g.noreply() {
+		line += " noreply"
+		c.Replies = 0
+	}
+	c.Text = storeText(line, g.eol(), data)
+	return c
+}
+
+// casRef fills in c's CAS reference to key.
+func (g *gen) casRef(c *Command, key string) {
+	c.CASKey = key
+	switch p := g.r.IntN(10); {
+	case p < 6:
+	case p < 8:
+		c.CASDelta = -1
+	default:
+		c.CASDelta = 1 + g.r.Int64N(1000)
+	}
+}
+
+func (g *gen) cas() Command {
+	key := g.key()
+	data := g.value(key)
+	line := fmt.Sprintf("cas %s %s %s %d %s", key, g.flags(), g.ttl(), len(data), CASPlaceholder)
+	c := Command{Replies: 1, Kind: "cas"}
+	if g.noreply() {
+		line += " noreply"
+		c.Replies = 0
+	}
+	g.casRef(&c, key)
+	c.Text = storeText(line, g.eol(), data)
+	return c
+}
+
+func (g *gen) incr() Command {
+	verb := pick(g.r, []string{"incr", "decr"})
+	key := pick(g.r, numKeys)
+	if g.chance(5) {
+		key = g.key()
+	}
+	delta := pick(g.r, []string{"1", "1", "5", "100", "0", "18446744073709551615", strconv.Itoa(g.r.IntN(1 << 20))})
+	line := verb + " " + key + " " + delta
+	c := Command{Replies: 1, Kind: verb}
+	if g.noreply() {
+		line += " noreply"
+		c.Replies = 0
+	}
+	c.Text = []byte(line + g.eol())
+	return c
+}
+
+func (g *gen) del() Command {
+	line := "delete " + g.key()
+	if g.chance(10) {
+		line += " 0"
+	}
+	c := Command{Replies: 1, Kind: "delete"}
+	if g.noreply() {
+		line += " noreply"
+		c.Replies = 0
+	}
+	c.Text = []byte(line + g.eol())
+	return c
+}
+
+func (g *gen) touch() Command {
+	line := "touch " + g.key() + " " + g.ttl()
+	c := Command{Replies: 1, Kind: "touch"}
+	if g.noreply() {
+		line += " noreply"
+		c.Replies = 0
+	}
+	c.Text = []byte(line + g.eol())
+	return c
+}
+
+// misc returns version, verbosity or (when allowed) flush_all.
+func (g *gen) misc() Command {
+	switch p := g.r.IntN(10); {
+	case p < 4:
+		return Command{Text: []byte("version" + g.eol()), Replies: 1, Kind: "version"}
+	case p < 7 || !g.o.FlushAll:
+		if g.chance(3) {
+			return Command{Text: []byte("verbosity 0 noreply" + g.eol()), Replies: 0, Kind: "verbosity"}
+		}
+		return Command{Text: []byte("verbosity 0" + g.eol()), Replies: 1, Kind: "verbosity"}
+	default:
+		// A delayed flush (flush_all N, N != 0) would depend on the clock.
+		switch g.r.IntN(3) {
+		case 0:
+			return Command{Text: []byte("flush_all" + g.eol()), Replies: 1, Kind: "flush_all"}
+		case 1:
+			return Command{Text: []byte("flush_all 0" + g.eol()), Replies: 1, Kind: "flush_all"}
+		default:
+			return Command{Text: []byte("flush_all noreply" + g.eol()), Replies: 0, Kind: "flush_all"}
+		}
+	}
+}
+
+// metaKey returns key as written on a meta command line, base64-encoded
+// (with the b flag added to flags) now and then.
+func (g *gen) metaKey(key string, flags *[]string) string {
+	if g.chance(6) {
+		*flags = append(*flags, "b")
+		return base64.StdEncoding.EncodeToString([]byte(key))
+	}
+	return key
+}
+
+// some returns a random subset of opts, in random order.
+func (g *gen) some(opts []string, p int) []string {
+	var out []string
+	for _, o := range opts {
+		if g.r.IntN(100) < p {
+			out = append(out, o)
+		}
+	}
+	g.r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+func (g *gen) opaque() string { return "O" + strconv.Itoa(g.r.IntN(100000)) }
+
+// metaLine joins a meta command's words.
+func metaLine(verb, key string, args []string, flags []string) string {
+	w := append([]string{verb, key}, args...)
+	return strings.Join(append(w, flags...), " ")
+}
+
+func (g *gen) mg() Command {
+	key := g.key()
+	// h and l report access history and time; they are left out.
+	flags := g.some([]string{"v", "k", "c", "f", "s", "t", "q", "u"}, 30)
+	if g.chance(3) {
+		flags = append(flags, g.opaque())
+	}
+	if g.chance(8) {
+		flags = append(flags, "N"+pick(g.r, ttls[4:9]))
+	}
+	if g.chance(10) {
+		flags = append(flags, "T"+g.ttl())
+	}
+	c := Command{Replies: 1, Kind: "mg"}
+	for _, f := range flags {
+		if f == "q" {
+			c.Replies = -1
+		}
+	}
+	k := g.metaKey(key, &flags)
+	c.Text = []byte(metaLine("mg", k, nil, flags) + g.eol())
+	return c
+}
+
+func (g *gen) ms() Command {
+	key := g.key()
+	data := g.value(key)
+	flags := g.some([]string{"q", "k", "c", "I"}, 20)
+	if g.chance(3) {
+		flags = append(flags, "T"+g.ttl())
+	}
+	if g.chance(3) {
+		flags = append(flags, "F"+g.flags())
+	}
+	if g.chance(4) {
+		flags = append(flags, g.opaque())
+	}
+	if g.chance(4) {
+		flags = append(flags, "M"+pick(g.r, []string{"E", "A", "P", "R", "S", "a", "p"}))
+		if g.chance(3) {
+			flags = append(flags, "N"+pick(g.r, ttls[4:9]))
+		}
+	}
+	c := Command{Replies: 1, Kind: "ms"}
+	if g.chance(6) {
+		flags = append(flags, "C"+CASPlaceholder)
+		g.casRef(&c, key)
+	}
+	for _, f := range flags {
+		if f == "q" {
+			c.Replies = -1
+		}
+	}
+	k := g.metaKey(key, &flags)
+	c.Text = storeText(metaLine("ms", k, []string{strconv.Itoa(len(data))}, flags), g.eol(), data)
+	return c
+}
+
+func (g *gen) md() Command {
+	key := g.key()
+	flags := g.some([]string{"q", "k", "I"}, 20)
+	if g.chance(4) {
+		flags = append(flags, g.opaque())
+	}
+	if g.chance(5) {
+		flags = append(flags, "T"+pick(g.r, ttls[4:9]))
+	}
+	c := Command{Replies: 1, Kind: "md"}
+	if g.chance(6) {
+		flags = append(flags, "C"+CASPlaceholder)
+		g.casRef(&c, key)
+	}
+	for _, f := range flags {
+		if f == "q" {
+			c.Replies = -1
+		}
+	}
+	k := g.metaKey(key, &flags)
+	c.Text = []byte(metaLine("md", k, nil, flags) + g.eol())
+	return c
+}
+
+func (g *gen) ma() Command {
+	key := pick(g.r, numKeys)
+	if g.chance(5) {
+		key = g.key()
+	}
+	flags := g.some([]string{"q", "k", "v", "t", "c"}, 30)
+	if g.chance(3) {
+		flags = append(flags, "N"+pick(g.r, ttls[4:9]))
+	}
+	if g.chance(3) {
+		flags = append(flags, "J"+strconv.Itoa(g.r.IntN(1000)))
+	}
+	if g.chance(2) {
+		flags = append(flags, "D"+pick(g.r, []string{"1", "7", "1000", "18446744073709551615"}))
+	}
+	if g.chance(3) {
+		flags = append(flags, "M"+pick(g.r, []string{"I", "+", "D", "-", "i", "d"}))
+	}
+	if g.chance(4) {
+		flags = append(flags, g.opaque())
+	}
+	c := Command{Replies: 1, Kind: "ma"}
+	if g.chance(8) {
+		flags = append(flags, "C"+CASPlaceholder)
+		g.casRef(&c, key)
+	}
+	for _, f := range flags {
+		if f == "q" {
+			c.Replies = -1
+		}
+	}
+	k := g.metaKey(key, &flags)
+	c.Text = []byte(metaLine("ma", k, nil, flags) + g.eol())
+	return c
+}
+
+// quietRun returns quiet meta commands and noreply text commands ended by
+// mn, as clients pipeline them.
+func (g *gen) quietRun() []Command {
+	n := 1 + g.r.IntN(8)
+	var out []Command
+	for range n {
+		var c Command
+		switch g.r.IntN(6) {
+		case 0:
+			key := g.key()
+			data := g.value(key)
+			c = Command{Text: storeText(fmt.Sprintf("set %s %s %s %d noreply", key, g.flags(), g.ttl(), len(data)), "\r\n", data), Kind: "set"}
+		case 1:
+			c = Command{Text: []byte("delete " + g.key() + " noreply\r\n"), Kind: "delete"}
+		default:
+			for {
+				switch g.r.IntN(4) {
+				case 0:
+					c = g.mg()
+				case 1:
+					c = g.ms()
+				case 2:
+					c = g.md()
+				default:
+					c = g.ma()
+				}
+				if c.Replies == -1 {
+					break
+				}
+			}
+		}
+		c.Replies = -1
+		out = append(out, c)
+	}
+	return append(out, Command{Text: []byte("mn\r\n"), Replies: 1, Kind: "mn"})
+}
+
+// tooLarge returns a storage command whose value is over memcached's item
+// size limit: memcached answers SERVER_ERROR and swallows the data.
+func (g *gen) tooLarge() Command {
+	key := g.key()
+	data := g.bytes(g.o.TooLarge+g.r.IntN(1000), true)
+	if g.chance(2) {
+		return Command{Text: storeText(fmt.Sprintf("ms %s %d T0", key, len(data)), "\r\n", data), Replies: 1, Kind: "ms too large"}
+	}
+	return Command{Text: storeText(fmt.Sprintf("set %s 0 0 %d", key, len(data)), "\r\n", data), Replies: 1, Kind: "set too large"}
+}
+
+// longLine returns a line over memcached's 16 KiB read buffer, which it
+// answers by closing the connection.
+func (g *gen) longLine() Command {
+	return Command{Text: []byte("get " + strings.Repeat("x", 17000+g.r.IntN(10000)) + "\r\n"), Closes: true, Replies: 0, Kind: "line too long"}
+}
+
+// bad returns one of the malformed commands memcached answers with an
+// error and carries on after.
+func (g *gen) bad() Command {
+	key := g.key()
+	c := Command{Replies: -1, Kind: "bad"}
+	var s string
+	switch g.r.IntN(34) {
+	case 0:
+		s = pick(g.r, []string{"foo bar", "GET k0", "", "gets", "get", "bogus", "statsx", "  get k0", "set", "incr", "mn2", "mgk0"}) + g.eol()
+	case 1:
+		s = "get k0 " + g.badKey() + " k1\r\n"
+	case 2:
+		s = "mg " + g.badKey() + " v\r\n"
+	case 3:
+		s = "mg " + key + " zz\r\n"
+	case 4:
+		s = "mg " + key + " v " + "O" + strings.Repeat("9", 40) + "\r\n"
+	case 5:
+		s = "mg !!!! b v\r\n"
+	case 6:
+		s = "ms " + key + "\r\n"
+	case 7:
+		s = "ms " + key + " 3 MZ\r\nzab\r\n"
+	case 8:
+		s = "ms " + key + " abc\r\nzab\r\n"
+	case 9:
+		s = "ms " + g.badKey() + " 3\r\nzab\r\n"
+	case 10:
+		s = "ms !!!! 3 b\r\nzab\r\n"
+	case 11:
+		s = "ma " + key + " Mx\r\n"
+	case 12:
+		s = "ma " + key + " Dabc\r\n"
+	case 13:
+		s = "ma " + key + " D-1\r\n"
+	case 14:
+		s = "set " + key + " abc 0 3\r\nzab\r\n"
+	case 15:
+		s = "set " + key + " 0 abc 3\r\nzab\r\n"
+	case 16:
+		s = "set " + key + " 0 0 -1\r\nzab\r\n"
+	case 17:
+		s = "set " + key + " 0 0 abc\r\nzab\r\n"
+	case 18:
+		s = "set " + key + " 0 0 4294967296\r\nz\r\n"
+	case 19:
+		s = "set " + g.badKey() + " 0 0 3\r\nzab\r\n"
+	case 20:
+		s = "set " + key + " 0 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23\r\nz\r\n"
+	case 21:
+		s = "set " + key + " 0 0\r\n"
+	case 22:
+		s = "cas " + key + " 0 0 1\r\nz\r\n"
+	case 23:
+		s = "cas " + key + " 0 0 1 abc\r\nz\r\n"
+	case 24:
+		s = "incr " + key + " " + pick(g.r, []string{"-1", "abc", "18446744073709551616", ""}) + "\r\n"
+	case 25:
+		s = "touch " + key + " abc\r\n"
+	case 26:
+		s = "gat abc " + key + "\r\n"
+	case 27:
+		s = "delete " + key + " 5\r\n"
+	case 28:
+		s = "get k0\x00k1\r\n"
+	case 29:
+		if g.fresh {
+			s = "version\r\n" // 0x80 first on a connection means binary
+		} else {
+			s = "\x80abc\r\n"
+		}
+	case 30:
+		// Bad data chunk: more data than announced, the surplus read as
+		// a (bad) command line.
+		n := g.r.IntN(100)
+		verb := pick(g.r, []string{"set", "add", "append", "ms"})
+		var line string
+		if verb == "ms" {
+			line = fmt.Sprintf("ms %s %d", key, n)
+		} else {
+			line = fmt.Sprintf("%s %s 0 0 %d", verb, key, n)
+		}
+		if g.chance(3) {
+			if verb == "ms" {
+				line += " q"
+			} else {
+				line += " noreply"
+			}
+		}
+		s = line + "\r\n" + string(g.safeData(n+2+g.r.IntN(20))) + "\r\n"
+	case 31:
+		// Bad data chunk: the terminator replaced.
+		n := 1 + g.r.IntN(50)
+		s = fmt.Sprintf("set %s 0 0 %d\r\n%szz\r\n", key, n, g.safeData(n))
+	case 32:
+		// A long but acceptable line of junk.
+		s = "z" + strings.Repeat("y", 1000+g.r.IntN(7000)) + "\r\n"
+	default:
+		if g.o.FlushAll {
+			s = "flush_all abc\r\n"
+		} else {
+			s = "verbosity\r\n"
+		}
+	}
+	c.Text = []byte(s)
+	return c
+}

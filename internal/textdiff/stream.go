@@ -1,0 +1,84 @@
+// Package textdiff is a differential test harness for memcached's text and
+// meta protocols: Generate builds a long, seeded, deterministic stream of
+// commands (good and bad), and Run sends the same bytes, with the same
+// write boundaries, to two servers and compares their replies byte for
+// byte. Against two fresh memcached servers started with the same flags
+// the replies are identical; against memcached and a proxy in front of a
+// fresh memcached they must be too.
+//
+// Replies that depend on the wall clock are avoided by the generator or
+// normalized by Run (see Options.KeepTTL); CAS values are not normalized
+// but are deterministic for identical fresh servers fed identical
+// sequences.
+package textdiff
+
+import "bytes"
+
+// CASPlaceholder is the token Run replaces, in the command line of a
+// Command whose CASKey is set, by a CAS value it saw in that side's
+// replies for CASKey (see Command.CASDelta).
+const CASPlaceholder = "$CAS"
+
+// Command is one command of a stream: the bytes of its command line and,
+// for storage commands, its data block, exactly as written to the wire.
+type Command struct {
+	// Text is the command line, its terminator and any data block.
+	Text []byte
+	// CASKey, when not empty, names a key whose latest CAS value Run
+	// substitutes for the first CASPlaceholder in Text, per side.
+	CASKey string
+	// CASDelta is added to the substituted CAS value: 0 gives the value
+	// last seen (a likely match), anything else a stale one. When no CAS
+	// was seen for CASKey yet, Run substitutes 987654321+CASDelta.
+	CASDelta int64
+	// Closes is set when memcached closes the connection after this
+	// command (quit, an over-long line). It is always the last command of
+	// its Batch.
+	Closes bool
+	// Replies is the number of reply groups (a line, or VALUE blocks up to
+	// END, or a VA block) memcached answers this command with, or -1
+	// when it depends on the server's state (quiet and noreply commands).
+	// It is used only to name the command a difference belongs to.
+	Replies int
+	// Kind names the generator case that made the command, for reports.
+	Kind string
+}
+
+// isMN reports whether the command is a meta no-op, which memcached
+// answers with "MN\r\n" whatever its arguments.
+func (c *Command) isMN() bool {
+	return bytes.HasPrefix(c.Text, []byte("mn\r\n")) || bytes.HasPrefix(c.Text, []byte("mn\n")) ||
+		bytes.HasPrefix(c.Text, []byte("mn "))
+}
+
+// Batch is a run of commands written to the connection in one write.
+type Batch struct {
+	// NewConn asks for a fresh connection (on both sides) before this
+	// batch. The first batch of a stream always gets one; so does every
+	// batch after one whose last command Closes.
+	NewConn bool
+	// Cmds are the batch's commands in order.
+	Cmds []Command
+}
+
+// Closes reports whether the batch's last command closes the connection.
+func (b *Batch) Closes() bool {
+	return len(b.Cmds) > 0 && b.Cmds[len(b.Cmds)-1].Closes
+}
+
+// Stream is a generated command sequence, split into batches.
+type Stream struct {
+	// Seed is the seed it was generated from.
+	Seed uint64
+	// Batches in the order they are sent.
+	Batches []Batch
+}
+
+// Len returns the number of commands in the stream.
+func (s *Stream) Len() int {
+	n := 0
+	for i := range s.Batches {
+		n += len(s.Batches[i].Cmds)
+	}
+	return n
+}
