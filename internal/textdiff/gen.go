@@ -23,7 +23,8 @@ type GenOptions struct {
 	// limit and some do not).
 	HugeMax int
 	// TooLarge is the size of the values meant to be refused as too large
-	// (default 2 MiB). Memcached swallows their data.
+	// (default 1 MiB + 16 KiB; up to 1000 bytes are added at random).
+	// Memcached swallows their data.
 	TooLarge int
 	// NoHuge leaves out huge and too-large values (for quick runs).
 	NoHuge bool
@@ -68,7 +69,7 @@ func Generate(o GenOptions) *Stream {
 		o.HugeMax = 1<<20 + 4<<10
 	}
 	if o.TooLarge <= 0 {
-		o.TooLarge = 2 << 20
+		o.TooLarge = 1<<20 + 16<<10
 	}
 	g := &gen{r: rand.New(rand.NewPCG(o.Seed, 0x7465787464696666)), o: o, s: &Stream{Seed: o.Seed}}
 	for g.n < o.Commands {
@@ -76,6 +77,7 @@ func Generate(o GenOptions) *Stream {
 		if b.NewConn {
 			g.fresh = true
 		}
+		reads := map[string]bool{}
 		size := 1
 		switch p := g.r.IntN(10); {
 		case p < 4:
@@ -92,11 +94,29 @@ func Generate(o GenOptions) *Stream {
 				if len(b.Cmds) > 0 {
 					break
 				}
-				b.Cmds = append(b.Cmds, g.longLine())
+				c := g.longLine()
+				for _, k := range c.reads {
+					reads[k] = true
+				}
+				b.Cmds = append(b.Cmds, c)
 				g.n++
-				break
+				if c.Closes {
+					break
+				}
+				continue
 			}
 			cmds := g.next()
+			if conflict(cmds, reads) {
+				if len(b.Cmds) > 0 {
+					break
+				}
+				continue
+			}
+			for _, c := range cmds {
+				for _, k := range c.reads {
+					reads[k] = true
+				}
+			}
 			b.Cmds = append(b.Cmds, cmds...)
 			g.n += len(cmds)
 			g.fresh = false
@@ -107,6 +127,26 @@ func Generate(o GenOptions) *Stream {
 		g.s.Batches = append(g.s.Batches, b)
 	}
 	return g.s
+}
+
+// conflict reports whether one of cmds increments or decrements a key
+// that reads, or a command before it in cmds, names. Memcached rewrites a
+// counter in place only when nobody else holds a reference to the item,
+// and a reply not yet sent, to a command earlier in the same pipelined
+// batch, may: whether it is still unsent depends on timing, and so do the
+// counter's length (in place it is padded with spaces) and later replies.
+// The generator keeps such pairs in separate batches.
+func conflict(cmds []Command, reads map[string]bool) bool {
+	local := map[string]bool{}
+	for _, c := range cmds {
+		if c.delta != "" && (reads[c.delta] || local[c.delta]) {
+			return true
+		}
+		for _, k := range c.reads {
+			local[k] = true
+		}
+	}
+	return false
 }
 
 // pick returns a random element of xs.
@@ -172,12 +212,17 @@ func (g *gen) value(key string) []byte {
 // bytes returns n bytes: any byte values if binary, letters otherwise.
 func (g *gen) bytes(n int, binary bool) []byte {
 	b := make([]byte, n)
+	var w uint64
 	for i := range b {
-		if binary {
-			b[i] = byte(g.r.IntN(256))
-		} else {
-			b[i] = byte('a' + g.r.IntN(26))
+		if i%8 == 0 {
+			w = g.r.Uint64()
 		}
+		if binary {
+			b[i] = byte(w)
+		} else {
+			b[i] = 'a' + byte(w)%26
+		}
+		w >>= 8
 	}
 	return b
 }
@@ -235,7 +280,7 @@ func (g *gen) next() []Command {
 		return g.quietRun()
 	case p < 863:
 		return []Command{{Text: []byte("quit" + g.eol()), Closes: true, Replies: 0, Kind: "quit"}}
-	case p < 867 && !g.o.NoHuge:
+	case p < 865 && !g.o.NoHuge:
 		return []Command{g.tooLarge()}
 	default:
 		return []Command{g.bad()}
@@ -252,10 +297,14 @@ func (g *gen) get() Command {
 	if g.chance(10) {
 		n = 5 + g.r.IntN(20)
 	}
+	c := Command{Replies: 1, Kind: verb}
 	for range n {
-		line += " " + g.key()
+		k := g.key()
+		line += " " + k
+		c.reads = append(c.reads, k)
 	}
-	return Command{Text: []byte(line + g.eol()), Replies: 1, Kind: verb}
+	c.Text = []byte(line + g.eol())
+	return c
 }
 
 // storeLine returns a storage command for verb with data, its line
@@ -273,7 +322,7 @@ func (g *gen) store() Command {
 	key := g.key()
 	data := g.value(key)
 	line := fmt.Sprintf("%s %s %s %s %d", verb, key, g.flags(), g.ttl(), len(data))
-	c := Command{Replies: 1, Kind: verb}
+	c := Command{Replies: 1, Kind: verb, reads: []string{key}}
 	if g.noreply() {
 		line += " noreply"
 		c.Replies = 0
@@ -298,7 +347,7 @@ func (g *gen) cas() Command {
 	key := g.key()
 	data := g.value(key)
 	line := fmt.Sprintf("cas %s %s %s %d %s", key, g.flags(), g.ttl(), len(data), CASPlaceholder)
-	c := Command{Replies: 1, Kind: "cas"}
+	c := Command{Replies: 1, Kind: "cas", reads: []string{key}}
 	if g.noreply() {
 		line += " noreply"
 		c.Replies = 0
@@ -316,7 +365,7 @@ func (g *gen) incr() Command {
 	}
 	delta := pick(g.r, []string{"1", "1", "5", "100", "0", "18446744073709551615", strconv.Itoa(g.r.IntN(1 << 20))})
 	line := verb + " " + key + " " + delta
-	c := Command{Replies: 1, Kind: verb}
+	c := Command{Replies: 1, Kind: verb, delta: key, reads: []string{key}}
 	if g.noreply() {
 		line += " noreply"
 		c.Replies = 0
@@ -326,11 +375,12 @@ func (g *gen) incr() Command {
 }
 
 func (g *gen) del() Command {
-	line := "delete " + g.key()
+	key := g.key()
+	line := "delete " + key
 	if g.chance(10) {
 		line += " 0"
 	}
-	c := Command{Replies: 1, Kind: "delete"}
+	c := Command{Replies: 1, Kind: "delete", reads: []string{key}}
 	if g.noreply() {
 		line += " noreply"
 		c.Replies = 0
@@ -340,8 +390,9 @@ func (g *gen) del() Command {
 }
 
 func (g *gen) touch() Command {
-	line := "touch " + g.key() + " " + g.ttl()
-	c := Command{Replies: 1, Kind: "touch"}
+	key := g.key()
+	line := "touch " + key + " " + g.ttl()
+	c := Command{Replies: 1, Kind: "touch", reads: []string{key}}
 	if g.noreply() {
 		line += " noreply"
 		c.Replies = 0
@@ -416,7 +467,7 @@ func (g *gen) mg() Command {
 	if g.chance(10) {
 		flags = append(flags, "T"+g.ttl())
 	}
-	c := Command{Replies: 1, Kind: "mg"}
+	c := Command{Replies: 1, Kind: "mg", reads: []string{key}}
 	for _, f := range flags {
 		if f == "q" {
 			c.Replies = -1
@@ -446,7 +497,7 @@ func (g *gen) ms() Command {
 			flags = append(flags, "N"+pick(g.r, ttls[4:9]))
 		}
 	}
-	c := Command{Replies: 1, Kind: "ms"}
+	c := Command{Replies: 1, Kind: "ms", reads: []string{key}}
 	if g.chance(6) {
 		flags = append(flags, "C"+CASPlaceholder)
 		g.casRef(&c, key)
@@ -470,7 +521,7 @@ func (g *gen) md() Command {
 	if g.chance(5) {
 		flags = append(flags, "T"+pick(g.r, ttls[4:9]))
 	}
-	c := Command{Replies: 1, Kind: "md"}
+	c := Command{Replies: 1, Kind: "md", reads: []string{key}}
 	if g.chance(6) {
 		flags = append(flags, "C"+CASPlaceholder)
 		g.casRef(&c, key)
@@ -506,7 +557,7 @@ func (g *gen) ma() Command {
 	if g.chance(4) {
 		flags = append(flags, g.opaque())
 	}
-	c := Command{Replies: 1, Kind: "ma"}
+	c := Command{Replies: 1, Kind: "ma", delta: key, reads: []string{key}}
 	if g.chance(8) {
 		flags = append(flags, "C"+CASPlaceholder)
 		g.casRef(&c, key)
@@ -532,9 +583,10 @@ func (g *gen) quietRun() []Command {
 		case 0:
 			key := g.key()
 			data := g.value(key)
-			c = Command{Text: storeText(fmt.Sprintf("set %s %s %s %d noreply", key, g.flags(), g.ttl(), len(data)), "\r\n", data), Kind: "set"}
+			c = Command{Text: storeText(fmt.Sprintf("set %s %s %s %d noreply", key, g.flags(), g.ttl(), len(data)), "\r\n", data), Kind: "set", reads: []string{key}}
 		case 1:
-			c = Command{Text: []byte("delete " + g.key() + " noreply\r\n"), Kind: "delete"}
+			key := g.key()
+			c = Command{Text: []byte("delete " + key + " noreply\r\n"), Kind: "delete", reads: []string{key}}
 		default:
 			for {
 				switch g.r.IntN(4) {
@@ -570,16 +622,35 @@ func (g *gen) tooLarge() Command {
 }
 
 // longLine returns a line over memcached's 16 KiB read buffer, which it
-// answers by closing the connection.
+// answers by closing the connection, unreplied, unless the line is a get
+// or gets (those it reads in pieces and answers).
 func (g *gen) longLine() Command {
-	return Command{Text: []byte("get " + strings.Repeat("x", 17000+g.r.IntN(10000)) + "\r\n"), Closes: true, Replies: 0, Kind: "line too long"}
+	n := 17000 + g.r.IntN(10000)
+	switch g.r.IntN(3) {
+	case 0:
+		return Command{Text: []byte(strings.Repeat("x", n) + "\r\n"), Closes: true, Kind: "line too long"}
+	case 1:
+		return Command{Text: []byte("mg " + strings.Repeat("x", n) + " v\r\n"), Closes: true, Kind: "line too long"}
+	}
+	line := pick(g.r, []string{"get", "gets"})
+	c := Command{Replies: 1, Kind: "long " + line}
+	for len(line) < n {
+		k := "miss" + strconv.Itoa(g.r.IntN(1000))
+		if g.chance(200) {
+			k = pick(g.r, plainKeys[:8])
+		}
+		line += " " + k
+		c.reads = append(c.reads, k)
+	}
+	c.Text = []byte(line + "\r\n")
+	return c
 }
 
 // bad returns one of the malformed commands memcached answers with an
 // error and carries on after.
 func (g *gen) bad() Command {
 	key := g.key()
-	c := Command{Replies: -1, Kind: "bad"}
+	c := Command{Replies: -1, Kind: "bad", reads: []string{key}}
 	var s string
 	switch g.r.IntN(34) {
 	case 0:

@@ -42,6 +42,11 @@ type Command struct {
 	Replies int
 	// Kind names the generator case that made the command, for reports.
 	Kind string
+
+	// reads are the keys the command names; delta the key it
+	// increments or decrements (see Generate).
+	reads []string
+	delta string
 }
 
 // isMN reports whether the command is a meta no-op, which memcached
@@ -82,3 +87,12 @@ func (s *Stream) Len() int {
 	}
 	return n
 }
+
+// MemcachedFlags are the memcached command line options under which its
+// replies to a generated stream are deterministic; start every memcached
+// a Run compares (directly, or behind a proxy) with them. Without them
+// memcached's LRU maintainer thread takes references to recently fetched
+// items in the background (asynchronous LRU bumps), and incr, decr and ma
+// rewrite a counter in place (padding it with spaces) only when nobody
+// else holds a reference: a counter's length then depends on timing.
+var MemcachedFlags = []string{"-o", "no_lru_maintainer"}

@@ -13,7 +13,7 @@ import (
 // that the generator only makes commands with deterministic replies.
 func TestMemcachedAgainstItself(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
-		a, b := testmc.Start(t), testmc.Start(t)
+		a, b := testmc.Start(t, MemcachedFlags...), testmc.Start(t, MemcachedFlags...)
 		s := Generate(GenOptions{Seed: seed, Commands: 20000, FlushAll: true})
 		start := time.Now()
 		rep, err := Run(context.Background(), a.Addr, b.Addr, s, Options{})
