@@ -72,12 +72,19 @@ func Generate(o GenOptions) *Stream {
 		o.TooLarge = 1<<20 + 16<<10
 	}
 	g := &gen{r: rand.New(rand.NewPCG(o.Seed, 0x7465787464696666)), o: o, s: &Stream{Seed: o.Seed}}
+	prev := map[string]bool{} // keys the previous batch names
 	for g.n < o.Commands {
 		b := Batch{NewConn: len(g.s.Batches) == 0 || g.s.Batches[len(g.s.Batches)-1].Closes() || g.r.IntN(50) == 0}
 		if b.NewConn {
 			g.fresh = true
 		}
+		// A batch on a new connection may run on another memcached
+		// thread while the previous connection's thread has sent its last
+		// replies but not yet released the items they hold.
 		reads := map[string]bool{}
+		if b.NewConn {
+			reads = prev
+		}
 		size := 1
 		switch p := g.r.IntN(10); {
 		case p < 4:
@@ -125,6 +132,12 @@ func Generate(o GenOptions) *Stream {
 			}
 		}
 		g.s.Batches = append(g.s.Batches, b)
+		prev = map[string]bool{}
+		for _, c := range b.Cmds {
+			for _, k := range c.reads {
+				prev[k] = true
+			}
+		}
 	}
 	return g.s
 }

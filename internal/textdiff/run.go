@@ -71,7 +71,8 @@ type Diff struct {
 	// (normalized) replies.
 	Offset int
 	// A and B are both sides' replies from the start of the reply the
-	// difference falls in, quoted and truncated.
+	// difference falls in (or from shortly before the difference, in a
+	// long reply), quoted and truncated.
 	A, B string
 	// EndA and EndB say how reading each side's replies ended: "fenced"
 	// (all replies read), "closed" (the server closed the connection),
@@ -443,6 +444,11 @@ func describe(bi, first int, b *Batch, a, bb *outcome, quote int) *Diff {
 		acc += r
 	}
 	c := &b.Cmds[ci]
+	// Quote from the start of the reply the difference is in, or from a
+	// little before the difference if that reply is long.
+	if off-start > quote/3 {
+		start = off - quote/3
+	}
 	return &Diff{
 		Batch: bi, First: first, Last: first + len(b.Cmds) - 1,
 		Cmd: first + ci, Kind: c.Kind, Command: clip(c.Text, quote),
