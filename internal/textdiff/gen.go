@@ -204,8 +204,12 @@ func (g *gen) flags() string {
 func (g *gen) value(key string) []byte {
 	for _, k := range numKeys {
 		if k == key && !g.chance(8) {
-			return []byte(pick(g.r, []string{"0", "1", "42", "99", "100", "18446744073709551615",
-				"18446744073709551614", "007", "12a", strconv.Itoa(g.r.IntN(1 << 30))}))
+			// No counter reaches 2^63: memcached 1.6's safe_strtoull
+			// looks for a '-' in such a number with strchr, which reads
+			// on past the value into whatever bytes follow it in slab
+			// memory, so whether incr calls the value numeric is chance.
+			return []byte(pick(g.r, []string{"0", "1", "42", "99", "100", "4611686018427387904",
+				"4611686018427387903", "007", "12a", strconv.Itoa(g.r.IntN(1 << 30))}))
 		}
 	}
 	if !g.o.NoHuge {
@@ -220,6 +224,22 @@ func (g *gen) value(key string) []byte {
 		n = 64 + g.r.IntN(4096)
 	}
 	return g.bytes(n, g.chance(5))
+}
+
+// affix returns the data to append or prepend to key: for a counter,
+// letters (after a space, now and then), so that no concatenation makes a
+// number of 2^63 or more (see value).
+func (g *gen) affix(key string, data []byte) []byte {
+	for _, k := range numKeys {
+		if k == key {
+			b := g.bytes(1+g.r.IntN(8), false)
+			if g.chance(3) {
+				b[0] = ' '
+			}
+			return b
+		}
+	}
+	return data
 }
 
 // bytes returns n bytes: any byte values if binary, letters otherwise.
@@ -313,6 +333,9 @@ func (g *gen) get() Command {
 	c := Command{Replies: 1, Kind: verb}
 	for range n {
 		k := g.key()
+		if verb[1] == 'a' && len(line)+1+len(k) > maxLine {
+			break // only get and gets lines may be longer (see longLine)
+		}
 		line += " " + k
 		c.reads = append(c.reads, k)
 	}
@@ -334,6 +357,9 @@ func (g *gen) store() Command {
 	verb := pick(g.r, []string{"set", "set", "set", "add", "replace", "append", "prepend"})
 	key := g.key()
 	data := g.value(key)
+	if verb == "append" || verb == "prepend" {
+		data = g.affix(key, data)
+	}
 	line := fmt.Sprintf("%s %s %s %s %d", verb, key, g.flags(), g.ttl(), len(data))
 	c := Command{Replies: 1, Kind: verb, reads: []string{key}}
 	if g.noreply() {
@@ -376,7 +402,12 @@ func (g *gen) incr() Command {
 	if g.chance(5) {
 		key = g.key()
 	}
-	delta := pick(g.r, []string{"1", "1", "5", "100", "0", "18446744073709551615", strconv.Itoa(g.r.IntN(1 << 20))})
+	deltas := []string{"1", "1", "5", "100", "0", strconv.Itoa(g.r.IntN(1 << 20))}
+	if verb == "decr" {
+		// An incr by it would wrap 0 to 2^64-1 (see value).
+		deltas = append(deltas, "18446744073709551615")
+	}
+	delta := pick(g.r, deltas)
 	line := verb + " " + key + " " + delta
 	c := Command{Replies: 1, Kind: verb, delta: key, reads: []string{key}}
 	if g.noreply() {
@@ -505,7 +536,11 @@ func (g *gen) ms() Command {
 		flags = append(flags, g.opaque())
 	}
 	if g.chance(4) {
-		flags = append(flags, "M"+pick(g.r, []string{"E", "A", "P", "R", "S", "a", "p"}))
+		mode := pick(g.r, []string{"E", "A", "P", "R", "S", "a", "p"})
+		if mode == "A" || mode == "P" || mode == "a" || mode == "p" {
+			data = g.affix(key, data)
+		}
+		flags = append(flags, "M"+mode)
 		if g.chance(3) {
 			flags = append(flags, "N"+pick(g.r, ttls[4:9]))
 		}
@@ -561,11 +596,17 @@ func (g *gen) ma() Command {
 	if g.chance(3) {
 		flags = append(flags, "J"+strconv.Itoa(g.r.IntN(1000)))
 	}
-	if g.chance(2) {
-		flags = append(flags, "D"+pick(g.r, []string{"1", "7", "1000", "18446744073709551615"}))
-	}
+	mode := ""
 	if g.chance(3) {
-		flags = append(flags, "M"+pick(g.r, []string{"I", "+", "D", "-", "i", "d"}))
+		mode = pick(g.r, []string{"I", "+", "D", "-", "i", "d"})
+		flags = append(flags, "M"+mode)
+	}
+	if g.chance(2) {
+		deltas := []string{"1", "7", "1000"}
+		if mode == "D" || mode == "-" || mode == "d" {
+			deltas = append(deltas, "18446744073709551615") // see value
+		}
+		flags = append(flags, "D"+pick(g.r, deltas))
 	}
 	if g.chance(4) {
 		flags = append(flags, g.opaque())
@@ -634,9 +675,17 @@ func (g *gen) tooLarge() Command {
 	return Command{Text: storeText(fmt.Sprintf("set %s 0 0 %d", key, len(data)), "\r\n", data), Replies: 1, Kind: "set too large"}
 }
 
+// maxLine is the longest command line, its terminator left out, that
+// memcached reliably accepts, bar get and gets. When it has read more
+// than 2048 bytes of a line without finding its end, memcached closes the
+// connection unless the line is a get or gets; whether a longer line
+// arrives in one read or in pieces depends on timing.
+const maxLine = 2000
+
 // longLine returns a line over memcached's 16 KiB read buffer, which it
 // answers by closing the connection, unreplied, unless the line is a get
-// or gets (those it reads in pieces and answers).
+// or gets (those it reads in pieces and answers). Since no such line fits
+// in one read, the close is certain.
 func (g *gen) longLine() Command {
 	n := 17000 + g.r.IntN(10000)
 	switch g.r.IntN(3) {
@@ -755,7 +804,7 @@ func (g *gen) bad() Command {
 		s = fmt.Sprintf("set %s 0 0 %d\r\n%szz\r\n", key, n, g.safeData(n))
 	case 32:
 		// A long but acceptable line of junk.
-		s = "z" + strings.Repeat("y", 1000+g.r.IntN(7000)) + "\r\n"
+		s = "z" + strings.Repeat("y", 1000+g.r.IntN(maxLine-1000)) + "\r\n"
 	default:
 		if g.o.FlushAll {
 			s = "flush_all abc\r\n"
