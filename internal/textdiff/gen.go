@@ -2,10 +2,12 @@ package textdiff
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // GenOptions configures Generate. The zero value of every field but Seed
@@ -170,11 +172,11 @@ func (g *gen) chance(n int) bool { return g.r.IntN(n) == 0 }
 // key returns a key for reads and most writes.
 func (g *gen) key() string {
 	switch p := g.r.IntN(100); {
-	case p < 3:
+	case p < 2:
 		return pick(g.r, bigKeys)
-	case p < 15:
+	case p < 14:
 		return pick(g.r, numKeys)
-	case p < 17:
+	case p < 16:
 		return "miss" + strconv.Itoa(g.r.IntN(1000))
 	default:
 		return pick(g.r, plainKeys)
@@ -214,8 +216,8 @@ func (g *gen) value(key string) []byte {
 	}
 	if !g.o.NoHuge {
 		for _, k := range bigKeys {
-			if k == key && g.chance(4) {
-				return g.bytes(100<<10+g.r.IntN(g.o.HugeMax-100<<10+1), true)
+			if k == key && g.chance(6) {
+				return g.shared(100<<10+g.r.IntN(g.o.HugeMax-100<<10+1), true)
 			}
 		}
 	}
@@ -223,7 +225,7 @@ func (g *gen) value(key string) []byte {
 	if g.chance(20) {
 		n = 64 + g.r.IntN(4096)
 	}
-	return g.bytes(n, g.chance(5))
+	return g.shared(n, g.chance(5))
 }
 
 // affix returns the data to append or prepend to key: for a counter,
@@ -242,22 +244,57 @@ func (g *gen) affix(key string, data []byte) []byte {
 	return data
 }
 
-// bytes returns n bytes: any byte values if binary, letters otherwise.
-func (g *gen) bytes(n int, binary bool) []byte {
+// pools of random letters and random bytes that values are cut from
+// (cheaper than drawing every byte), made once from a fixed seed.
+var (
+	poolOnce            sync.Once
+	letterPool, binPool []byte
+)
+
+const poolSize = 2 << 20
+
+func pools() ([]byte, []byte) {
+	poolOnce.Do(func() {
+		r := rand.New(rand.NewPCG(1, 2))
+		letterPool, binPool = make([]byte, poolSize), make([]byte, poolSize)
+		for i := range letterPool {
+			letterPool[i] = 'a' + byte(r.IntN(26))
+		}
+		for i := 0; i < poolSize; i += 8 {
+			binary.LittleEndian.PutUint64(binPool[i:], r.Uint64())
+		}
+	})
+	return letterPool, binPool
+}
+
+// bytes returns n new bytes: any byte values if bin, letters otherwise.
+func (g *gen) bytes(n int, bin bool) []byte {
+	pool, bp := pools()
+	if bin {
+		pool = bp
+	}
 	b := make([]byte, n)
-	var w uint64
-	for i := range b {
-		if i%8 == 0 {
-			w = g.r.Uint64()
-		}
-		if binary {
-			b[i] = byte(w)
-		} else {
-			b[i] = 'a' + byte(w)%26
-		}
-		w >>= 8
+	off := g.r.IntN(len(pool))
+	for i := 0; i < n; {
+		k := copy(b[i:], pool[off:])
+		i += k
+		off = 0
 	}
 	return b
+}
+
+// shared is bytes, but its result may be a piece of a pool, which nobody
+// may modify.
+func (g *gen) shared(n int, bin bool) []byte {
+	pool, bp := pools()
+	if bin {
+		pool = bp
+	}
+	if n > len(pool) {
+		return g.bytes(n, bin)
+	}
+	off := g.r.IntN(len(pool) - n + 1)
+	return pool[off : off+n : off+n]
 }
 
 // safeData returns n (at least 1) bytes that memcached, should it read
@@ -313,7 +350,7 @@ func (g *gen) next() []Command {
 		return g.quietRun()
 	case p < 863:
 		return []Command{{Text: []byte("quit" + g.eol()), Closes: true, Replies: 0, Kind: "quit"}}
-	case p < 865 && !g.o.NoHuge:
+	case p < 864 && !g.o.NoHuge:
 		return []Command{g.tooLarge()}
 	default:
 		return []Command{g.bad()}
@@ -343,14 +380,9 @@ func (g *gen) get() Command {
 	return c
 }
 
-// storeLine returns a storage command for verb with data, its line
-// ending with the data block.
-func storeText(line string, eol string, data []byte) []byte {
-	b := make([]byte, 0, len(line)+len(eol)+len(data)+2)
-	b = append(b, line...)
-	b = append(b, eol...)
-	b = append(b, data...)
-	return append(b, "\r\n"...)
+// storeText returns a storage command's Text (line and eol) and Data.
+func storeText(line string, eol string, data []byte) ([]byte, []byte) {
+	return []byte(line + eol), data
 }
 
 func (g *gen) store() Command {
@@ -366,7 +398,7 @@ func (g *gen) store() Command {
 		line += " noreply"
 		c.Replies = 0
 	}
-	c.Text = storeText(line, g.eol(), data)
+	c.Text, c.Data = storeText(line, g.eol(), data)
 	return c
 }
 
@@ -392,7 +424,7 @@ func (g *gen) cas() Command {
 		c.Replies = 0
 	}
 	g.casRef(&c, key)
-	c.Text = storeText(line, g.eol(), data)
+	c.Text, c.Data = storeText(line, g.eol(), data)
 	return c
 }
 
@@ -556,7 +588,7 @@ func (g *gen) ms() Command {
 		}
 	}
 	k := g.metaKey(key, &flags)
-	c.Text = storeText(metaLine("ms", k, []string{strconv.Itoa(len(data))}, flags), g.eol(), data)
+	c.Text, c.Data = storeText(metaLine("ms", k, []string{strconv.Itoa(len(data))}, flags), g.eol(), data)
 	return c
 }
 
@@ -637,7 +669,8 @@ func (g *gen) quietRun() []Command {
 		case 0:
 			key := g.key()
 			data := g.value(key)
-			c = Command{Text: storeText(fmt.Sprintf("set %s %s %s %d noreply", key, g.flags(), g.ttl(), len(data)), "\r\n", data), Kind: "set", reads: []string{key}}
+			c = Command{Kind: "set", reads: []string{key}}
+			c.Text, c.Data = storeText(fmt.Sprintf("set %s %s %s %d noreply", key, g.flags(), g.ttl(), len(data)), "\r\n", data)
 		case 1:
 			key := g.key()
 			c = Command{Text: []byte("delete " + key + " noreply\r\n"), Kind: "delete", reads: []string{key}}
@@ -668,11 +701,15 @@ func (g *gen) quietRun() []Command {
 // size limit: memcached answers SERVER_ERROR and swallows the data.
 func (g *gen) tooLarge() Command {
 	key := g.key()
-	data := g.bytes(g.o.TooLarge+g.r.IntN(1000), true)
+	data := g.shared(g.o.TooLarge+g.r.IntN(1000), true)
+	c := Command{Replies: 1, Kind: "set too large"}
 	if g.chance(2) {
-		return Command{Text: storeText(fmt.Sprintf("ms %s %d T0", key, len(data)), "\r\n", data), Replies: 1, Kind: "ms too large"}
+		c.Kind = "ms too large"
+		c.Text, c.Data = storeText(fmt.Sprintf("ms %s %d T0", key, len(data)), "\r\n", data)
+		return c
 	}
-	return Command{Text: storeText(fmt.Sprintf("set %s 0 0 %d", key, len(data)), "\r\n", data), Replies: 1, Kind: "set too large"}
+	c.Text, c.Data = storeText(fmt.Sprintf("set %s 0 0 %d", key, len(data)), "\r\n", data)
+	return c
 }
 
 // maxLine is the longest command line, its terminator left out, that
@@ -694,17 +731,18 @@ func (g *gen) longLine() Command {
 	case 1:
 		return Command{Text: []byte("mg " + strings.Repeat("x", n) + " v\r\n"), Closes: true, Kind: "line too long"}
 	}
-	line := pick(g.r, []string{"get", "gets"})
-	c := Command{Replies: 1, Kind: "long " + line}
+	verb := pick(g.r, []string{"get", "gets"})
+	c := Command{Replies: 1, Kind: "long " + verb}
+	line := append(make([]byte, 0, n+32), verb...)
 	for len(line) < n {
 		k := "miss" + strconv.Itoa(g.r.IntN(1000))
 		if g.chance(200) {
 			k = pick(g.r, plainKeys[:8])
+			c.reads = append(c.reads, k)
 		}
-		line += " " + k
-		c.reads = append(c.reads, k)
+		line = append(append(line, ' '), k...)
 	}
-	c.Text = []byte(line + "\r\n")
+	c.Text = append(line, "\r\n"...)
 	return c
 }
 

@@ -220,14 +220,17 @@ func (s *side) wire(b *Batch) ([]byte, int) {
 		}
 		if c.CASKey == "" {
 			out = append(out, c.Text...)
-			continue
+		} else {
+			v, ok := s.cas[c.CASKey]
+			if !ok {
+				v = 987654321
+			}
+			v += uint64(c.CASDelta)
+			out = append(out, bytes.Replace(c.Text, []byte(CASPlaceholder), strconv.AppendUint(nil, v, 10), 1)...)
 		}
-		v, ok := s.cas[c.CASKey]
-		if !ok {
-			v = 987654321
+		if c.Data != nil {
+			out = append(append(out, c.Data...), "\r\n"...)
 		}
-		v += uint64(c.CASDelta)
-		out = append(out, bytes.Replace(c.Text, []byte(CASPlaceholder), strconv.AppendUint(nil, v, 10), 1)...)
 	}
 	if b.Closes() {
 		return out, 0
@@ -267,10 +270,11 @@ func (s *side) read(o *outcome, wantMN int, roundTTL bool) string {
 			return endOf(err)
 		}
 		hdr := line
-		n, isBlock := blockLen(line)
-		s.learnCAS(line)
+		f := strings.Fields(string(line))
+		n, isBlock := blockLen(f)
+		s.learnCAS(f)
 		if roundTTL {
-			hdr = roundTTLs(line)
+			hdr = roundTTLs(line, f)
 		}
 		o.reply = append(o.reply, hdr...)
 		if isBlock {
@@ -320,10 +324,9 @@ func endOf(err error) string {
 	}
 }
 
-// blockLen reports whether line heads a data block (VALUE or VA) and the
-// block's length without its CRLF.
-func blockLen(line []byte) (int, bool) {
-	f := strings.Fields(string(line))
+// blockLen reports whether a reply line, split into fields f, heads a
+// data block (VALUE or VA), and the block's length without its CRLF.
+func blockLen(f []string) (int, bool) {
 	var tok string
 	switch {
 	case len(f) >= 4 && f[0] == "VALUE":
@@ -352,10 +355,10 @@ func metaReply(f []string) bool {
 	return false
 }
 
-// learnCAS records the CAS value a reply line reports for a key: a gets
-// VALUE line, or a meta reply carrying both c and k flags.
-func (s *side) learnCAS(line []byte) {
-	f := strings.Fields(string(line))
+// learnCAS records the CAS value a reply line (split into fields f)
+// reports for a key: a gets VALUE line, or a meta reply carrying both c
+// and k flags.
+func (s *side) learnCAS(f []string) {
 	if len(f) == 5 && f[0] == "VALUE" {
 		if v, err := strconv.ParseUint(f[4], 10, 64); err == nil {
 			s.cas[f[1]] = v
@@ -393,9 +396,9 @@ func (s *side) learnCAS(line []byte) {
 }
 
 // roundTTLs returns line with each positive t token of a meta reply
-// header rounded to the nearest thousand.
-func roundTTLs(line []byte) []byte {
-	f := strings.Fields(string(line))
+// header rounded to the nearest thousand; f are line's fields, which it
+// may change.
+func roundTTLs(line []byte, f []string) []byte {
 	if !metaReply(f) {
 		return line
 	}
@@ -451,7 +454,7 @@ func describe(bi, first int, b *Batch, a, bb *outcome, quote int) *Diff {
 	}
 	return &Diff{
 		Batch: bi, First: first, Last: first + len(b.Cmds) - 1,
-		Cmd: first + ci, Kind: c.Kind, Command: clip(c.Text, quote),
+		Cmd: first + ci, Kind: c.Kind, Command: clip(append(c.Text[:len(c.Text):len(c.Text)], c.Data...), quote),
 		Offset: off,
 		A:      clip(tail(a.reply, start), quote), B: clip(tail(bb.reply, start), quote),
 		EndA: a.end, EndB: bb.end,

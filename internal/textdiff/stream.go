@@ -22,8 +22,13 @@ const CASPlaceholder = "$CAS"
 // Command is one command of a stream: the bytes of its command line and,
 // for storage commands, its data block, exactly as written to the wire.
 type Command struct {
-	// Text is the command line, its terminator and any data block.
+	// Text is the command line with its terminator, and for malformed
+	// commands whatever follows it.
 	Text []byte
+	// Data, when not nil, is a data block: Run writes it after Text,
+	// followed by CRLF. It may share memory with other Commands' Data and
+	// must not be modified.
+	Data []byte
 	// CASKey, when not empty, names a key whose latest CAS value Run
 	// substitutes for the first CASPlaceholder in Text, per side.
 	CASKey string

@@ -3,6 +3,7 @@ package textdiff
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -16,21 +17,24 @@ import (
 // that the generator only makes commands with deterministic replies.
 func TestMemcachedAgainstItself(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
-		a, b := testmc.Start(t, MemcachedFlags...), testmc.Start(t, MemcachedFlags...)
-		s := Generate(GenOptions{Seed: seed, Commands: 20000, FlushAll: true})
-		start := time.Now()
-		rep, err := Run(context.Background(), a.Addr, b.Addr, s, Options{})
-		if err != nil {
-			t.Fatalf("seed %d: %v", seed, err)
-		}
-		if rep.Diff != nil {
-			t.Fatalf("seed %d: %s", seed, rep.Diff)
-		}
-		if rep.Commands != s.Len() || rep.Batches != len(s.Batches) {
-			t.Fatalf("seed %d: ran %d commands in %d batches, stream has %d in %d", seed, rep.Commands, rep.Batches, s.Len(), len(s.Batches))
-		}
-		t.Logf("seed %d: %d commands in %d batches on %d connections, %d bytes sent, %d bytes of replies, %v",
-			seed, rep.Commands, rep.Batches, rep.Conns, rep.BytesSent, rep.RepliesA, time.Since(start))
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			t.Parallel()
+			a, b := testmc.Start(t, MemcachedFlags...), testmc.Start(t, MemcachedFlags...)
+			s := Generate(GenOptions{Seed: seed, Commands: 20000, FlushAll: true})
+			start := time.Now()
+			rep, err := Run(context.Background(), a.Addr, b.Addr, s, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Diff != nil {
+				t.Fatal(rep.Diff)
+			}
+			if rep.Commands != s.Len() || rep.Batches != len(s.Batches) {
+				t.Fatalf("ran %d commands in %d batches, stream has %d in %d", rep.Commands, rep.Batches, s.Len(), len(s.Batches))
+			}
+			t.Logf("%d commands in %d batches on %d connections, %d bytes sent, %d bytes of replies, %v",
+				rep.Commands, rep.Batches, rep.Conns, rep.BytesSent, rep.RepliesA, time.Since(start))
+		})
 	}
 }
 
