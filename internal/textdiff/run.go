@@ -150,10 +150,10 @@ func Run(ctx context.Context, addrA, addrB string, stream *Stream, opts Options)
 		}
 		var outs [2]outcome
 		var wg sync.WaitGroup
+		ca, cb := sides[0].conn, sides[1].conn
 		stop := context.AfterFunc(ctx, func() {
-			for _, s := range sides {
-				_ = s.conn.SetDeadline(time.Unix(1, 0))
-			}
+			_ = ca.SetDeadline(time.Unix(1, 0))
+			_ = cb.SetDeadline(time.Unix(1, 0))
 		})
 		for i, s := range sides {
 			wg.Add(1)

@@ -2,14 +2,59 @@
 // meta protocols: Generate builds a long, seeded, deterministic stream of
 // commands (good and bad), and Run sends the same bytes, with the same
 // write boundaries, to two servers and compares their replies byte for
-// byte. Against two fresh memcached servers started with the same flags
-// the replies are identical; against memcached and a proxy in front of a
-// fresh memcached they must be too.
+// byte. Against two fresh memcached servers started alike, with
+// MemcachedFlags, the replies are identical; against memcached and a proxy
+// in front of a fresh memcached they must be too.
 //
-// Replies that depend on the wall clock are avoided by the generator or
-// normalized by Run (see Options.KeepTTL); CAS values are not normalized
-// but are deterministic for identical fresh servers fed identical
-// sequences.
+// What memcached 1.6 (1.6.18 here) does that the generator has to know,
+// found by experiment:
+//
+//   - Connections it closes: quit (after answering what came before), and
+//     a command line it has read more than 2048 bytes of without finding
+//     its end, unless the line is a get or gets (those may be any length).
+//     Lines over its 16 KiB read buffer are therefore always closed (with a
+//     reset, no reply); lines between 2 and 16 KiB are closed or answered
+//     depending on how the bytes arrive, so the generator makes none.
+//     Nothing else closes a connection: unknown commands, bad numbers, keys
+//     over 250 bytes, bad data chunks and oversized values are all answered
+//     (ERROR, CLIENT_ERROR ..., SERVER_ERROR object too large for cache) and
+//     the connection goes on.
+//   - Bytes it swallows: the data block of a storage command whose length it
+//     parsed, even when the item is refused as too large; a bad data chunk
+//     (wrong length) makes it read exactly the announced length plus two
+//     bytes and parse the rest as a command line. When the command line is
+//     bad (key too long, bad flags or exptime, negative length, too many
+//     tokens), it does not read the data block, which it then parses as a
+//     command line; for ms with an undecodable base64 key it does. The
+//     generator makes such data blocks harmless as commands (a single ERROR
+//     line) so that either way the stream stays in step.
+//   - A connection whose first byte is 0x80 speaks the binary protocol.
+//   - Replies that depend on time: the mg flags h (hit before), l (time
+//     since last access) and t (remaining TTL, of items that expire), and
+//     flush_all with a delay. The generator leaves out h and l and delayed
+//     flushes, uses TTLs of whole thousands of seconds (or 0, or already
+//     expired ones), and Run rounds t to thousands (Options.KeepTTL).
+//   - Counters and timing: incr, decr and ma rewrite a value in place,
+//     padded with spaces, only when nobody else holds a reference to the
+//     item; else they store a new item of the exact length. References are
+//     held by replies not yet sent (earlier commands in the same pipelined
+//     batch), for a moment by the thread of a connection just closed, and
+//     by memcached's LRU maintainer thread (asynchronous LRU bumps): start
+//     memcached with MemcachedFlags, and the generator keeps an incr of a
+//     key out of any batch that names the key before it, or whose previous
+//     batch (on another connection) did.
+//   - Counters of 2^63 or more: memcached's safe_strtoull looks for a '-' in
+//     such a number with strchr, which reads on past the value into the
+//     bytes after it in slab memory, so incr on such a value answers the
+//     number or "CLIENT_ERROR cannot increment or decrement non-numeric
+//     value" by chance. The generator keeps counters far below 2^63 and
+//     appends only letters to them.
+//   - CAS values come from one counter per server and are the same for
+//     identical fresh servers fed identical streams; stats, and the item
+//     counts and memory use behind them, differ, and are left out.
+//
+// Run fills CAS values into cas, ms C, md C and ma C from what each
+// server replied before, so that some of them match.
 package textdiff
 
 import "bytes"
