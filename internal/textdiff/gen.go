@@ -97,9 +97,10 @@ func Generate(o GenOptions) *Stream {
 		}
 		for len(b.Cmds) < size && g.n < o.Commands {
 			if g.r.IntN(400) == 0 {
-				// An over-long line: memcached closes the connection
-				// without a reply, possibly with a reset that loses
-				// replies still in flight, so it goes alone in a batch.
+				// An over-long line. Unless it is a get or gets,
+				// memcached closes the connection without a reply, with
+				// a reset that may lose replies still in flight, so it
+				// starts a batch of its own.
 				if len(b.Cmds) > 0 {
 					break
 				}

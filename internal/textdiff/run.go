@@ -61,9 +61,10 @@ type Diff struct {
 	// indexes (in the whole stream) of its first and last command.
 	Batch, First, Last int
 	// Cmd is the index of the command the first differing reply most
-	// likely belongs to (exact unless the batch holds quiet or noreply
-	// commands before it), Kind its generator case and Command its text,
-	// quoted and truncated.
+	// likely belongs to (exact unless the batch holds quiet, noreply or
+	// malformed commands before it, whose number of replies Run does not
+	// know), Kind its generator case and Command its text, quoted and
+	// truncated.
 	Cmd     int
 	Kind    string
 	Command string
