@@ -77,9 +77,9 @@ func (f *fleetTest) units(bucket string) []float64 {
 	return out
 }
 
-// load drives saturating closed-loop clients: each connection SETs 4-unit
-// values (15000 bytes) as fast as the proxy lets it: a fleet at 3000
-// units/s runs 750 commands/s, which a race-instrumented build on a busy
+// load drives saturating closed-loop clients: each connection SETs 15-unit
+// values (60000 bytes) as fast as the proxy lets it: a fleet at 3000
+// units/s runs 200 commands/s, which a race-instrumented build on a busy
 // machine still saturates. Errors (any status but success, or
 // a connection failure) are counted: fleet mode must never cause one.
 type load struct {
@@ -109,7 +109,7 @@ func (l *load) add(t *testing.T, i int, addr string, n int) {
 			defer l.wg.Done()
 			defer c.Close()
 			key := []byte(fmt.Sprintf("fleet-%d-%d", i, k))
-			val := make([]byte, 15000)
+			val := make([]byte, 60000)
 			for {
 				select {
 				case <-stop:
