@@ -105,6 +105,8 @@ func TestTextClientServed(t *testing.T) {
 		"get " + strings.Repeat("k", 200) + "\r\n": "END\r\n",
 		"set a 0 0 1\r\nx\r\n":                     "STORED\r\n",
 		"bogus\r\n":                                "ERROR\r\n",
+		// 245 bytes and the bucket's "default:" exceed memcached's 250.
+		"get k " + strings.Repeat("k", 245) + "\r\n": "CLIENT_ERROR bad command line format\r\n",
 	} {
 		c := rawDial(t, p.Addr)
 		if _, err := c.Write([]byte(in)); err != nil {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 
@@ -105,6 +106,12 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 		return n, nil
 	}
 	cmd := &c.cmd
+	if c.keyTooLong(cmd) {
+		// memcached refuses a key over 250 bytes this way, reading the
+		// line only (a data block that follows is read as commands); here
+		// the bucket's namespace counts against the 250 bytes.
+		return 0, &codecReply{reply: []byte("CLIENT_ERROR bad command line format\r\n"), skip: bytes.IndexByte(buf, '\n') + 1}
+	}
 	tc := &c.tc
 	*tc = textCommand{noreply: cmd.NoReply, key: cmd.Key, value: cmd.Value, flags: cmd.Flags,
 		exptime: textExptime(cmd.Exptime), cas: cmd.CAS, delta: cmd.Delta}
@@ -162,6 +169,25 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 	}
 	c.scratch = buildTextRequest(c.scratch, tc, r)
 	return n, nil
+}
+
+// keyTooLong reports whether a key of cmd is too long for memcached once
+// the session's bucket namespace is put in front of it.
+func (c *textCodec) keyTooLong(cmd *text.Command) bool {
+	b := c.s.bkt
+	if b == nil {
+		return false
+	}
+	room := binary.MaxKeyLen - len(*b.prefix.Load())
+	if len(cmd.Key) > room {
+		return true
+	}
+	for _, k := range cmd.Keys {
+		if len(k) > room {
+			return true
+		}
+	}
+	return false
 }
 
 // partDone: the part decode gave last was dispatched.

@@ -30,6 +30,10 @@ type GenOptions struct {
 	TooLarge int
 	// NoHuge leaves out huge and too-large values (for quick runs).
 	NoHuge bool
+	// NoMeta leaves out well-formed meta commands other than mn (for a
+	// server that speaks only the classic text commands; malformed meta
+	// lines, which are refused before they run, stay).
+	NoMeta bool
 }
 
 // ttls are the exptimes the generator uses: never, already expired
@@ -322,6 +326,9 @@ func (g *gen) noreply() bool { return g.chance(6) }
 // next returns the next command, or a few when it makes a quiet run.
 func (g *gen) next() []Command {
 	p := g.r.IntN(1000)
+	if g.o.NoMeta && p >= 510 && p < 800 {
+		p = g.r.IntN(510)
+	}
 	switch {
 	case p < 150:
 		return []Command{g.get()}
@@ -666,7 +673,11 @@ func (g *gen) quietRun() []Command {
 	var out []Command
 	for range n {
 		var c Command
-		switch g.r.IntN(6) {
+		pick := g.r.IntN(6)
+		if g.o.NoMeta {
+			pick %= 2
+		}
+		switch pick {
 		case 0:
 			key := g.key()
 			data := g.value(key)
