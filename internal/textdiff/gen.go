@@ -30,6 +30,11 @@ type GenOptions struct {
 	TooLarge int
 	// NoHuge leaves out huge and too-large values (for quick runs).
 	NoHuge bool
+	// KeyMax, when set, is the longest key the server under test takes
+	// (a proxy that namespaces keys takes fewer than memcached's 250): the
+	// pool's longest key is cut to it. Keys meant to be refused stay over
+	// 250 bytes.
+	KeyMax int
 	// NoMeta leaves out well-formed meta commands other than mn (for a
 	// server that speaks only the classic text commands; malformed meta
 	// lines, which are refused before they run, stay).
@@ -184,7 +189,11 @@ func (g *gen) key() string {
 	case p < 16:
 		return "miss" + strconv.Itoa(g.r.IntN(1000))
 	default:
-		return pick(g.r, plainKeys)
+		k := pick(g.r, plainKeys)
+		if g.o.KeyMax > 0 && len(k) > g.o.KeyMax {
+			k = k[:g.o.KeyMax]
+		}
+		return k
 	}
 }
 

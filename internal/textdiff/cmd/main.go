@@ -27,6 +27,7 @@ func main() {
 	n := flag.Int("n", 10000, "number of commands")
 	flush := flag.Bool("flush", false, "include flush_all commands")
 	noHuge := flag.Bool("nohuge", false, "leave out huge and too-large values")
+	keyMax := flag.Int("keymax", 0, "the longest key the servers take (0: 250)")
 	noMeta := flag.Bool("nometa", false, "leave out well-formed meta commands other than mn")
 	keepTTL := flag.Bool("keepttl", false, "compare meta t tokens exactly instead of rounded to thousands")
 	timeout := flag.Duration("timeout", 10*time.Second, "deadline for each batch's replies")
@@ -37,7 +38,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	s := textdiff.Generate(textdiff.GenOptions{Seed: *seed, Commands: *n, FlushAll: *flush, NoHuge: *noHuge, NoMeta: *noMeta})
+	s := textdiff.Generate(textdiff.GenOptions{Seed: *seed, Commands: *n, FlushAll: *flush, NoHuge: *noHuge, NoMeta: *noMeta, KeyMax: *keyMax})
 	start := time.Now()
 	rep, err := textdiff.Run(ctx, *a, *b, s, textdiff.Options{Timeout: *timeout, KeepTTL: *keepTTL})
 	fmt.Printf("%d commands in %d batches on %d connections, %d bytes sent, %d/%d reply bytes, %v\n",
