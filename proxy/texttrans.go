@@ -40,7 +40,8 @@ const (
 	tkQuit
 	tkStats
 	tkMetaNoop
-	tkAuth // memcached's text authentication, as SASL PLAIN
+	tkAuth    // memcached's text authentication, as SASL PLAIN
+	tkCasZero // cas with the value 0, which never matches (see buildTextRequest)
 )
 
 // textTag is what a text request's reqHead.opaque carries (the text
@@ -94,13 +95,23 @@ var textOps = [...]struct{ loud, quiet binary.Opcode }{
 	tkStats:     {binary.OpStat, binary.OpStat},
 	tkMetaNoop:  {binary.OpNoop, binary.OpNoop},
 	tkAuth:      {binary.OpSASLAuth, binary.OpSASLAuth},
+	tkCasZero:   {binary.OpGet, binary.OpGet},
 }
 
 // buildTextRequest fills r with c as a binary request whose frame is built
 // in buf (reused; returned grown), so that the rest of the proxy sees a
 // binary client's command. Retrieval commands are quiet GETKQ/GATKQ (a
 // miss answers nothing) followed by tkEnd (a NOOP answered "END").
+//
+// A cas with the value 0 never stores in the text protocol (no item has
+// CAS 0: memcached answers EXISTS, or NOT_FOUND for a missing key), while
+// a binary SET with CAS 0 stores unconditionally: it becomes a GET whose
+// hit answers EXISTS.
 func buildTextRequest(buf []byte, c *textCommand, r *request) []byte {
+	if c.kind == tkCas && c.cas == 0 {
+		z := textCommand{kind: tkCasZero, key: c.key, noreply: c.noreply}
+		c = &z
+	}
 	ops := textOps[c.kind]
 	op := ops.loud
 	if c.noreply {
@@ -171,6 +182,8 @@ func appendTextResponse(dst []byte, q reqHead, resp response) []byte {
 		return append(dst, text.MetaNoop...)
 	case tkAuth:
 		return append(dst, text.AuthStored...)
+	case tkCasZero:
+		return append(dst, text.Exists...)
 	case tkQuit:
 		return dst
 	case tkGet, tkGets, tkGat, tkGats:
@@ -240,6 +253,10 @@ func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []b
 		switch st {
 		case binary.StatusKeyEexists, binary.StatusKeyEnoent, binary.StatusNotStored:
 			return append(dst, text.NotStored...)
+		}
+	case tkCasZero:
+		if st == binary.StatusKeyEnoent {
+			return append(dst, text.NotFound...)
 		}
 	case tkCas:
 		switch st {

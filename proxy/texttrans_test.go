@@ -85,6 +85,8 @@ func TestTextTranslationMatchesMemcached(t *testing.T) {
 		{kind: tkGet, key: k("b")},
 		{kind: tkCas, key: k("a"), value: k("cas1"), cas: 999999},
 		{kind: tkCas, key: k("nope"), value: k("x"), cas: 1},
+		{kind: tkCas, key: k("a"), value: k("zero"), cas: 0},
+		{kind: tkCas, key: k("nope"), value: k("zero"), cas: 0},
 		{kind: tkSet, key: k("n"), value: k("10")},
 		{kind: tkIncr, key: k("n"), delta: 5},
 		{kind: tkDecr, key: k("n"), delta: 100},
