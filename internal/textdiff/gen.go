@@ -595,18 +595,26 @@ func (g *gen) ms() Command {
 		}
 	}
 	c := Command{Replies: 1, Kind: "ms", reads: []string{key}}
-	if g.chance(6) {
-		flags = append(flags, "C"+CASPlaceholder)
-		g.casRef(&c, key)
+	k := g.metaTail(&c, key, &flags, 6)
+	c.Text, c.Data = storeText(metaLine("ms", k, []string{strconv.Itoa(len(data))}, flags), g.eol(), data)
+	return c
+}
+
+// metaTail finishes a meta command's flags: with a chance of 1 in
+// casChance a C flag with the CAS placeholder (and the CAS reference), and
+// no reply counted when q is among them. It returns the key as written on
+// the line (metaKey, which may add b).
+func (g *gen) metaTail(c *Command, key string, flags *[]string, casChance int) string {
+	if g.chance(casChance) {
+		*flags = append(*flags, "C"+CASPlaceholder)
+		g.casRef(c, key)
 	}
-	for _, f := range flags {
+	for _, f := range *flags {
 		if f == "q" {
 			c.Replies = -1
 		}
 	}
-	k := g.metaKey(key, &flags)
-	c.Text, c.Data = storeText(metaLine("ms", k, []string{strconv.Itoa(len(data))}, flags), g.eol(), data)
-	return c
+	return g.metaKey(key, flags)
 }
 
 func (g *gen) md() Command {
@@ -619,16 +627,7 @@ func (g *gen) md() Command {
 		flags = append(flags, "T"+pick(g.r, ttls[4:9]))
 	}
 	c := Command{Replies: 1, Kind: "md", reads: []string{key}}
-	if g.chance(6) {
-		flags = append(flags, "C"+CASPlaceholder)
-		g.casRef(&c, key)
-	}
-	for _, f := range flags {
-		if f == "q" {
-			c.Replies = -1
-		}
-	}
-	k := g.metaKey(key, &flags)
+	k := g.metaTail(&c, key, &flags, 6)
 	c.Text = []byte(metaLine("md", k, nil, flags) + g.eol())
 	return c
 }
@@ -661,16 +660,7 @@ func (g *gen) ma() Command {
 		flags = append(flags, g.opaque())
 	}
 	c := Command{Replies: 1, Kind: "ma", delta: key, reads: []string{key}}
-	if g.chance(8) {
-		flags = append(flags, "C"+CASPlaceholder)
-		g.casRef(&c, key)
-	}
-	for _, f := range flags {
-		if f == "q" {
-			c.Replies = -1
-		}
-	}
-	k := g.metaKey(key, &flags)
+	k := g.metaTail(&c, key, &flags, 8)
 	c.Text = []byte(metaLine("ma", k, nil, flags) + g.eol())
 	return c
 }
