@@ -115,9 +115,9 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 	tc := &c.tc
 	*tc = textCommand{noreply: cmd.NoReply, key: cmd.Key, value: cmd.Value, flags: cmd.Flags,
 		exptime: textExptime(cmd.Exptime), cas: cmd.CAS, delta: cmd.Delta}
-	switch cmd.Kind {
-	case text.KindGet, text.KindGets, text.KindGat, text.KindGats:
-		tc.kind = retrievalKinds[cmd.Kind]
+	tc.kind = textKinds[cmd.Kind]
+	switch tc.kind {
+	case tkGet, tkGets, tkGat, tkGats:
 		if c.part < len(cmd.Keys) {
 			tc.key = cmd.Keys[c.part]
 			c.scratch = buildTextRequest(c.scratch, tc, r)
@@ -128,43 +128,12 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 		c.scratch = buildTextRequest(c.scratch, tc, r)
 		r.last = true
 		return n, nil
-	case text.KindSet:
-		tc.kind = tkSet
-	case text.KindAdd:
-		tc.kind = tkAdd
-	case text.KindReplace:
-		tc.kind = tkReplace
-	case text.KindAppend:
-		tc.kind = tkAppend
-	case text.KindPrepend:
-		tc.kind = tkPrepend
-	case text.KindCas:
-		tc.kind = tkCas
-	case text.KindIncr:
-		tc.kind = tkIncr
-	case text.KindDecr:
-		tc.kind = tkDecr
-	case text.KindDelete:
-		tc.kind = tkDelete
-	case text.KindTouch:
-		tc.kind = tkTouch
-	case text.KindFlushAll:
-		tc.kind = tkFlushAll
-	case text.KindVersion:
-		tc.kind = tkVersion
-	case text.KindVerbosity:
-		tc.kind = tkVerbosity
-	case text.KindQuit:
-		tc.kind = tkQuit
-	case text.KindStats:
-		tc.kind = tkStats
+	case tkStats:
 		tc.key = nil
 		if len(cmd.Args) > 0 {
 			tc.key = cmd.Args[0]
 		}
-	case text.KindMetaNoop:
-		tc.kind = tkMetaNoop
-	default: // the other meta commands, memcached's administrative ones
+	case 0: // the other meta commands, memcached's administrative ones
 		return 0, &codecReply{reply: errMetaUnsupported, skip: n}
 	}
 	c.scratch = buildTextRequest(c.scratch, tc, r)
@@ -207,7 +176,18 @@ func (c *textCodec) appendError(dst []byte, q reqHead, st binary.Status, reason 
 	return appendTextError(dst, q, st, reason)
 }
 
-var retrievalKinds = [...]textKind{text.KindGet: tkGet, text.KindGets: tkGets, text.KindGat: tkGat, text.KindGats: tkGats}
+// textKinds maps the commands proto/text parses to those the codec
+// translates; 0 for the ones it does not (meta commands other than mn,
+// memcached's administrative commands).
+var textKinds = [...]textKind{
+	text.KindGet: tkGet, text.KindGets: tkGets, text.KindGat: tkGat, text.KindGats: tkGats,
+	text.KindSet: tkSet, text.KindAdd: tkAdd, text.KindReplace: tkReplace, text.KindAppend: tkAppend,
+	text.KindPrepend: tkPrepend, text.KindCas: tkCas, text.KindIncr: tkIncr, text.KindDecr: tkDecr,
+	text.KindDelete: tkDelete, text.KindTouch: tkTouch, text.KindFlushAll: tkFlushAll,
+	text.KindVersion: tkVersion, text.KindVerbosity: tkVerbosity, text.KindQuit: tkQuit,
+	text.KindStats: tkStats, text.KindMetaNoop: tkMetaNoop,
+	text.KindAdmin: 0,
+}
 
 // textExptime is a text exptime as the binary protocol's: memcached's text
 // protocol expires an item at once for a negative exptime, which the
