@@ -160,23 +160,10 @@ func (s *session) onTraffic() gnet.Action {
 		n, err := s.codec.decode(buf[off:], maxBody, r)
 		var refused *codecReply
 		if errors.As(err, &refused) {
-			// Input the protocol refuses the way memcached does: its
-			// answer, then on with the next command (or closed).
-			if len(refused.reply) > 0 {
-				s.local(func(b []byte) []byte { return append(b, refused.reply...) })
-			}
-			if refused.close {
-				s.quit()
-				off = len(buf)
-				break
-			}
-			if avail := len(buf) - off; refused.skip > avail {
-				s.skip = refused.skip - avail
-				off = len(buf)
-				break
-			}
-			off += refused.skip
-			continue
+			// Input the protocol refuses the way memcached does (answered
+			// below, after the same output bounds as any command).
+			*r = request{op: binary.OpNoop}
+			err = nil
 		}
 		if err != nil {
 			if s.needAuth && errors.Is(err, binary.ErrFrameTooLarge) {
@@ -185,7 +172,7 @@ func (s *session) onTraffic() gnet.Action {
 			s.badFrame(r, err)
 			break
 		}
-		if n == 0 && !r.more {
+		if n == 0 && !r.more && refused == nil {
 			break
 		}
 		if s.needAuth && (s.pending() >= preAuthMaxPending || s.unsent() > preAuthMaxOutput) {
@@ -208,6 +195,24 @@ func (s *session) onTraffic() gnet.Action {
 				s.lp.shedUnsent()
 			}
 			break
+		}
+		if refused != nil {
+			// Its answer, then on with the next command (or closed).
+			if len(refused.reply) > 0 {
+				s.local(func(b []byte) []byte { return append(b, refused.reply...) })
+			}
+			if refused.close {
+				s.quit()
+				off = len(buf)
+				break
+			}
+			if avail := len(buf) - off; refused.skip > avail {
+				s.skip = refused.skip - avail
+				off = len(buf)
+				break
+			}
+			off += refused.skip
+			continue
 		}
 		if !s.dispatch(r) {
 			break

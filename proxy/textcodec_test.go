@@ -128,3 +128,36 @@ func TestTextCodecAllocatesNothing(t *testing.T) {
 		t.Errorf("%v allocations per get and set", n)
 	}
 }
+
+// TestTextRefusalsBoundedBeforeAuth: an unauthenticated text client that
+// sends line after refused line and never reads is closed once its
+// answers pile up, as a binary client sending commands would be: refusals
+// are answers like any other.
+func TestTextRefusalsBoundedBeforeAuth(t *testing.T) {
+	p := startProxy(t, testConfig{proxy: `default_bucket = ""`, tail: tenantTail(t)})
+	c, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	line := []byte(strings.Repeat("x\r\n", 64<<10/3))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+		for i := 0; i < 256; i++ { // 16 MiB of refused lines
+			if _, err := c.Write(line); err != nil {
+				return // closed by the proxy
+			}
+		}
+	}()
+	<-done
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	n, err := io.Copy(io.Discard, c)
+	if err != nil {
+		t.Fatalf("the connection was not closed (read %d bytes of answers): %v", n, err)
+	}
+	if n > 64<<20 {
+		t.Errorf("%d bytes of answers before the close", n)
+	}
+}
