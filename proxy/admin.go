@@ -294,7 +294,8 @@ func (lp *loop) recheckSessions(context.Context) error {
 // admitted like any metered command: held, or answered EWouldThrottle, when
 // its bucket has no room. A delay (non-zero 4-byte extras) is refused with
 // NotSupported. It returns false when the session is held and r must be
-// dispatched again.
+// dispatched again. From its admission until the new epoch is in effect
+// the bucket's key commands wait (bucket.flushing).
 func (s *session) flushBucket(r *request) bool {
 	if err := binary.ValidateRequest(&r.frame); err != nil {
 		s.localStatus(r, binary.StatusEinval, err.Error())
@@ -328,9 +329,12 @@ func (s *session) flushBucket(r *request) bool {
 	}
 	b.writeUnits.Add(1) // the one unit, billed in full at admission
 	quiet := r.op == binary.OpFlushQ
+	b.flushing.Add(1)
 	c := s.offLoop(r)
-	c.handOff(func() bool {
+	if !c.handOff(func() bool {
 		srv.queueFlush(b, func(err error) {
+			b.flushing.Add(-1)
+			srv.wakeHeld()
 			c.reply(func(out []byte) []byte {
 				switch {
 				case err != nil:
@@ -343,7 +347,12 @@ func (s *session) flushBucket(r *request) bool {
 			})
 		})
 		return true
-	})
+	}) {
+		b.flushing.Add(-1)
+		c.answer(func(out []byte) []byte {
+			return s.codec.appendError(out, c.sl.req, binary.StatusEtmpfail, "the proxy is shutting down")
+		})
+	}
 	return true
 }
 
@@ -462,6 +471,9 @@ func (srv *Server) flushBuckets(batch []flushReq) error {
 			epochs[b] = e
 		}
 	}
+	if testHookFlushSave != nil {
+		testHookFlushSave()
+	}
 	if err := next.Save(srv.opts.statePath); err != nil {
 		srv.log.Error().Err(err).Int("flushes", len(batch)).Msg("could not persist a flush; buckets not flushed")
 		return err
@@ -478,6 +490,10 @@ func (srv *Server) flushBuckets(batch []flushReq) error {
 	}
 	return nil
 }
+
+// testHookFlushSave, when set (by tests, before the Server starts), runs
+// before a FLUSH's epoch is written to the state file.
+var testHookFlushSave func()
 
 // flushEpochBase is the origin of the namespace epochs chosen by a FLUSH
 // while the fleet store is unreachable.

@@ -3,7 +3,10 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -119,5 +122,62 @@ func TestPymemcacheThroughProxy(t *testing.T) {
 	out, err := runClient(t, python, "-c", pymemcacheOps, p.Addr)
 	if err != nil || strings.TrimSpace(out) != "ok" {
 		t.Fatalf("pymemcache: %v\n%s", err, out)
+	}
+}
+
+// gomemcacheModule is the gomemcache release whose own test suite runs
+// against the proxy (TestGomemcacheSuite).
+const gomemcacheModule = "github.com/bradfitz/gomemcache@v0.0.0-20260422231931-4d751bb6e37c"
+
+// TestGomemcacheSuite runs gomemcache's own test of a live server
+// (TestLocalhost: every client call, flush_all sent on a connection it
+// closes at once, then set/get/add/replace/cas/incr/touch/delete/get_many
+// and their errors) against the proxy, a text client of its default
+// bucket. The suite is fetched by the Go module proxy and copied, with its
+// fixed address localhost:11211 changed to the proxy's: nothing else of
+// it is touched. The other tests of the suite start memcached themselves
+// and are not run.
+func TestGomemcacheSuite(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to run gomemcache's suite: %v", err)
+	}
+	out, err := exec.Command(gobin, "mod", "download", "-json", gomemcacheModule).Output()
+	if err != nil {
+		t.Skipf("gomemcache not available from the module proxy: %v", err)
+	}
+	var mod struct{ Dir string }
+	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
+		t.Fatalf("go mod download: %v %s", err, out)
+	}
+	dir := filepath.Join(t.TempDir(), "gomemcache")
+	if err := os.CopyFS(dir, os.DirFS(mod.Dir)); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, testConfig{})
+	testFile := filepath.Join(dir, "memcache", "memcache_test.go")
+	src, err := os.ReadFile(testFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := regexp.MustCompile(`const localhostTCPAddr = "localhost:11211"`)
+	if !addr.Match(src) {
+		t.Fatal("gomemcache's test no longer names localhost:11211; update this test")
+	}
+	src = addr.ReplaceAll(src, []byte(`const localhostTCPAddr = "`+p.Addr+`"`))
+	if err := os.Chmod(testFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(testFile, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gobin, "test", "-count=1", "-v", "-run", "^TestLocalhost$", "./memcache")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+	res, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(res), "--- PASS: TestLocalhost") {
+		t.Fatalf("gomemcache's TestLocalhost through the proxy: %v\n%s", err, res)
 	}
 }

@@ -109,12 +109,16 @@ func (s *session) forward(r *request, b *bucket) bool {
 	key := r.key
 	var prefix []byte
 	if b != nil {
-		prefix = *b.prefix.Load()
 		if b.gone.Load() {
 			s.localStatus(r, binary.StatusEaccess, "bucket removed")
 			s.quit()
 			return true
 		}
+		if b.flushing.Load() > 0 {
+			s.waitFlush()
+			return false
+		}
+		prefix = *b.prefix.Load()
 	}
 	if len(prefix)+len(key) > binary.MaxKeyLen {
 		s.localStatus(r, binary.StatusEinval, "key too long")
@@ -176,3 +180,19 @@ func (srv *Server) cost(cls binary.Class, kv int) throttle.Cost {
 	}
 	return throttle.Cost{Known: throttle.WriteUnits(int64(kv), srv.opts.writeUnitSize)}
 }
+
+// waitFlush parks the session until its bucket's admitted FLUSHes are in
+// effect: held with no wake-up time, woken by wakeHeld when a FLUSH
+// completes; the command is then dispatched again. Not a throttle hold:
+// it is not metered as throttle wait. On the loop.
+func (s *session) waitFlush() {
+	s.setPause(held)
+	s.holdSeq++
+	if testHookFlushWait != nil {
+		testHookFlushWait()
+	}
+}
+
+// testHookFlushWait, when set (by tests, before the Server starts), runs
+// when a session starts waiting for its bucket's FLUSH.
+var testHookFlushWait func()

@@ -25,6 +25,13 @@ type bucket struct {
 	gen    atomic.Uint64          // flush generation
 	gone   atomic.Bool            // removed by a reload
 
+	// flushing counts the FLUSHes admitted and not yet in effect (their
+	// new epoch is being persisted). While it is non-zero the bucket's
+	// key commands wait (session.waitFlush), so a command read after a
+	// FLUSH, on any connection, runs in the new namespace, as memcached
+	// orders a flush_all before what it reads next.
+	flushing atomic.Int32
+
 	wait prometheus.Observer // kvthrottle_throttle_wait_seconds child; set before publication
 
 	conns      atomic.Int64

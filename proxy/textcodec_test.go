@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -160,4 +161,93 @@ func TestTextRefusalsBoundedBeforeAuth(t *testing.T) {
 	if n > 64<<20 {
 		t.Errorf("%d bytes of answers before the close", n)
 	}
+}
+
+// TestFlushOrdersLaterCommands: a flush_all is ordered before every
+// command read after it, on any connection, as in memcached. One client
+// sends flush_all; while its epoch is being persisted (held there by a test
+// hook) another client sends a set: the set must wait for the flush and
+// land in the new namespace, where a get then finds it. Before the bucket
+// waited for its FLUSH, the set was answered at once in the old namespace
+// and lost when the flush took effect: gomemcache's own test suite, which
+// sends flush_all on one connection and closes it, failed that way.
+func TestFlushOrdersLaterCommands(t *testing.T) {
+	entered, release, waited := make(chan struct{}), make(chan struct{}), make(chan struct{}, 1)
+	var once sync.Once
+	testHookFlushSave = func() {
+		once.Do(func() { close(entered); <-release })
+	}
+	testHookFlushWait = func() {
+		select {
+		case waited <- struct{}{}:
+		default:
+		}
+	}
+	t.Cleanup(func() { testHookFlushSave, testHookFlushWait = nil, nil })
+	p := startProxy(t, testConfig{})
+	defer once.Do(func() {})
+	a, b := dialText(t, p.Addr), dialText(t, p.Addr)
+	if _, err := io.WriteString(b.c, "set old 0 0 1\r\no\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line := b.line(t); line != "STORED\r\n" {
+		t.Fatalf("set old: %q", line)
+	}
+	if _, err := io.WriteString(a.c, "flush_all\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the FLUSH never reached its state file write")
+	}
+	if _, err := io.WriteString(b.c, "set k 0 0 1\r\nx\r\nget k old\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan string, 1)
+	go func() { answered <- b.line(t) }()
+	select {
+	case <-waited:
+	case line := <-answered:
+		close(release)
+		t.Fatalf("set answered %q before the flush was in effect", line)
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("the set neither waited nor was answered")
+	}
+	close(release)
+	if line := a.line(t); line != "OK\r\n" {
+		t.Fatalf("flush_all: %q", line)
+	}
+	var got strings.Builder
+	got.WriteString(<-answered)
+	for !strings.HasSuffix(got.String(), "END\r\n") {
+		got.WriteString(b.line(t))
+	}
+	if want := "STORED\r\nVALUE k 0 1\r\nx\r\nEND\r\n"; got.String() != want {
+		t.Errorf("after the flush got %q, want %q", got.String(), want)
+	}
+}
+
+// textConn is a text client connection read line by line.
+type textConn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dialText(t *testing.T, addr string) *textConn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return &textConn{c: c, r: bufio.NewReader(c)}
+}
+
+// line reads one line, "" on error (the caller's comparison fails).
+func (tc *textConn) line(t *testing.T) string {
+	s, _ := tc.r.ReadString('\n')
+	return s
 }
