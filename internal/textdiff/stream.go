@@ -28,6 +28,12 @@
 //     command line; for ms with an undecodable base64 key it does. The
 //     generator makes such data blocks harmless as commands (a single ERROR
 //     line) so that either way the stream stays in step.
+//   - Replies it drops: a get, gets, gat or gats naming a key over 250
+//     bytes is answered "CLIENT_ERROR bad command line format" alone, and
+//     the replies of the commands just before it (back to the last
+//     retrieval or mn) that are not sent yet are dropped with it. A proxy
+//     answers every command, so the generator puts an mn before such a
+//     line.
 //   - A connection whose first byte is 0x80 speaks the binary protocol.
 //   - Replies that depend on time: the mg flags h (hit before), l (time
 //     since last access) and t (remaining TTL, of items that expire), and

@@ -13,8 +13,16 @@ const MaxKeyLen = 250
 // before it gives up on a command line and closes the connection without a
 // reply; lines starting with "get " or "gets " are exempt (a multi-get line
 // has no bound in memcached). A line whose "\n" has arrived is read whatever
-// its length.
+// its length, up to ReadBufferLen.
 const MaxLineLen = 2048
+
+// ReadBufferLen is memcached's read buffer, in bytes: a command line
+// longer than this, "\n" included, can never be whole in it, so memcached
+// always closes the connection on one (without a reply), get and gets
+// lines excepted. A line between MaxLineLen and ReadBufferLen is closed or
+// answered depending on how its bytes arrive; Parse answers it, as
+// memcached does when the line arrives in one piece.
+const ReadBufferLen = 16384
 
 // maxTokens is memcached's MAX_TOKENS: a line is split into at most
 // maxTokens-1 tokens (the last slot is the terminal token) and the rest is
@@ -290,11 +298,7 @@ func Parse(buf []byte, maxValue int, c *Command) (n int, err error) {
 		if len(buf) <= MaxLineLen {
 			return 0, nil
 		}
-		p := 0
-		for p < len(buf) && buf[p] == ' ' {
-			p++
-		}
-		if p > leadingSpaceLimit || !(bytes.HasPrefix(buf[p:], []byte("get ")) || bytes.HasPrefix(buf[p:], []byte("gets "))) {
+		if !isGetLine(buf) {
 			return 0, c.fail(Error{Close: true})
 		}
 		if maxValue > 0 && len(buf) > maxValue {
@@ -303,6 +307,9 @@ func Parse(buf []byte, maxValue int, c *Command) (n int, err error) {
 		return 0, nil
 	}
 	n = nl + 1
+	if n > ReadBufferLen && !isGetLine(buf) {
+		return 0, c.fail(Error{Close: true})
+	}
 	line := buf[:nl]
 	if nl > 1 && line[nl-1] == '\r' {
 		line = line[:nl-1]
@@ -312,6 +319,17 @@ func Parse(buf []byte, maxValue int, c *Command) (n int, err error) {
 	}
 	c.Line = line
 	return c.dispatch(buf, n, maxValue)
+}
+
+// isGetLine reports whether memcached reads the line starting buf
+// whatever its length: a get or gets, after at most leadingSpaceLimit
+// spaces.
+func isGetLine(buf []byte) bool {
+	p := 0
+	for p < len(buf) && buf[p] == ' ' {
+		p++
+	}
+	return p <= leadingSpaceLimit && (bytes.HasPrefix(buf[p:], []byte("get ")) || bytes.HasPrefix(buf[p:], []byte("gets ")))
 }
 
 // tokenize splits s as memcached's tokenize_command does into c.toks and

@@ -99,6 +99,7 @@ func parseErr(t *testing.T, in string, maxValue int) (int, *Error) {
 }
 
 func TestParseRefusals(t *testing.T) {
+	var c0 Command
 	// The replies themselves are checked against memcached in
 	// TestErrorsMatchMemcached; these are the other fields.
 	n, e := parseErr(t, "set k 0 0 100 noreply\r\n", 10)
@@ -111,6 +112,12 @@ func TestParseRefusals(t *testing.T) {
 	}
 	if _, e = parseErr(t, strings.Repeat("x", MaxLineLen+1), 0); !e.Close || e.Line != "" || e.Limit {
 		t.Errorf("long line: %+v", *e)
+	}
+	if _, e = parseErr(t, "mg "+strings.Repeat("x", ReadBufferLen)+" v\r\n", 0); !e.Close || e.Line != "" {
+		t.Errorf("whole line over the read buffer: %+v", *e)
+	}
+	if n, err := Parse([]byte("get "+strings.Repeat("k ", ReadBufferLen)+"\r\n"), 0, &c0); err != nil || n == 0 {
+		t.Errorf("a whole get line over the read buffer is read: n %d err %v", n, err)
 	}
 	if _, e = parseErr(t, "get "+strings.Repeat("k ", 1500), 2500); !e.Close || !e.Limit {
 		t.Errorf("long get line over the bound: %+v", *e)
