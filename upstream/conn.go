@@ -29,6 +29,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/proto/text"
 )
 
 // Waiter receives the outcome of one request sent upstream. Its methods are
@@ -106,6 +107,11 @@ type Conn struct {
 	frame     binary.Frame // the response being delivered (a field: waiters get a pointer to it)
 	waitingUp []func()     // callbacks to run when room frees up
 
+	meta     *Conn             // the text sibling for meta commands (meta.go); nil until Meta
+	isMeta   bool              // this is a meta sibling: text replies
+	mresp    text.MetaResponse // the meta reply being delivered
+	metaNeed int               // bytes a meta reply still arriving needs buffered
+
 	answered   uint64 // response frames matched, ever
 	seenAnswer uint64 // answered as of the last CheckTimeout
 	answerAt   int64  // unix ns: the CheckTimeout that first saw answered at its current value
@@ -130,8 +136,13 @@ func (c *Conn) Addr() string { return c.cfg.Addr }
 func (c *Conn) Up() bool { return c.state == stateUp }
 
 // Inflight returns the number of requests sent or buffered and not yet
-// answered.
-func (c *Conn) Inflight() int { return c.n }
+// answered, its meta sibling's included.
+func (c *Conn) Inflight() int {
+	if c.meta != nil {
+		return c.n + c.meta.n
+	}
+	return c.n
+}
 
 // Full reports whether the connection holds MaxInflight requests; callers
 // should wait (see NotifyRoom) before sending more.

@@ -112,6 +112,7 @@ func (c *Conn) down(err error) {
 	c.retryAt = time.Now().Add(backoff)
 	c.out = c.out[:0]
 	c.lastQuiet = false
+	c.metaNeed = 0
 	unsent, sent := c.unavailableReason(), reasonLost
 	if errors.Is(err, errTimedOut) {
 		sent = reasonTimedOut
@@ -137,13 +138,16 @@ func (c *Conn) down(err error) {
 	}
 }
 
-// Close closes the connection for good: requests in flight fail, new ones
-// fail at once.
+// Close closes the connection, and its meta sibling, for good: requests
+// in flight fail, new ones fail at once.
 func (c *Conn) Close() {
 	if c.closed {
 		return
 	}
 	c.closed = true
+	if c.meta != nil {
+		c.meta.Close()
+	}
 	c.down(errors.New("closed"))
 }
 
@@ -158,6 +162,9 @@ func connectDeadline(timeout time.Duration) time.Duration { return 2 * timeout }
 // noticed at the call after they arrive, so the period adds to the
 // timeout.
 func (c *Conn) CheckTimeout(now time.Time) {
+	if c.meta != nil {
+		c.meta.CheckTimeout(now)
+	}
 	if c.state == stateConnecting && now.Sub(c.dialedAt) > connectDeadline(c.cfg.Timeout) {
 		// The dial is bounded by the timeout; what follows it (registering
 		// the socket with the loop) takes no time, unless it failed without

@@ -16,6 +16,9 @@ func (c *Conn) HandleTraffic(gc gnet.Conn) gnet.Action {
 	if gc != c.gc {
 		return gnet.Close
 	}
+	if c.isMeta {
+		return c.handleMetaTraffic(gc)
+	}
 	// While a large response is still arriving, do nothing: peeking the
 	// whole buffer on every read would copy it again and again.
 	if hdr, err := gc.Peek(binary.HeaderLen); err != nil {

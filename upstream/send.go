@@ -17,15 +17,8 @@ var ErrUnavailable = errors.New("upstream unavailable")
 // down, w.Fail is called at once (before Forward returns) and ErrUnavailable
 // is returned. Bytes are written at the next Flush.
 func (c *Conn) Forward(f *binary.Frame, prefix []byte, w Waiter) error {
-	if c.state == stateDown || c.closed {
-		if c.closed || time.Now().Before(c.retryAt) {
-			w.Fail(binary.StatusEtmpfail, c.unavailableReason())
-			return ErrUnavailable
-		}
-		c.state = stateIdle
-	}
-	if c.state == stateIdle {
-		c.connect()
+	if !c.ready(w) {
+		return ErrUnavailable
 	}
 	c.opaque++
 	h := binary.Header{
@@ -58,6 +51,23 @@ func (c *Conn) Forward(f *binary.Frame, prefix []byte, w Waiter) error {
 	return nil
 }
 
+// ready starts a connect when the connection is idle, or down with its
+// backoff elapsed, and reports whether a request may be queued; when not,
+// it has failed w.
+func (c *Conn) ready(w Waiter) bool {
+	if c.state == stateDown || c.closed {
+		if c.closed || time.Now().Before(c.retryAt) {
+			w.Fail(binary.StatusEtmpfail, c.unavailableReason())
+			return false
+		}
+		c.state = stateIdle
+	}
+	if c.state == stateIdle {
+		c.connect()
+	}
+	return true
+}
+
 // unavailableReason is the reason clients get: generic on purpose, since
 // tenants need not learn server addresses or socket errors (the proxy logs
 // those through OnState).
@@ -65,11 +75,15 @@ func (c *Conn) unavailableReason() string {
 	return "upstream unavailable"
 }
 
-// Flush writes the buffered requests to the server when connected. A batch
+// Flush writes the buffered requests to the server when connected, and
+// those of its meta sibling. A batch
 // that ends with a quiet request gets a trailing NOOP of the proxy's own so
 // that the quiet requests are resolved. It is cheap to call when there is
 // nothing to write.
 func (c *Conn) Flush() {
+	if c.meta != nil {
+		c.meta.Flush()
+	}
 	if c.state != stateUp || len(c.out) == 0 {
 		return
 	}

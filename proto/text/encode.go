@@ -252,6 +252,10 @@ type MetaResponse struct {
 	Value []byte
 	// Line is the first line without its "\r\n".
 	Line []byte
+	// Need is set when ParseMetaResponse returns 0 for a VA whose line
+	// has arrived but not all of its data: the whole reply's length in
+	// bytes, so the caller can wait for that much. It is 0 otherwise.
+	Need int
 }
 
 // IsMetaCode reports whether code is one of the meta reply codes whose
@@ -343,6 +347,7 @@ func ParseMetaResponse(buf []byte, r *MetaResponse) (n int, err error) {
 	if size >= 0 {
 		end := n + size + 2
 		if len(buf) < end {
+			r.Need = end
 			return 0, nil
 		}
 		if buf[end-2] != '\r' || buf[end-1] != '\n' {

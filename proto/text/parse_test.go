@@ -313,6 +313,9 @@ func TestParseMetaResponse(t *testing.T) {
 			if n2, err := ParseMetaResponse(b[:j], &r2); n2 != 0 || err != nil {
 				t.Fatalf("prefix %q: n %d err %v", b[:j], n2, err)
 			}
+			if r2.Need != 0 && r2.Need != n {
+				t.Fatalf("prefix %q: need %d, want %d", b[:j], r2.Need, n)
+			}
 		}
 		if got := fmt.Sprintf("%s %s %s", r.Code, metaString(r.Flags), r.Value); got != want[i] {
 			t.Errorf("reply %d: %q, want %q", i, got, want[i])
@@ -323,6 +326,9 @@ func TestParseMetaResponse(t *testing.T) {
 		if _, err := ParseMetaResponse([]byte(bad), &r); err != ErrBadResponse {
 			t.Errorf("%q: err %v", bad, err)
 		}
+	}
+	if n, _ := ParseMetaResponse([]byte("VA 10 s10\r\nabc"), &r); n != 0 || r.Need != 23 {
+		t.Errorf("a VA waiting for its data: n %d need %d, want 23", n, r.Need)
 	}
 	b = []byte("VA 3 kx\r\nabc\r\n")
 	if a := testing.AllocsPerRun(100, func() { _, _ = ParseMetaResponse(b, &r) }); a != 0 {
