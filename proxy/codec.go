@@ -42,6 +42,11 @@ type request struct {
 	// parts follow; last: the last part of such a command (see
 	// codec.decode).
 	more, last bool
+
+	// meta: a text meta command, which goes upstream as it is (the text
+	// codec's metaCommand), not as frame; key is the key memcached
+	// stores, value ms's data.
+	meta bool
 }
 
 // head returns what an answer to r needs of it.
@@ -75,6 +80,12 @@ type response struct {
 	// proxy's own answers: a binary codec may pass it on as it is when the
 	// fields above are its own (the data type and such are in it too).
 	upstream *binary.Frame
+
+	// meta is memcached's reply line to a meta command (value holds VA's
+	// data), strip the length of the bucket's namespace in the keys it
+	// names; nil for every other answer.
+	meta  []byte
+	strip int
 }
 
 // codec is one client protocol. A session holds one for its whole life.

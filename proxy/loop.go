@@ -24,7 +24,7 @@ type loop struct {
 	sessions    map[*session]struct{} // open client sessions
 	paused      []*session            // sessions waiting for their output to drain, or room for a read, in pause order
 	pausedSpare []*session            // resumePaused's second buffer
-	retry       []*session            // held sessions to re-admit now (one of their reads settled)
+	retry       []*session            // held sessions to re-admit now (one of their reads settled), and waitingOrder ones to resume
 	lanes       map[*bucket]*lane     // each bucket's reads in flight upstream (lane.go)
 	pass        uint64                // resumePaused passes so far (lane.full)
 	unauthSrc   unauthSources         // unauthenticated sessions by source (connlimits.go)
@@ -187,7 +187,8 @@ func (lp *loop) requestResume() {
 	lp.resumePending = true
 }
 
-// retryHeld re-admits the held sessions in lp.retry.
+// retryHeld re-admits the held sessions in lp.retry, and resumes the
+// waitingOrder ones.
 func (lp *loop) retryHeld() {
 	if len(lp.retry) == 0 {
 		return
@@ -195,7 +196,7 @@ func (lp *loop) retryHeld() {
 	for i := 0; i < len(lp.retry); i++ { // resume may append
 		s := lp.retry[i]
 		lp.retry[i] = nil
-		if s.isHeld() && !s.closed {
+		if (s.isHeld() || s.pause == waitingOrder) && !s.closed {
 			if s.setPause(running) {
 				s.resume()
 			}

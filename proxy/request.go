@@ -100,7 +100,9 @@ func (s *session) mode() throttle.Mode {
 // forward sends r upstream in bucket b's namespace (b nil: no namespace,
 // not metered), after admission when r is metered.
 func (s *session) forward(r *request, b *bucket) bool {
-	if err := binary.ValidateRequest(&r.frame); err != nil {
+	if r.meta {
+		// Checked by the parser, as memcached checks it.
+	} else if err := binary.ValidateRequest(&r.frame); err != nil {
 		// memcached would answer Einval and close the shared upstream
 		// connection, failing other clients' requests: answer here.
 		s.localStatus(r, binary.StatusEinval, err.Error())
@@ -120,7 +122,8 @@ func (s *session) forward(r *request, b *bucket) bool {
 		}
 		prefix = *b.prefix.Load()
 	}
-	if len(prefix)+len(key) > binary.MaxKeyLen {
+	if r.meta && s.text.meta.tooLong(len(prefix)) || !r.meta && len(prefix)+len(key) > binary.MaxKeyLen {
+		// The namespace grew (a FLUSH) since the codec checked.
 		s.localStatus(r, binary.StatusEinval, "key too long")
 		return true
 	}
@@ -129,6 +132,12 @@ func (s *session) forward(r *request, b *bucket) bool {
 		u = g.Pick(key)
 	} else {
 		u = s.lp.pool.Pick(key)
+	}
+	if r.meta {
+		u = u.Meta()
+	}
+	if s.mustWaitOrder(r.meta) {
+		return false
 	}
 	if u.Full() {
 		s.setPause(waitingUpstream)
@@ -162,7 +171,13 @@ func (s *session) forward(r *request, b *bucket) bool {
 	sl.units = s.reportUnits
 	sl.sentKV = len(key) + len(r.value)
 	s.enqueue(sl)
+	s.enterPath(sl, r.meta)
 	s.lp.srv.inflight.Add(1)
+	if r.meta {
+		m := &s.text.meta
+		_ = u.ForwardMeta(s.text.upstreamLine(prefix), m.data, m.quiet, sl) // as Forward
+		return true
+	}
 	_ = u.Forward(&r.frame, prefix, sl) // a failure has already answered sl
 	return true
 }

@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"bytes"
+
 	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/proto/text"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
@@ -19,6 +22,7 @@ type slot struct {
 	sentKV int            // key+value bytes the client sent (write units)
 	gotKV  int            // key+value bytes returned (read units)
 	hit    bool           // a read found its item (lane.go learns sizes from hits only)
+	path   upPath         // which kind of upstream connection it went on; none for local answers
 
 	reserved bool  // counted in session.readsOut until finished
 	lane     *lane // the lane its expected response is counted in (lane.go); nil: none
@@ -131,6 +135,7 @@ func (s *session) advance() {
 // this loop has handled the responses at hand (lp.retry).
 func (s *session) finish(sl *slot) {
 	s.unreserve(sl)
+	s.leavePath(sl)
 	if sl.grant.Domain != throttle.Held {
 		s.lp.srv.settle(sl)
 		if s.pause == heldOnReads && !s.closed {
@@ -186,11 +191,39 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 		}
 		return
 	}
+	sl.emit(sl.response(f), done)
+}
+
+// DeliverMeta implements upstream.MetaWaiter: memcached's reply to a meta
+// command. A read counts the key and the value returned.
+func (sl *slot) DeliverMeta(line, value []byte) {
+	s := sl.s
+	sl.gotKV += sl.sentKV + len(value)
+	if bytes.HasPrefix(line, []byte(text.MetaVA)) || bytes.HasPrefix(line, []byte(text.MetaHD)) {
+		sl.hit = true
+	}
+	if s.closed {
+		s.finish(sl)
+		return
+	}
+	r := response{op: sl.req.op, status: binary.StatusSuccess, value: value, meta: line, strip: sl.strip}
+	if sl.units && sl.grant.Domain != throttle.Held {
+		r.units = true
+		r.readUnits, r.writeUnits = s.lp.srv.units(sl)
+	}
+	sl.emit(r, true)
+}
+
+// emit appends resp, an answer to sl's command, to the client's output
+// (or keeps it in the slot until the commands before it are answered);
+// done: the command's last answer.
+func (sl *slot) emit(resp response, done bool) {
+	s := sl.s
 	if sl.isHead() {
-		s.out = s.codec.appendResponse(s.out, sl.req, sl.response(f))
+		s.out = s.codec.appendResponse(s.out, sl.req, resp)
 	} else {
 		n := len(sl.resp)
-		sl.resp = s.codec.appendResponse(sl.resp, sl.req, sl.response(f))
+		sl.resp = s.codec.appendResponse(sl.resp, sl.req, resp)
 		s.slotBytes += len(sl.resp) - n
 	}
 	if done {

@@ -48,17 +48,18 @@ type session struct {
 	q  []*slot // commands not yet answered to the client, oldest first
 	qh int     // q[qh] is the oldest
 
-	out       []byte     // response bytes to write at the next flush
-	dirty     bool       // queued on lp.dirty
-	pause     pauseState // why it dispatches nothing now, or running (state.go)
-	closed    bool       // the client connection is gone (set once; orthogonal to pause)
-	quitting  bool       // close once every queued response is written (set once; orthogonal to pause)
-	slotBytes int        // response bytes waiting in slots behind an earlier command
-	readsOut  int        // reads in flight (slot.reserved)
-	readSize  int        // response bytes a read is expected to bring; 0: none answered yet (unreserve)
-	ln        *lane      // its bucket's lane on the loop (lane.go); nil until needed, and after a bucket change
-	laneWait  bool       // holds its turn in its lane's line (state.go), counted in ln.waiting
-	framed    bool       // a binary request magic has arrived: bad input gets Einval, not a text line
+	out       []byte        // response bytes to write at the next flush
+	dirty     bool          // queued on lp.dirty
+	pause     pauseState    // why it dispatches nothing now, or running (state.go)
+	closed    bool          // the client connection is gone (set once; orthogonal to pause)
+	quitting  bool          // close once every queued response is written (set once; orthogonal to pause)
+	slotBytes int           // response bytes waiting in slots behind an earlier command
+	readsOut  int           // reads in flight (slot.reserved)
+	pathOut   [numPaths]int // commands in flight upstream per kind of connection (order.go)
+	readSize  int           // response bytes a read is expected to bring; 0: none answered yet (unreserve)
+	ln        *lane         // its bucket's lane on the loop (lane.go); nil until needed, and after a bucket change
+	laneWait  bool          // holds its turn in its lane's line (state.go), counted in ln.waiting
+	framed    bool          // a binary request magic has arrived: bad input gets Einval, not a text line
 
 	user        *bucketcfg.User // nil until SASL succeeds
 	checking    bool            // waitingOffLoop for its password check (queued for or on the auth worker)

@@ -45,11 +45,17 @@ const (
 	// outputPaused: its client has too many responses pending or unread,
 	// or no room for its next read (pause.go); it is in lp.paused.
 	outputPaused
+	// waitingOrder: its next command is a text meta command and classic
+	// commands of its are in flight, or the reverse. The two go upstream
+	// on different connections (upstream.Conn.Meta), which memcached runs
+	// in no particular order between them, so it waits until those
+	// complete (session.finish queues it for lp.retry).
+	waitingOrder
 
 	numPauseStates
 )
 
-var pauseNames = [numPauseStates]string{"running", "waitingUpstream", "waitingOffLoop", "held", "heldOnReads", "outputPaused"}
+var pauseNames = [numPauseStates]string{"running", "waitingUpstream", "waitingOffLoop", "held", "heldOnReads", "outputPaused", "waitingOrder"}
 
 func (p pauseState) String() string {
 	if p < numPauseStates {
@@ -64,12 +70,13 @@ func (p pauseState) String() string {
 // for a re-try and stays held until it runs (session.finish); every pause
 // ends by running again.
 var pauseMoves = [numPauseStates]uint8{
-	running:         1<<waitingUpstream | 1<<waitingOffLoop | 1<<held | 1<<heldOnReads | 1<<outputPaused,
+	running:         1<<waitingUpstream | 1<<waitingOffLoop | 1<<held | 1<<heldOnReads | 1<<outputPaused | 1<<waitingOrder,
 	waitingUpstream: 1 << running,
 	waitingOffLoop:  1 << running,
 	held:            1 << running,
 	heldOnReads:     1<<running | 1<<held,
 	outputPaused:    1 << running,
+	waitingOrder:    1 << running,
 }
 
 // setPause moves the session to pause state to and reports true, when

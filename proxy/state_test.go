@@ -24,6 +24,8 @@ func TestPauseTransitions(t *testing.T) {
 		{heldOnReads, running}:     "wakeDue, wakeAll; unhold (close, reload)",
 		{heldOnReads, held}:        "finish: one of its reads settled, queued for lp.retry",
 		{outputPaused, running}:    "resumePaused: canResume",
+		{running, waitingOrder}:    "forward: a meta command after classic ones in flight, or the reverse",
+		{waitingOrder, running}:    "retryHeld: the commands it waited for completed",
 	}
 	for from := range numPauseStates {
 		for to := range numPauseStates + 1 { // one past the last: invalid

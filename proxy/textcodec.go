@@ -16,8 +16,8 @@ import (
 // handles (texttrans.go), and their answers become memcached's text
 // replies. A retrieval command becomes one request per key and an END.
 // Input memcached refuses is answered as memcached answers it (a
-// codecReply). Meta commands are answered "SERVER_ERROR" for now, except
-// mn.
+// codecReply). Meta commands go upstream as meta commands (textmeta.go);
+// mn is answered by the proxy, in order.
 //
 // A session keeps its textCodec in place (session.text) and the codec
 // interface points at it, so that its buffers are reused.
@@ -26,8 +26,9 @@ type textCodec struct {
 	cmd     text.Command
 	auth    text.Auth
 	tc      textCommand
-	scratch []byte // the binary frame of the request being dispatched
-	part    int    // which part of a retrieval command comes next
+	scratch []byte      // the binary frame of the request being dispatched
+	meta    metaCommand // the meta command being dispatched (textmeta.go)
+	part    int         // which part of a retrieval command comes next
 }
 
 var _ codec = (*textCodec)(nil)
@@ -44,8 +45,14 @@ type codecReply struct {
 
 func (e *codecReply) Error() string { return "refused: " + strings.TrimSpace(string(e.reply)) }
 
-// errMetaUnsupported answers a meta command other than mn.
-var errMetaUnsupported = []byte("SERVER_ERROR meta commands are not supported by kvthrottle yet\r\n")
+// errAdminUnsupported answers memcached's administrative commands (slabs,
+// lru, watch, shutdown, ...): they act on the whole server, which no
+// tenant may.
+var errAdminUnsupported = []byte("SERVER_ERROR command not supported through kvthrottle\r\n")
+
+// errMetaKey answers a meta command whose key the codec could not take
+// apart (the parser accepts none such).
+var errMetaKey = []byte("SERVER_ERROR the proxy could not read the key\r\n")
 
 func (c *textCodec) peekLen() int { return 0 }
 
@@ -133,8 +140,13 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 		if len(cmd.Args) > 0 {
 			tc.key = cmd.Args[0]
 		}
-	case 0: // the other meta commands, memcached's administrative ones
-		return 0, &codecReply{reply: errMetaUnsupported, skip: n}
+	case tkMeta:
+		if !c.decodeMeta(r) {
+			return 0, &codecReply{reply: errMetaKey, skip: n}
+		}
+		return n, nil
+	case 0: // memcached's administrative commands
+		return 0, &codecReply{reply: errAdminUnsupported, skip: n}
 	}
 	c.scratch = buildTextRequest(c.scratch, tc, r)
 	return n, nil
@@ -147,7 +159,11 @@ func (c *textCodec) keyTooLong(cmd *text.Command) bool {
 	if b == nil {
 		return false
 	}
-	room := binary.MaxKeyLen - len(*b.prefix.Load())
+	prefix := len(*b.prefix.Load())
+	if cmd.Kind.IsMeta() {
+		return cmd.Kind != text.KindMetaNoop && metaKeyTooLong(cmd, prefix)
+	}
+	room := binary.MaxKeyLen - prefix
 	if len(cmd.Key) > room {
 		return true
 	}
@@ -177,8 +193,8 @@ func (c *textCodec) appendError(dst []byte, q reqHead, st binary.Status, reason 
 }
 
 // textKinds maps the commands proto/text parses to those the codec
-// translates; 0 for the ones it does not (meta commands other than mn,
-// memcached's administrative commands).
+// translates; 0 for the ones it does not (memcached's administrative
+// commands).
 var textKinds = [...]textKind{
 	text.KindGet: tkGet, text.KindGets: tkGets, text.KindGat: tkGat, text.KindGats: tkGats,
 	text.KindSet: tkSet, text.KindAdd: tkAdd, text.KindReplace: tkReplace, text.KindAppend: tkAppend,
@@ -186,6 +202,8 @@ var textKinds = [...]textKind{
 	text.KindDelete: tkDelete, text.KindTouch: tkTouch, text.KindFlushAll: tkFlushAll,
 	text.KindVersion: tkVersion, text.KindVerbosity: tkVerbosity, text.KindQuit: tkQuit,
 	text.KindStats: tkStats, text.KindMetaNoop: tkMetaNoop,
+	text.KindMetaGet: tkMeta, text.KindMetaSet: tkMeta, text.KindMetaDelete: tkMeta,
+	text.KindMetaArithmetic: tkMeta, text.KindMetaDebug: tkMeta,
 	text.KindAdmin: 0,
 }
 

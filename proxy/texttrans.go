@@ -42,6 +42,7 @@ const (
 	tkMetaNoop
 	tkAuth    // memcached's text authentication, as SASL PLAIN
 	tkCasZero // cas with the value 0, which never matches (see buildTextRequest)
+	tkMeta    // mg ms md ma me, forwarded as meta commands (textmeta.go)
 )
 
 // textTag is what a text request's reqHead.opaque carries (the text
@@ -180,6 +181,8 @@ func appendTextResponse(dst []byte, q reqHead, resp response) []byte {
 		return append(dst, "\r\n"...)
 	case tkMetaNoop:
 		return append(dst, text.MetaNoop...)
+	case tkMeta:
+		return appendMetaReply(dst, resp.meta, resp.value, resp.strip, q.opaque&metaTagB64 != 0)
 	case tkAuth:
 		return append(dst, text.AuthStored...)
 	case tkCasZero:

@@ -38,6 +38,15 @@ type Options struct {
 	// and the value memcached reports depends on how many seconds passed
 	// since the item was stored.
 	KeepTTL bool
+	// CASByIdentity compares CAS values (a gets reply's, a meta reply's c
+	// token) by identity instead of by value: each side's values are
+	// numbered in the order they first appear, and the numbers compared.
+	// A proxy that carries out flush_all without sending it to memcached
+	// (kvthrottle moves the bucket to a new namespace) leaves memcached's
+	// CAS counter one behind at each flush, since a flush_all takes a CAS
+	// value of its own; the values then differ while every equality
+	// between them holds.
+	CASByIdentity bool
 	// Quote caps the bytes of a reply or a command quoted in a Diff
 	// (default 300).
 	Quote int
@@ -93,6 +102,9 @@ type side struct {
 	conn net.Conn
 	br   *bufio.Reader
 	cas  map[string]uint64 // latest CAS value seen per key
+	// casIDs numbers the CAS values seen, in order of appearance
+	// (Options.CASByIdentity).
+	casIDs map[string]int
 }
 
 // outcome is one side's answer to one batch.
@@ -125,7 +137,7 @@ func Run(ctx context.Context, addrA, addrB string, stream *Stream, opts Options)
 	if opts.Quote <= 0 {
 		opts.Quote = 300
 	}
-	sides := [2]*side{{addr: addrA, cas: map[string]uint64{}}, {addr: addrB, cas: map[string]uint64{}}}
+	sides := [2]*side{{addr: addrA, cas: map[string]uint64{}, casIDs: map[string]int{}}, {addr: addrB, cas: map[string]uint64{}, casIDs: map[string]int{}}}
 	defer func() {
 		for _, s := range sides {
 			if s.conn != nil {
@@ -160,7 +172,7 @@ func Run(ctx context.Context, addrA, addrB string, stream *Stream, opts Options)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				outs[i] = s.exec(b, time.Now().Add(opts.Timeout), !opts.KeepTTL)
+				outs[i] = s.exec(b, time.Now().Add(opts.Timeout), &opts)
 			}()
 		}
 		wg.Wait()
@@ -241,7 +253,7 @@ func (s *side) wire(b *Batch) ([]byte, int) {
 
 // exec writes b to s's connection and reads the replies, all before
 // deadline.
-func (s *side) exec(b *Batch, deadline time.Time, roundTTL bool) outcome {
+func (s *side) exec(b *Batch, deadline time.Time, opts *Options) outcome {
 	data, wantMN := s.wire(b)
 	o := outcome{sent: len(data)}
 	_ = s.conn.SetDeadline(deadline)
@@ -250,7 +262,7 @@ func (s *side) exec(b *Batch, deadline time.Time, roundTTL bool) outcome {
 		_, err := s.conn.Write(data)
 		werr <- err
 	}()
-	o.end = s.read(&o, wantMN, roundTTL)
+	o.end = s.read(&o, wantMN, opts)
 	if err := <-werr; err != nil && o.end == "fenced" {
 		o.end = "write: " + err.Error()
 	}
@@ -259,7 +271,7 @@ func (s *side) exec(b *Batch, deadline time.Time, roundTTL bool) outcome {
 
 // read reads reply units into o until the wantMN-th MN (or, if wantMN is
 // 0, until the connection closes) and returns how it ended.
-func (s *side) read(o *outcome, wantMN int, roundTTL bool) string {
+func (s *side) read(o *outcome, wantMN int, opts *Options) string {
 	mns := 0
 	for {
 		line, err := readLine(s.br)
@@ -274,8 +286,11 @@ func (s *side) read(o *outcome, wantMN int, roundTTL bool) string {
 		f := strings.Fields(string(line))
 		n, isBlock := blockLen(f)
 		s.learnCAS(f)
-		if roundTTL {
-			hdr = roundTTLs(line, f)
+		if !opts.KeepTTL {
+			hdr = roundTTLs(hdr, f)
+		}
+		if opts.CASByIdentity {
+			hdr = s.casIdentities(hdr, f)
 		}
 		o.reply = append(o.reply, hdr...)
 		if isBlock {
@@ -394,6 +409,39 @@ func (s *side) learnCAS(f []string) {
 	if v, err := strconv.ParseUint(cas, 10, 64); err == nil {
 		s.cas[key] = v
 	}
+}
+
+// casIdentities returns line with the CAS values it reports (see learnCAS)
+// replaced by their identities on this side, "#1" for the first value
+// seen, and so on (Options.CASByIdentity); f are line's fields, which it
+// may change.
+func (s *side) casIdentities(line []byte, f []string) []byte {
+	id := func(v string) string {
+		n, ok := s.casIDs[v]
+		if !ok {
+			n = len(s.casIDs) + 1
+			s.casIDs[v] = n
+		}
+		return "#" + strconv.Itoa(n)
+	}
+	switch {
+	case len(f) == 5 && f[0] == "VALUE":
+		f[4] = id(f[4])
+	case metaReply(f):
+		changed := false
+		for i, t := range f[1:] {
+			if len(t) > 1 && t[0] == 'c' {
+				f[i+1] = "c" + id(t[1:])
+				changed = true
+			}
+		}
+		if !changed {
+			return line
+		}
+	default:
+		return line
+	}
+	return []byte(strings.Join(f, " ") + "\r\n")
 }
 
 // roundTTLs returns line with each positive t token of a meta reply

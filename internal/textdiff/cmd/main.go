@@ -13,6 +13,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"time"
@@ -30,8 +31,18 @@ func main() {
 	keyMax := flag.Int("keymax", 0, "the longest key the servers take (0: 250)")
 	noMeta := flag.Bool("nometa", false, "leave out well-formed meta commands other than mn")
 	keepTTL := flag.Bool("keepttl", false, "compare meta t tokens exactly instead of rounded to thousands")
+	casID := flag.Bool("casid", false, "compare CAS values by identity (for a proxy that carries out flush_all itself; see Options.CASByIdentity)")
 	timeout := flag.Duration("timeout", 10*time.Second, "deadline for each batch's replies")
+	show := flag.String("show", "", "print commands FROM-TO of the stream (quoted, long ones cut) instead of running it")
 	flag.Parse()
+	if *show != "" {
+		s := textdiff.Generate(textdiff.GenOptions{Seed: *seed, Commands: *n, FlushAll: *flush, NoHuge: *noHuge, NoMeta: *noMeta, KeyMax: *keyMax})
+		if err := printCommands(os.Stdout, s, *show); err != nil {
+			fmt.Fprintln(os.Stderr, "textdiff:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	if *b == "" {
 		fmt.Fprintln(os.Stderr, "textdiff: -b is required")
 		os.Exit(2)
@@ -40,7 +51,7 @@ func main() {
 	defer stop()
 	s := textdiff.Generate(textdiff.GenOptions{Seed: *seed, Commands: *n, FlushAll: *flush, NoHuge: *noHuge, NoMeta: *noMeta, KeyMax: *keyMax})
 	start := time.Now()
-	rep, err := textdiff.Run(ctx, *a, *b, s, textdiff.Options{Timeout: *timeout, KeepTTL: *keepTTL})
+	rep, err := textdiff.Run(ctx, *a, *b, s, textdiff.Options{Timeout: *timeout, KeepTTL: *keepTTL, CASByIdentity: *casID})
 	fmt.Printf("%d commands in %d batches on %d connections, %d bytes sent, %d/%d reply bytes, %v\n",
 		rep.Commands, rep.Batches, rep.Conns, rep.BytesSent, rep.RepliesA, rep.RepliesB, time.Since(start).Round(time.Millisecond))
 	if err != nil {
@@ -52,4 +63,36 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Println("no difference")
+}
+
+// printCommands prints the commands of s numbered from-to ("FROM-TO"),
+// each with its batch, kind and text, long texts and data cut.
+func printCommands(w io.Writer, s *textdiff.Stream, fromTo string) error {
+	var from, to int
+	if _, err := fmt.Sscanf(fromTo, "%d-%d", &from, &to); err != nil {
+		return fmt.Errorf("-show %q: want FROM-TO: %w", fromTo, err)
+	}
+	cut := func(b []byte) string {
+		if len(b) > 200 {
+			return fmt.Sprintf("%q...(%d bytes)", b[:200], len(b))
+		}
+		return fmt.Sprintf("%q", b)
+	}
+	i := 0
+	for bi, b := range s.Batches {
+		for _, c := range b.Cmds {
+			if i >= from && i <= to {
+				fmt.Fprintf(w, "%d batch %d new-conn %v [%s] %s", i, bi, b.NewConn, c.Kind, cut(c.Text))
+				if c.Data != nil {
+					fmt.Fprintf(w, " data %s", cut(c.Data))
+				}
+				if c.CASKey != "" {
+					fmt.Fprintf(w, " cas-of %s%+d", c.CASKey, c.CASDelta)
+				}
+				fmt.Fprintln(w)
+			}
+			i++
+		}
+	}
+	return nil
 }
