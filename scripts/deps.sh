@@ -2,10 +2,11 @@
 # Makes sure the tools kvthrottle's tests and `make run` need are present:
 # memcached (the server), libmemcached-tools (memccapable, memccp, memccat,
 # memcstat, memcaslap), redis-server (the fleet's store, for the fleet tests
-# and `make fleet`), and the independent clients the tests drive: memjs
-# (Node.js), dalli (Ruby) and pymemcache (Python). Installs Debian's packages
-# when missing and running as root; otherwise says exactly what to install
-# and fails.
+# and `make fleet`), nutcracker (twemproxy, the text-protocol proxy `make
+# bench` compares kvthrottle with), and the independent clients the tests
+# drive: memjs (Node.js), dalli (Ruby) and pymemcache (Python). Installs
+# Debian's packages when missing and running as root; otherwise says exactly
+# what to install and fails.
 set -euo pipefail
 
 missing=()
@@ -13,6 +14,8 @@ command -v memcached >/dev/null 2>&1 || missing+=(memcached)
 if [ "${1:-}" != "--server-only" ]; then
   { command -v memccapable >/dev/null 2>&1 && command -v memcaslap >/dev/null 2>&1; } || missing+=(libmemcached-tools)
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  # Debian installs it in /usr/sbin, not on every user's PATH.
+  { command -v nutcracker >/dev/null 2>&1 || [ -x /usr/sbin/nutcracker ]; } || missing+=(nutcracker)
   { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; } || missing+=(nodejs npm)
   # Debian's ruby-dalli does not pull in ruby itself.
   ruby -e 'require "dalli"' >/dev/null 2>&1 || missing+=(ruby ruby-dalli)

@@ -3,8 +3,9 @@
 // bench-results.md): memcaslap throughput directly against memcached and
 // through kvthrottle (and, for reference, through bareforward, the cheapest
 // forwarder we know how to write), added latency at a moderate fixed rate, the Go
-// benchmarks with -benchmem, and the proxy's resident memory holding 10,000
-// idle client connections.
+// benchmarks with -benchmem, the proxy's resident memory holding 10,000
+// idle client connections, and memcaslap's text-protocol load directly,
+// through kvthrottle and through twemproxy (nutcracker).
 //
 // `make bench` runs it (after `make deps build`) from the module root;
 // `make bench BENCHFLAGS=-quick` runs a shorter version, and
@@ -12,7 +13,7 @@
 // other flags). The table is also written to bench-results.md at the module
 // root. Progress goes to stderr, the table to stdout.
 //
-// Everything it starts (memcached, the proxy, memcaslap, go test, client
+// Everything it starts (memcached, the proxy, nutcracker, memcaslap, go test, client
 // connections, a temporary directory) is stopped or removed when it exits,
 // also on error and on Ctrl-C; children run in their own process groups
 // and are killed by the kernel should this program die (Pdeathsig).
@@ -52,7 +53,7 @@ type options struct {
 
 	idleConns int
 
-	sections string // which of 1-4 to run
+	sections string // which of 1-5 to run
 
 	bin string // kvthrottle binary
 	out string // markdown copy
@@ -73,7 +74,7 @@ func main() {
 	flag.IntVar(&o.benchCount, "count", 0, "go test -count (default 5, -quick 2)")
 	flag.StringVar(&o.benchTime, "benchtime", "", "go test -benchtime (default 200ms, -quick 100ms)")
 	flag.IntVar(&o.idleConns, "idle-conns", 10000, "idle client connections for the memory test")
-	flag.StringVar(&o.sections, "sections", "1234", "the sections to run: 1 throughput, 2 latency, 3 Go benchmarks, 4 memory")
+	flag.StringVar(&o.sections, "sections", "12345", "the sections to run: 1 throughput, 2 latency, 3 Go benchmarks, 4 memory, 5 text-protocol throughput (with twemproxy)")
 	flag.StringVar(&o.bin, "bin", "bin/kvthrottle", "kvthrottle binary (relative to the module root)")
 	flag.StringVar(&o.out, "out", "bench-results.md", "where the markdown table is also written (relative to the module root); \"\" for nowhere")
 	flag.StringVar(&o.bareForwarder, "bare-forwarder", "", "internal: run only the reference forwarder, \"LISTEN UPSTREAM\" (benchtable starts itself this way)")
@@ -192,6 +193,9 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 	if err != nil {
 		return err
 	}
+	if o.has('5') && tools.nutcracker == "" {
+		return errors.New("nutcracker (twemproxy) not found, needed for section 5 (`make deps` installs Debian's nutcracker; -sections 1234 leaves it out)")
+	}
 	nofile, err := raiseNofile(uint64(o.idleConns) + 10000)
 	if err != nil {
 		return err
@@ -209,6 +213,9 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 	rep.mcVersion = commandOutput(ctx, tools.memcached, "-V")
 	rep.maslapVersion = commandOutput(ctx, tools.memaslap, "-V")
 	rep.goVersion = commandOutputIn(ctx, root, tools.goCmd, "version")
+	if o.has('5') {
+		rep.twemVersion = strings.TrimPrefix(commandOutput(ctx, tools.nutcracker, "-V"), "This is ")
+	}
 
 	// How busy is the machine before we start?
 	idle := takeCPU()
@@ -216,37 +223,56 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 	rep.startLoad = loadBetween(idle, takeCPU())
 	logf("CPU used by other processes over the last second: %s", rep.startLoad)
 
-	if o.has('1') || o.has('2') || o.has('4') {
+	if o.has('1') || o.has('2') || o.has('4') || o.has('5') {
 		mc, err := startMemcached(ctx, cl, tools.memcached)
 		if err != nil {
 			return err
 		}
 		rep.mcArgs = mc.args
-		if o.has('1') || o.has('2') {
-			// A proxy in front of memcached for sections 1 and 2.
+		if o.has('1') || o.has('2') || o.has('5') {
+			// A proxy in front of memcached for sections 1, 2 and 5.
 			px, err := startProxy(ctx, cl, o.bin, tmp, "throughput", mc.addr)
 			if err != nil {
 				return err
 			}
 			rep.proxyConfig = px.config
-			bare, err := startBareForwarder(ctx, cl, mc.addr)
-			if err != nil {
-				return err
-			}
-			if o.has('1') {
-				if err := runThroughput(ctx, o, tools, mc, px, bare, rep); err != nil {
+			if o.has('1') || o.has('2') {
+				bare, err := startBareForwarder(ctx, cl, mc.addr)
+				if err != nil {
 					return err
 				}
-			}
-			if o.has('2') {
-				if err := runLatency(ctx, o, mc, px, bare, rep); err != nil {
+				if o.has('1') {
+					if err := runThroughput(ctx, o, tools, mc, px, bare, rep); err != nil {
+						return err
+					}
+				}
+				if o.has('2') {
+					if err := runLatency(ctx, o, mc, px, bare, rep); err != nil {
+						return err
+					}
+				}
+				if err := bare.ensureAlive(); err != nil {
 					return err
 				}
+				bare.stop()
 			}
-			if err := bare.ensureAlive(); err != nil {
-				return err
+			if o.has('5') {
+				// twemproxy in front of the same memcached, for the text
+				// protocol, after the binary sections (which it would
+				// otherwise share the machine with, idle).
+				twem, err := startNutcracker(ctx, cl, tools.nutcracker, tmp, mc.addr)
+				if err != nil {
+					return err
+				}
+				rep.twemConfig = twem.config
+				if err := runTextThroughput(ctx, o, tools, mc, px, twem, rep); err != nil {
+					return err
+				}
+				if err := twem.ensureAlive(); err != nil {
+					return err
+				}
+				twem.stop()
 			}
-			bare.stop()
 			if err := px.ensureAlive(); err != nil {
 				return err
 			}

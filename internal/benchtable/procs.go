@@ -48,9 +48,10 @@ func (c *cleaner) run() {
 }
 
 type tools struct {
-	memcached string
-	memaslap  string
-	goCmd     string
+	memcached  string
+	memaslap   string
+	goCmd      string
+	nutcracker string // "" when not installed (only section 5 needs it)
 }
 
 func findTools() (tools, error) {
@@ -66,6 +67,12 @@ func findTools() (tools, error) {
 	}
 	if t.memaslap == "" {
 		return t, fmt.Errorf("memcaslap not found (Debian's libmemcached-tools; `make deps` installs it)")
+	}
+	// Debian installs nutcracker in /usr/sbin, which may not be on PATH.
+	if t.nutcracker, err = exec.LookPath("nutcracker"); err != nil {
+		if _, err := os.Stat("/usr/sbin/nutcracker"); err == nil {
+			t.nutcracker = "/usr/sbin/nutcracker"
+		}
 	}
 	t.goCmd = os.Getenv("GO") // the go command; GO=... overrides it
 	if t.goCmd == "" {

@@ -21,16 +21,19 @@ type report struct {
 	mcVersion     string
 	goVersion     string
 	maslapVersion string
+	twemVersion   string // nutcracker -V, without "This is "
 	mcArgs        []string
 	proxyConfig   string
+	twemConfig    string // nutcracker's YAML
 
 	throughput          []*tpResult
 	latDirect, latProxy latResult
 	latBare             latResult // through the bare forwarder
 	gobench             *goBench
 	mem                 *memResult
+	text                []*tpResult // section 5; sideTwem is nutcracker
 
-	startLoad, tpLoad, latLoad, benchLoad cpuLoad
+	startLoad, tpLoad, latLoad, benchLoad, textLoad cpuLoad
 
 	pass, fail, unreliable int
 }
@@ -155,14 +158,14 @@ func (r *report) markdown() string {
 	for _, l := range []struct {
 		section byte
 		load    cpuLoad
-	}{{'1', r.tpLoad}, {'2', r.latLoad}, {'3', r.benchLoad}} {
+	}{{'1', r.tpLoad}, {'2', r.latLoad}, {'3', r.benchLoad}, {'5', r.textLoad}} {
 		if o.has(l.section) {
 			loads = append(loads, fmt.Sprintf("%s during section %c", l.load, l.section))
 		}
 	}
 	w("- **Background load** (CPU used by processes other than this program and what it started, in %% of all %d cores): %s\n",
 		r.machine.cores, strings.Join(loads, ", "))
-	if worst := max(r.startLoad.foreignPct, r.tpLoad.foreignPct, r.latLoad.foreignPct, r.benchLoad.foreignPct); worst >= 5 {
+	if worst := max(r.startLoad.foreignPct, r.tpLoad.foreignPct, r.latLoad.foreignPct, r.benchLoad.foreignPct, r.textLoad.foreignPct); worst >= 5 {
 		w("\n> **Warning:** other processes used up to %.0f%% of the machine's CPU during this run: the side-by-side ratios are noisy. Run again on an idle machine for numbers to compare with the targets.\n", worst)
 	}
 	w("\n")
@@ -296,6 +299,9 @@ func (r *report) markdown() string {
 			fmt.Sprintf("+%.1f kB per connection", perConn), "< 200 MB", r.verdict(mb(m.rssAfterKB) < 200))
 	}
 
+	// 5. Text protocol throughput.
+	r.textRows(row)
+
 	w("\n**%d PASS, %d FAIL**", r.pass, r.fail)
 	if r.unreliable > 0 {
 		w(" (%d of them measured while other processes used ≥ %d%% of the CPU: unreliable)", r.unreliable, noisyPct)
@@ -320,8 +326,14 @@ func (r *report) markdown() string {
 			"VmRSS of the proxy from /proc/PID/status, 1 s after the last connection (before: 0.5 s after start). RLIMIT_NOFILE raised to %d with setrlimit, inherited by the proxy.\n",
 			thousands(float64(m.conns)), r.nofile)
 	}
+	if o.has('5') {
+		r.captionText(w)
+	}
 	if r.proxyConfig != "" {
 		w("\n<details><summary>generated proxy configuration</summary>\n\n```toml\n%s```\n</details>\n", r.proxyConfig)
+	}
+	if r.twemConfig != "" {
+		w("\n<details><summary>generated twemproxy (nutcracker) configuration</summary>\n\n```yaml\n%s```\n</details>\n", r.twemConfig)
 	}
 	return b.String()
 }

@@ -103,66 +103,100 @@ func memaslap(ctx context.Context, path string, args []string, timeout time.Dura
 	return r, nil
 }
 
+// tpSides are what one throughput comparison runs memcaslap against, one
+// address per side, and the processes whose CPU time it counts: memcached
+// and, per side, the forwarder in front of it ("" for direct).
+type tpSides struct {
+	addrs, fwdPids [numSides]string
+	mcPid          string
+	live           []int // every long-running process of ours, for takeCPU
+}
+
+// warmUp runs memcaslap once for 1 s against every side, 100 B values and
+// 32 connections, not counted.
+func (s *tpSides) warmUp(ctx context.Context, o *options, t tools, args func(*options, string, tpCase) []string, check func(maslapRun) error) error {
+	wo := *o
+	wo.duration = time.Second
+	for _, addr := range s.addrs {
+		r, err := memaslap(ctx, t.memaslap, args(&wo, addr, tpCase{100, 32}), wo.duration+60*time.Second)
+		if err == nil && check != nil {
+			err = check(r)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runCase runs o.rounds rounds of one memcaslap run per side for case c,
+// the order rotating every round so drift favours no side. args gives
+// memcaslap's command line; check, when not nil, vets each run's output.
+func (s *tpSides) runCase(ctx context.Context, o *options, t tools, c tpCase, args func(*options, string, tpCase) []string, check func(maslapRun) error) (*tpResult, error) {
+	timeout := o.duration + 60*time.Second
+	res := &tpResult{tpCase: c}
+	caseStart := takeCPU(s.live...)
+	for i := 0; i < o.rounds; i++ {
+		for k := range numSides {
+			side := (i + k) % numSides
+			before := takeCPU(s.live...)
+			mc0, _ := procCPU(s.mcPid, false)
+			var fwd0, fwd1 int64
+			if s.fwdPids[side] != "" {
+				fwd0, _ = procCPU(s.fwdPids[side], false)
+			}
+			r, err := memaslap(ctx, t.memaslap, args(o, s.addrs[side], c), timeout)
+			if err == nil && check != nil {
+				err = check(r)
+			}
+			if err != nil {
+				return nil, err
+			}
+			mc1, _ := procCPU(s.mcPid, false)
+			if s.fwdPids[side] != "" {
+				fwd1, _ = procCPU(s.fwdPids[side], false)
+			}
+			res.mcCPU[side] += mc1 - mc0
+			res.fwdCPU[side] += fwd1 - fwd0
+			res.lgCPU[side] += r.cpu
+			res.ops[side] += r.gets + r.sets
+			if l := loadBetween(before, takeCPU(s.live...)); l.ok {
+				res.maxForeign = max(res.maxForeign, l.foreignPct)
+			}
+			res.gets += r.gets
+			res.sets += r.sets
+			res.tps[side] = append(res.tps[side], r.tps)
+			res.getMisses[side] += r.getMiss
+		}
+	}
+	res.load = loadBetween(caseStart, takeCPU(s.live...))
+	return res, nil
+}
+
 // runThroughput runs memcaslap directly against memcached, through
 // kvthrottle and through the bare forwarder, one after the other, the order
 // rotating every round so drift favours no side.
 func runThroughput(ctx context.Context, o *options, t tools, mc *memcached, px, bare *proxyProc, rep *report) error {
-	var addrs, fwdPids [numSides]string
-	addrs[sideDirect], addrs[sideProxy], addrs[sideBare] = mc.addr, px.addr, bare.addr
-	fwdPids[sideProxy], fwdPids[sideBare] = strconv.Itoa(px.pid()), strconv.Itoa(bare.pid())
-	mcPid := strconv.Itoa(mc.pid())
-	live := []int{mc.pid(), px.pid(), bare.pid()}
-	section := takeCPU(live...)
-	timeout := o.duration + 60*time.Second
+	s := &tpSides{mcPid: strconv.Itoa(mc.pid()), live: []int{mc.pid(), px.pid(), bare.pid()}}
+	s.addrs[sideDirect], s.addrs[sideProxy], s.addrs[sideBare] = mc.addr, px.addr, bare.addr
+	s.fwdPids[sideProxy], s.fwdPids[sideBare] = strconv.Itoa(px.pid()), strconv.Itoa(bare.pid())
+	section := takeCPU(s.live...)
 	// Warm-up: one short run each way, not counted.
-	wo := *o
-	wo.duration = time.Second
-	for _, addr := range addrs {
-		if _, err := memaslap(ctx, t.memaslap, memaslapArgs(&wo, addr, tpCase{100, 32}), timeout); err != nil {
-			return err
-		}
+	if err := s.warmUp(ctx, o, t, memaslapArgs, nil); err != nil {
+		return err
 	}
 	for _, c := range tpCases {
-		res := &tpResult{tpCase: c}
-		caseStart := takeCPU(live...)
-		for i := 0; i < o.rounds; i++ {
-			for k := range numSides {
-				side := (i + k) % numSides
-				before := takeCPU(live...)
-				mc0, _ := procCPU(mcPid, false)
-				var fwd0, fwd1 int64
-				if fwdPids[side] != "" {
-					fwd0, _ = procCPU(fwdPids[side], false)
-				}
-				r, err := memaslap(ctx, t.memaslap, memaslapArgs(o, addrs[side], c), timeout)
-				if err != nil {
-					return err
-				}
-				mc1, _ := procCPU(mcPid, false)
-				if fwdPids[side] != "" {
-					fwd1, _ = procCPU(fwdPids[side], false)
-				}
-				res.mcCPU[side] += mc1 - mc0
-				res.fwdCPU[side] += fwd1 - fwd0
-				res.lgCPU[side] += r.cpu
-				res.ops[side] += r.gets + r.sets
-				if l := loadBetween(before, takeCPU(live...)); l.ok {
-					res.maxForeign = max(res.maxForeign, l.foreignPct)
-				}
-				res.gets += r.gets
-				res.sets += r.sets
-				res.tps[side] = append(res.tps[side], r.tps)
-				res.getMisses[side] += r.getMiss
-			}
+		res, err := s.runCase(ctx, o, t, c, memaslapArgs, nil)
+		if err != nil {
+			return err
 		}
-		res.load = loadBetween(caseStart, takeCPU(live...))
 		d := median(res.tps[sideDirect])
 		logf("throughput %s, %d conns (medians of %d): direct %.0f, kvthrottle %.0f (%.2fx), bare forwarder %.0f (%.2fx) ops/s; other processes' CPU %s (at most %.0f%% in one run)",
 			sizeName(c.value), c.conns, o.rounds, d, median(res.tps[sideProxy]), median(res.tps[sideProxy])/d,
 			median(res.tps[sideBare]), median(res.tps[sideBare])/d, res.load, res.maxForeign)
 		rep.throughput = append(rep.throughput, res)
 	}
-	rep.tpLoad = loadBetween(section, takeCPU(live...))
+	rep.tpLoad = loadBetween(section, takeCPU(s.live...))
 	return nil
 }
 
