@@ -68,14 +68,14 @@ func runMaslap(t *testing.T, tool, addr string, args ...string) maslapRun {
 }
 
 // TestMemcaslapTextThroughProxy: memcaslap in its text protocol (no -B)
-// runs a fixed number of sets and gets, with a tenth of the gets verified
-// against the values it set, through the proxy as cleanly as directly
-// against memcached: every operation done, no more get misses than
-// memcached gives it, no verification miss or failure.
+// runs a fixed number of sets and gets (multi-key gets of 4 keys, a tenth
+// of them verified against the values it set) through the proxy as
+// cleanly as directly against memcached: every operation done, no more
+// get misses than memcached gives it, no verification miss or failure.
 func TestMemcaslapTextThroughProxy(t *testing.T) {
 	tool := lookTool(t, "memcaslap", "memaslap")
 	const ops = 20000
-	args := []string{"--threads=2", "--concurrency=8", "--execute_number=" + strconv.Itoa(ops), "--verify=0.1"}
+	args := []string{"--threads=2", "--concurrency=8", "--execute_number=" + strconv.Itoa(ops), "--verify=0.1", "--division=4"}
 	direct := runMaslap(t, tool, testmc.Start(t).Addr, args...)
 	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`})
 	via := runMaslap(t, tool, p.Addr, args...)
