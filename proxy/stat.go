@@ -44,8 +44,16 @@ func (s *session) stat(r *request) bool {
 // "error", whose value is the reason; the single-frame groups get what
 // memcached answers for a group it does not know: KeyEnoent (0x01), the
 // reason as the body, and no terminator.
+//
+// A text client gets an error line instead ("CLIENT_ERROR STAT items needs
+// the admin privilege"): text stats are lines, and a reason with spaces in
+// a STAT line reads as its first word to most parsers.
 func (s *session) statRefused(r *request, group string) {
 	reason := "STAT " + group + " needs the admin privilege"
+	if s.codec == codec(&s.text) {
+		s.localStatus(r, binary.StatusEaccess, reason)
+		return
+	}
 	if strings.HasPrefix(group, "reset") || strings.HasPrefix(group, "detail") {
 		s.localStatus(r, binary.StatusKeyEnoent, reason)
 		return

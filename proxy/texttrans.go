@@ -287,7 +287,7 @@ func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []b
 		return append(dst, textTooLarge...)
 	case binary.StatusEnomem:
 		return append(dst, textOutOfMemory...)
-	case binary.StatusEinval:
+	case binary.StatusEinval, binary.StatusEaccess:
 		dst = append(dst, "CLIENT_ERROR "...)
 	default:
 		dst = append(dst, "SERVER_ERROR "...)
