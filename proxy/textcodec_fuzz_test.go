@@ -1,0 +1,144 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/proto/text"
+)
+
+// fuzzPrefix is the namespace of the bucket the codec fuzz targets use; a
+// long one, as after many FLUSHes.
+const fuzzPrefix = "tenant#123456:"
+
+// FuzzTextCodec feeds arbitrary client input to the text codec as a
+// session does (decode, refusals skipped or closing, retrieval commands
+// part by part) and checks what it would send upstream: a classic command
+// is a valid binary request whose key fits memcached with the namespace;
+// a meta command's upstream line, parsed again as memcached would, is the
+// same command with the key in the namespace (inside the base64 with b)
+// and the same flags. The seed corpus (testdata/fuzz/FuzzTextCodec) holds
+// every command of proto/text's corpus and meta commands with each flag.
+func FuzzTextCodec(f *testing.F) {
+	for _, s := range []string{
+		"mg foo v k c t f s O123 q\r\n", "ms Zm9v 3 b T0 F5 c k I\r\nbar\r\n", "md foo q C5 I T30\r\n",
+		"ma n N0 J13 D2 MD v t c q\r\n", "me foo\r\n", "me Zm9v b\r\n", "mn\r\n", "get a b c\r\ngets a\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		s := &session{bkt: newBucket("tenant", true, nil, 123456)}
+		s.text.s = s
+		c := &s.text
+		prefix := []byte(fuzzPrefix)
+		buf := in
+		for steps := 0; len(buf) > 0 && steps < 10000; steps++ {
+			var r request
+			n, err := c.decode(buf, 1<<20, &r)
+			if n < 0 || n > len(buf) {
+				t.Fatalf("decode consumed %d of %d bytes", n, len(buf))
+			}
+			if err != nil {
+				var re *codecReply
+				if !errors.As(err, &re) {
+					t.Fatalf("decode error %v is not a refusal", err)
+				}
+				if re.close || re.skip > len(buf) {
+					return
+				}
+				if re.skip <= 0 {
+					t.Fatalf("a refusal that neither closes nor skips: %+v", re)
+				}
+				buf = buf[re.skip:]
+				continue
+			}
+			if n == 0 && !r.more {
+				return // waits for more input
+			}
+			if r.meta {
+				checkMetaUpstream(t, c, &r, prefix)
+			} else if err := binary.ValidateRequest(&r.frame); err != nil {
+				t.Fatalf("%q: invalid binary request: %v", buf[:max(n, 1)], err)
+			} else if len(r.key) > 0 && len(prefix)+len(r.key) > binary.MaxKeyLen {
+				t.Fatalf("key of %d bytes passed the length check", len(r.key))
+			}
+			if r.more || r.last {
+				c.partDone(r.last)
+			}
+			buf = buf[n:]
+		}
+	})
+}
+
+// checkMetaUpstream checks the upstream line of meta request r against the
+// client's command, c.cmd.
+func checkMetaUpstream(t *testing.T, c *textCodec, r *request, prefix []byte) {
+	t.Helper()
+	client := c.cmd
+	if c.meta.tooLong(len(prefix)) {
+		return // forward refuses it
+	}
+	up := append(append([]byte(nil), c.upstreamLine(prefix)...), c.meta.data...)
+	var got text.Command
+	n, err := text.Parse(up, 1<<20, &got)
+	if err != nil || n != len(up) {
+		t.Fatalf("upstream %q does not parse as one command: n %d of %d, %v (client %q)", up, n, len(up), err, client.Line)
+	}
+	if got.Kind != client.Kind || got.Base64 != client.Base64 || len(got.Meta) != len(client.Meta) {
+		t.Fatalf("upstream %q is not the client's %q", got.Line, client.Line)
+	}
+	for i := range got.Meta {
+		if got.Meta[i].Flag != client.Meta[i].Flag || !bytes.Equal(got.Meta[i].Token, client.Meta[i].Token) {
+			t.Fatalf("flag %d: upstream %q, client %q", i, got.Line, client.Line)
+		}
+	}
+	key := got.Key
+	if got.Base64 {
+		key, _ = text.DecodeBase64(nil, got.Key)
+	}
+	if want := append(append([]byte(nil), prefix...), r.key...); !bytes.Equal(key, want) {
+		t.Fatalf("upstream key %q, want %q", key, want)
+	}
+	if !bytes.Equal(got.Value, client.Value) {
+		t.Fatalf("upstream data %q, client's %q", got.Value, client.Value)
+	}
+}
+
+// FuzzMetaReply feeds arbitrary replies of memcached to a meta command to
+// appendMetaReply: it must not fail, must end the reply line where
+// memcached's ended, and must give back a key of the namespace without it.
+func FuzzMetaReply(f *testing.F) {
+	for _, s := range []string{
+		"VA 5 f0 s5 k" + fuzzPrefix + "foo", "HD O1 k" + fuzzPrefix + "x c5", "EN", "NF O5", "NS", "EX c5", "MN",
+		"ME " + fuzzPrefix + "foo exp=-1 la=1 cas=2 fetch=no cls=1 size=63", "CLIENT_ERROR bad command line format",
+		"HD kdGVuYW50IzEyMzQ1Njpmb28= b", "VA 2 kdGVuYW50IzEyMzQ1Njpmb28= b t-1",
+	} {
+		f.Add([]byte(s), []byte("ab"), false)
+	}
+	f.Fuzz(func(t *testing.T, line, value []byte, b64 bool) {
+		if bytes.ContainsAny(line, "\r\n") {
+			return // memcached's reply lines hold neither
+		}
+		out := appendMetaReply(nil, line, value, len(fuzzPrefix), b64)
+		end := bytes.Index(out, []byte("\r\n"))
+		if end < 0 || end > len(line) {
+			t.Fatalf("reply %q for line %q", out, line)
+		}
+		var r text.MetaResponse
+		if _, err := text.ParseMetaResponse([]byte(string(line)+"\r\n"), &r); err != nil || !text.IsMetaCode(r.Code) {
+			return
+		}
+		k, ok := r.Flag('k')
+		if !ok || !bytes.HasPrefix(k, []byte(fuzzPrefix)) {
+			return
+		}
+		if _, isB := r.Flag('b'); isB {
+			return
+		}
+		if !bytes.Contains(out[:end], append([]byte(" k"), k[len(fuzzPrefix):]...)) {
+			t.Fatalf("reply %q does not give back the key %q without the namespace", out[:end], k)
+		}
+	})
+}
