@@ -140,6 +140,10 @@ func buildTextRequest(buf []byte, c *textCommand, r *request) []byte {
 			be.BigEndian.PutUint32(ex[0:], c.exptime)
 			extras = ex[:4]
 		}
+	case tkVerbosity:
+		// The level is not kept: the proxy answers verbosity itself
+		// (dispatch); the extras make the frame well formed.
+		extras = ex[:4]
 	}
 	h := binary.Header{Magic: binary.MagicRequest, Opcode: op, Opaque: textTag(c.kind, c.noreply)}
 	if c.kind == tkCas {
