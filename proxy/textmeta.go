@@ -136,7 +136,7 @@ func (c *textCodec) upstreamLine(prefix []byte) []byte {
 // item size without them; every other byte as memcached sent it. b64 says
 // the command's key was base64 (ME's reply does not say).
 func appendMetaReply(dst, line, value []byte, strip int, b64 bool) []byte {
-	code, rest, _ := bytes.Cut(line, []byte(" "))
+	code, rest, spaced := bytes.Cut(line, []byte(" "))
 	switch {
 	case text.IsMetaCode(code):
 		dst = append(dst, code...)
@@ -154,7 +154,7 @@ func appendMetaReply(dst, line, value []byte, strip int, b64 bool) []byte {
 			}
 			first = false
 		}
-	case string(code) == "ME":
+	case string(code) == "ME" && spaced:
 		key, rest, _ := bytes.Cut(rest, []byte(" "))
 		dst = append(dst, "ME "...)
 		dst = appendClientKey(dst, key, strip, b64)
