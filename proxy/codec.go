@@ -1,6 +1,9 @@
 package proxy
 
-import "github.com/kvthrottle/kvthrottle/proto/binary"
+import (
+	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/proto/text"
+)
 
 // A session is protocol-neutral (DESIGN.md section 1): a codec, one per
 // client protocol, turns the client's bytes into requests and the answers
@@ -81,11 +84,12 @@ type response struct {
 	// fields above are its own (the data type and such are in it too).
 	upstream *binary.Frame
 
-	// meta is memcached's reply line to a meta command (value holds VA's
-	// data), strip the length of the bucket's namespace in the keys it
-	// names; nil for every other answer.
-	meta  []byte
-	strip int
+	// meta is memcached's reply to a meta command, strip the length of
+	// the bucket's namespace in the key it echoes, metaRaw the length of
+	// that key, namespace included; nil for every other answer.
+	meta    *text.MetaResponse
+	strip   int
+	metaRaw int
 }
 
 // codec is one client protocol. A session holds one for its whole life.

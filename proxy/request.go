@@ -175,7 +175,11 @@ func (s *session) forward(r *request, b *bucket) bool {
 	s.lp.srv.inflight.Add(1)
 	if r.meta {
 		m := &s.text.meta
-		_ = u.ForwardMeta(s.text.upstreamLine(prefix), m.data, m.quiet, sl) // as Forward
+		rawKey := 0
+		if m.b64 {
+			rawKey = len(prefix) + len(m.key)
+		}
+		_ = u.ForwardMeta(s.text.upstreamLine(prefix), m.data, m.quiet, rawKey, sl) // as Forward
 		return true
 	}
 	_ = u.Forward(&r.frame, prefix, sl) // a failure has already answered sl

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"bytes"
-
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/proto/text"
 	"github.com/kvthrottle/kvthrottle/throttle"
@@ -196,17 +194,17 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 
 // DeliverMeta implements upstream.MetaWaiter: memcached's reply to a meta
 // command. A read counts the key and the value returned.
-func (sl *slot) DeliverMeta(line, value []byte) {
+func (sl *slot) DeliverMeta(mr *text.MetaResponse) {
 	s := sl.s
-	sl.gotKV += sl.sentKV + len(value)
-	if bytes.HasPrefix(line, []byte(text.MetaVA)) || bytes.HasPrefix(line, []byte(text.MetaHD)) {
+	sl.gotKV += sl.sentKV + len(mr.Value)
+	if code := string(mr.Code); code == text.MetaVA || code == text.MetaHD {
 		sl.hit = true
 	}
 	if s.closed {
 		s.finish(sl)
 		return
 	}
-	r := response{op: sl.req.op, status: binary.StatusSuccess, value: value, meta: line, strip: sl.strip}
+	r := response{op: sl.req.op, status: binary.StatusSuccess, value: mr.Value, meta: mr, strip: sl.strip, metaRaw: sl.strip + sl.sentKV}
 	if sl.units && sl.grant.Domain != throttle.Held {
 		r.units = true
 		r.readUnits, r.writeUnits = s.lp.srv.units(sl)

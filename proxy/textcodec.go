@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"strings"
 
@@ -49,6 +48,9 @@ func (e *codecReply) Error() string { return "refused: " + strings.TrimSpace(str
 // lru, watch, shutdown, ...): they act on the whole server, which no
 // tenant may.
 var errAdminUnsupported = []byte("SERVER_ERROR command not supported through kvthrottle\r\n")
+
+// errBadCommandLine is memcached's refusal of a key over 250 bytes.
+var errBadCommandLine = []byte("CLIENT_ERROR bad command line format\r\n")
 
 // errMetaKey answers a meta command whose key the codec could not take
 // apart (the parser accepts none such).
@@ -114,10 +116,25 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 	}
 	cmd := &c.cmd
 	if c.keyTooLong(cmd) {
-		// memcached refuses a key over 250 bytes this way, reading the
-		// line only (a data block that follows is read as commands); here
-		// the bucket's namespace counts against the 250 bytes.
-		return 0, &codecReply{reply: []byte("CLIENT_ERROR bad command line format\r\n"), skip: bytes.IndexByte(buf, '\n') + 1}
+		// A key memcached takes (the parser refused longer ones as
+		// memcached does) that the bucket's namespace makes too long:
+		// refused as memcached refuses a key over 250 bytes, but with
+		// its data block swallowed, since the client sent one (memcached
+		// would read it as commands: a value could run as a delete).
+		// noreply hides the refusal, as memcached's does.
+		re := &codecReply{skip: n}
+		if !cmd.NoReply || cmd.Kind.IsMeta() {
+			re.reply = errBadCommandLine
+		}
+		return 0, re
+	}
+	if cmd.Kind.IsMeta() && cmd.Kind != text.KindMetaNoop && c.metaLineTooLong(cmd) {
+		// memcached closes a connection on a command line it has read
+		// more than 2 KiB of without its end, depending on how the bytes
+		// arrive; the upstream connection is shared, so a namespaced line
+		// must stay within that. The client is closed as memcached may
+		// close it.
+		return 0, &codecReply{close: true}
 	}
 	tc := &c.tc
 	*tc = textCommand{noreply: cmd.NoReply, key: cmd.Key, value: cmd.Value, flags: cmd.Flags,

@@ -106,39 +106,43 @@ func checkMetaUpstream(t *testing.T, c *textCodec, r *request, prefix []byte) {
 	}
 }
 
-// FuzzMetaReply feeds arbitrary replies of memcached to a meta command to
+// FuzzMetaReply feeds arbitrary replies of memcached to a meta command,
+// framed by text.ParseMetaReply with an expected raw key length, to
 // appendMetaReply: it must not fail, must end the reply line where
-// memcached's ended, and must give back a key of the namespace without it.
+// memcached's ended, and must give back a raw echoed key of the namespace
+// without it.
 func FuzzMetaReply(f *testing.F) {
 	for _, s := range []string{
-		"VA 5 f0 s5 k" + fuzzPrefix + "foo", "HD O1 k" + fuzzPrefix + "x c5", "EN", "NF O5", "NS", "EX c5", "MN",
-		"ME " + fuzzPrefix + "foo exp=-1 la=1 cas=2 fetch=no cls=1 size=63", "CLIENT_ERROR bad command line format",
-		"HD kdGVuYW50IzEyMzQ1Njpmb28= b", "VA 2 kdGVuYW50IzEyMzQ1Njpmb28= b t-1",
+		"VA 5 f0 s5 k" + fuzzPrefix + "foo\r\nhello\r\n", "HD O1 k" + fuzzPrefix + "x c5\r\n", "EN\r\n", "NF O5\r\n",
+		"NS\r\n", "EX c5\r\n", "MN\r\n", "ME " + fuzzPrefix + "foo exp=-1 la=1 cas=2 fetch=no cls=1 size=63\r\n",
+		"CLIENT_ERROR bad command line format\r\n", "HD kdGVuYW50IzEyMzQ1Njpmb28= b\r\n",
+		"VA 2 kdGVuYW50IzEyMzQ1Njpmb28= b t-1\r\nab\r\n", "HD k" + fuzzPrefix + "a\r\nb c\r\n",
 	} {
-		f.Add([]byte(s), []byte("ab"), false)
+		f.Add([]byte(s), uint8(len(fuzzPrefix)+3))
 	}
-	f.Fuzz(func(t *testing.T, line, value []byte, b64 bool) {
-		if bytes.ContainsAny(line, "\r\n") {
-			return // memcached's reply lines hold neither
-		}
-		out := appendMetaReply(nil, line, value, len(fuzzPrefix), b64)
-		end := bytes.Index(out, []byte("\r\n"))
-		if end < 0 || end > len(line) {
-			t.Fatalf("reply %q for line %q", out, line)
-		}
+	f.Fuzz(func(t *testing.T, in []byte, rawKey uint8) {
 		var r text.MetaResponse
-		if _, err := text.ParseMetaResponse([]byte(string(line)+"\r\n"), &r); err != nil || !text.IsMetaCode(r.Code) {
+		n, err := text.ParseMetaReply(in, int(rawKey), &r)
+		if err != nil || n == 0 {
 			return
 		}
-		k, ok := r.Flag('k')
-		if !ok || !bytes.HasPrefix(k, []byte(fuzzPrefix)) {
+		out := appendMetaReply(nil, &r, len(fuzzPrefix), int(rawKey))
+		lineEnd := len(out)
+		if string(r.Code) == text.MetaVA {
+			lineEnd -= len(r.Value) + 2
+		}
+		if lineEnd < 2 || string(out[lineEnd-2:lineEnd]) != "\r\n" {
+			t.Fatalf("reply %q for %q does not end its line where memcached's did", out, in[:n])
+		}
+		if r.KeyStart < 0 || string(r.Code) == "ME" {
 			return
 		}
-		if _, isB := r.Flag('b'); isB {
+		k := r.Line[r.KeyStart:r.KeyEnd]
+		if _, isB := r.Flag('b'); isB || !bytes.HasPrefix(k, []byte(fuzzPrefix)) {
 			return
 		}
-		if !bytes.Contains(out[:end], append([]byte(" k"), k[len(fuzzPrefix):]...)) {
-			t.Fatalf("reply %q does not give back the key %q without the namespace", out[:end], k)
+		if !bytes.Contains(out, append([]byte(" k"), k[len(fuzzPrefix):]...)) {
+			t.Fatalf("reply %q does not give back the key %q without the namespace", out, k)
 		}
 	})
 }

@@ -32,9 +32,6 @@ type metaCommand struct {
 	line   []byte // the upstream command line (upstreamLine)
 }
 
-// metaTagB64 marks, in a meta request's text tag, that its key was base64.
-const metaTagB64 = 1 << 9
-
 // decodeMeta fills r for the meta command c.cmd (not mn): r.key is the key
 // memcached stores, r.value ms's data, r.op the binary command it counts as.
 // It returns false when the line cannot be split around its key (a parser
@@ -73,11 +70,7 @@ func (c *textCodec) decodeMeta(r *request) bool {
 	case text.KindMetaArithmetic:
 		op = binary.OpIncrement
 	}
-	tag := textTag(tkMeta, false)
-	if m.b64 {
-		tag |= metaTagB64
-	}
-	*r = request{op: op, opaque: tag, key: m.key, value: cmd.Value, meta: true}
+	*r = request{op: op, opaque: textTag(tkMeta, false), key: m.key, value: cmd.Value, meta: true}
 	return true
 }
 
@@ -102,12 +95,30 @@ func metaKeyTooLong(cmd *text.Command, prefix int) bool {
 }
 
 // tooLong reports whether the command's key is too long for memcached in
-// a namespace of prefix bytes (see metaKeyTooLong).
+// a namespace of prefix bytes (see metaKeyTooLong), or its line longer
+// than memcached reliably reads (metaLineTooLong).
 func (m *metaCommand) tooLong(prefix int) bool {
+	key := prefix + len(m.key)
 	if m.b64 {
-		return text.Base64EncodedLen(prefix+len(m.key)) > binary.MaxKeyLen
+		key = text.Base64EncodedLen(key)
 	}
-	return prefix+len(m.key) > binary.MaxKeyLen
+	return key > binary.MaxKeyLen || len(m.verb)+1+key+len(m.tail)+2 > text.MaxLineLen
+}
+
+// metaLineTooLong reports whether meta command cmd's line, with its key in
+// the session's namespace, is longer than memcached reliably reads:
+// text.MaxLineLen bytes, "\r\n" included.
+func (c *textCodec) metaLineTooLong(cmd *text.Command) bool {
+	b := c.s.bkt
+	if b == nil {
+		return false
+	}
+	key := len(*b.prefix.Load()) + len(cmd.Key)
+	if cmd.Base64 {
+		n, _ := text.Base64DecodedLen(cmd.Key)
+		key = text.Base64EncodedLen(len(*b.prefix.Load()) + n)
+	}
+	return len(cmd.Line)-len(cmd.Key)+key+2 > text.MaxLineLen
 }
 
 // upstreamLine returns the meta command line for memcached: the client's,
@@ -130,69 +141,62 @@ func (c *textCodec) upstreamLine(prefix []byte) []byte {
 	return l
 }
 
-// appendMetaReply appends memcached's reply to a meta command, line (without
-// its line ending) and VA's value, as the client gets it: the k flag's key,
-// or ME's, without the strip bytes of the bucket's namespace, and ME's
-// item size without them; every other byte as memcached sent it. b64 says
-// the command's key was base64 (ME's reply does not say).
-func appendMetaReply(dst, line, value []byte, strip int, b64 bool) []byte {
-	code, rest, spaced := bytes.Cut(line, []byte(" "))
-	switch {
-	case text.IsMetaCode(code):
-		dst = append(dst, code...)
-		b64 = metaReplyHasB(rest)
-		first := string(code) == text.MetaVA // VA's size comes first
-		for len(rest) > 0 {
-			var tok []byte
-			tok, rest, _ = bytes.Cut(rest, []byte(" "))
-			dst = append(dst, ' ')
-			if !first && len(tok) > 0 && tok[0] == 'k' {
-				dst = append(dst, 'k')
-				dst = appendClientKey(dst, tok[1:], strip, b64)
-			} else {
-				dst = append(dst, tok...)
-			}
-			first = false
-		}
-	case string(code) == "ME" && spaced:
-		key, rest, _ := bytes.Cut(rest, []byte(" "))
-		dst = append(dst, "ME "...)
-		dst = appendClientKey(dst, key, strip, b64)
-		for len(rest) > 0 {
-			var tok []byte
-			tok, rest, _ = bytes.Cut(rest, []byte(" "))
-			dst = append(dst, ' ')
-			if n, ok := bytes.CutPrefix(tok, []byte("size=")); ok {
-				if v, err := strconv.Atoi(string(n)); err == nil && v >= strip {
-					dst = append(dst, "size="...)
-					dst = strconv.AppendInt(dst, int64(v-strip), 10)
-					continue
-				}
-			}
-			dst = append(dst, tok...)
-		}
-	default:
+// appendMetaReply appends memcached's reply r to a meta command as the
+// client gets it: the key it echoes (the k flag's token, or ME's key)
+// without the strip bytes of the bucket's namespace, ME's item size
+// without them too, and every other byte as memcached sent it. memcached
+// echoes a key in base64 when the item was stored with a base64 key,
+// whatever the command asked: a k token says so with a b flag; for ME,
+// whose reply does not, rawLen (the length of the namespaced key) tells
+// the raw echo from the longer base64 one.
+func appendMetaReply(dst []byte, r *text.MetaResponse, strip, rawLen int) []byte {
+	line := r.Line
+	if r.KeyStart < 0 {
 		dst = append(dst, line...)
+	} else {
+		key := line[r.KeyStart:r.KeyEnd]
+		var b64 bool
+		if string(r.Code) == "ME" {
+			b64 = len(key) != rawLen
+		} else {
+			_, b64 = r.Flag('b')
+		}
+		dst = append(dst, line[:r.KeyStart]...)
+		dst = appendClientKey(dst, key, strip, b64)
+		rest := line[r.KeyEnd:]
+		if string(r.Code) == "ME" {
+			dst = appendMESize(dst, rest, strip)
+		} else {
+			dst = append(dst, rest...)
+		}
 	}
 	dst = append(dst, "\r\n"...)
-	if string(code) == text.MetaVA {
-		dst = append(dst, value...)
+	if string(r.Code) == text.MetaVA {
+		dst = append(dst, r.Value...)
 		dst = append(dst, "\r\n"...)
 	}
 	return dst
 }
 
-// metaReplyHasB reports whether a meta reply's flags include b (its k
-// token is base64).
-func metaReplyHasB(flags []byte) bool {
-	for len(flags) > 0 {
-		var tok []byte
-		tok, flags, _ = bytes.Cut(flags, []byte(" "))
-		if len(tok) == 1 && tok[0] == 'b' {
-			return true
-		}
+// appendMESize appends the rest of an ME line (after its key) with its
+// size= less the strip bytes the namespace added to the item.
+func appendMESize(dst, rest []byte, strip int) []byte {
+	i := bytes.Index(rest, []byte(" size="))
+	if i < 0 {
+		return append(dst, rest...)
 	}
-	return false
+	num := rest[i+len(" size="):]
+	j := 0
+	for j < len(num) && num[j] >= '0' && num[j] <= '9' {
+		j++
+	}
+	v, err := strconv.Atoi(string(num[:j]))
+	if err != nil || v < strip {
+		return append(dst, rest...)
+	}
+	dst = append(dst, rest[:i+len(" size=")]...)
+	dst = strconv.AppendInt(dst, int64(v-strip), 10)
+	return append(dst, num[j:]...)
 }
 
 // appendClientKey appends key, as memcached returned it, without the strip

@@ -186,7 +186,7 @@ func appendTextResponse(dst []byte, q reqHead, resp response) []byte {
 	case tkMetaNoop:
 		return append(dst, text.MetaNoop...)
 	case tkMeta:
-		return appendMetaReply(dst, resp.meta, resp.value, resp.strip, q.opaque&metaTagB64 != 0)
+		return appendMetaReply(dst, resp.meta, resp.strip, resp.metaRaw)
 	case tkAuth:
 		return append(dst, text.AuthStored...)
 	case tkCasZero:

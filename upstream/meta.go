@@ -18,6 +18,12 @@ import (
 // Flush, CheckTimeout and Close reach it through the Conn, and Inflight
 // counts its requests. Its own socket comes and goes like any Conn's.
 //
+// Framing replies: a reply may echo the command's key (k, ME) as memcached
+// stored it, raw even when asked for in base64; a key stored through the
+// binary protocol may hold spaces and line ends. The entry keeps that
+// key's length, so that the echo is read as one token however it looks
+// (text.ParseMetaReply): no tenant can forge replies with its keys.
+//
 // Matching replies: memcached answers meta commands in order, one reply
 // each, except that the q flag hides some replies (EN of mg, HD of ms,
 // md and ma, and VA of an ma that did not create its counter). After
@@ -30,10 +36,10 @@ import (
 // hid it, or Fail, on the owning event loop, exactly once.
 type MetaWaiter interface {
 	Waiter
-	// DeliverMeta receives memcached's reply: its first line without the
-	// line ending, and for VA the data block without its "\r\n" (nil for
-	// other replies). Both alias the connection's input buffer.
-	DeliverMeta(line, value []byte)
+	// DeliverMeta receives memcached's reply, parsed (Line, Value, the
+	// echoed key's place); r and its slices alias the connection's input
+	// buffer and are valid only during the call.
+	DeliverMeta(r *text.MetaResponse)
 }
 
 // metaFence is the mn the meta sibling sends after a quiet command.
@@ -57,9 +63,12 @@ func (c *Conn) Meta() *Conn {
 // registers w for its outcome; c must be a Meta connection. line is the
 // command line with its "\r\n", its key already in the bucket's namespace;
 // data is an ms's data block with its "\r\n" (nil for other commands);
-// quiet reports the q flag. If the connection is down, w.Fail is called at
-// once and ErrUnavailable is returned. Bytes are written at the next Flush.
-func (c *Conn) ForwardMeta(line, data []byte, quiet bool, w MetaWaiter) error {
+// quiet reports the q flag. rawKeyLen is the length of the key memcached
+// stores when line names it in base64 (0 otherwise): its reply may echo
+// that key raw, with any bytes in it (text.ParseMetaReply). If the
+// connection is down, w.Fail is called at once and ErrUnavailable is
+// returned. Bytes are written at the next Flush.
+func (c *Conn) ForwardMeta(line, data []byte, quiet bool, rawKeyLen int, w MetaWaiter) error {
 	if !c.isMeta {
 		w.Fail(binary.StatusEinternal, "internal error: meta command on a binary connection")
 		return fmt.Errorf("upstream: ForwardMeta on the binary connection to %s", c.cfg.Addr)
@@ -69,7 +78,10 @@ func (c *Conn) ForwardMeta(line, data []byte, quiet bool, w MetaWaiter) error {
 	}
 	c.out = append(c.out, line...)
 	c.out = append(c.out, data...)
-	c.push(entry{quiet: quiet, w: w})
+	if rawKeyLen < 0 || rawKeyLen > 255 {
+		rawKeyLen = 0 // memcached takes no key this long
+	}
+	c.push(entry{quiet: quiet, w: w, rawKey: uint8(rawKeyLen)})
 	if quiet {
 		c.out = append(c.out, metaFence...)
 		c.push(entry{})
@@ -91,7 +103,11 @@ func (c *Conn) handleMetaTraffic(gc gnet.Conn) gnet.Action {
 		c.now = time.Now().UnixNano()
 	}
 	for off < len(buf) {
-		n, err := text.ParseMetaResponse(buf[off:], &c.mresp)
+		rawKey := 0
+		if c.n > 0 {
+			rawKey = int(c.front().rawKey)
+		}
+		n, err := text.ParseMetaReply(buf[off:], rawKey, &c.mresp)
 		if err != nil {
 			c.down(fmt.Errorf("bad meta reply from %s: %w", c.cfg.Addr, err))
 			return gnet.None
@@ -145,7 +161,7 @@ func (c *Conn) matchMeta(r *text.MetaResponse) error {
 			c.cfg.Observe(float64(c.now-e.sent) / 1e9)
 		}
 		w := c.pop().w.(MetaWaiter)
-		w.DeliverMeta(r.Line, r.Value)
+		w.DeliverMeta(r)
 		return nil
 	}
 	return fmt.Errorf("unexpected meta reply %q from %s", r.Line, c.cfg.Addr)

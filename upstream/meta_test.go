@@ -19,8 +19,8 @@ func (w *metaRecorder) Silent()                     { *w.log = append(*w.log, w.
 func (w *metaRecorder) Fail(_ binary.Status, reason string) {
 	*w.log = append(*w.log, w.name+" fail "+reason)
 }
-func (w *metaRecorder) DeliverMeta(line, value []byte) {
-	*w.log = append(*w.log, w.name+" "+string(line)+"|"+string(value))
+func (w *metaRecorder) DeliverMeta(r *text.MetaResponse) {
+	*w.log = append(*w.log, w.name+" "+string(r.Line)+"|"+string(r.Value))
 }
 
 // TestMetaRepliesMatchTheirCommands: replies go to their commands in
@@ -33,7 +33,7 @@ func TestMetaRepliesMatchTheirCommands(t *testing.T) {
 	c.state = stateUp // no socket: only the matching is tested
 	var log []string
 	send := func(name, line string, quiet bool) {
-		if err := c.ForwardMeta([]byte(line), nil, quiet, &metaRecorder{name, &log}); err != nil {
+		if err := c.ForwardMeta([]byte(line), nil, quiet, 0, &metaRecorder{name, &log}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -8,7 +8,8 @@ package upstream
 type entry struct {
 	opaque uint32
 	quiet  bool
-	stream bool // STAT: several responses, the last with an empty key
+	stream bool  // STAT: several responses, the last with an empty key
+	rawKey uint8 // meta: the length of the key a reply may echo raw (ForwardMeta)
 	w      Waiter
 	sent   int64 // unix nanoseconds when flushed, 0 while buffered
 }

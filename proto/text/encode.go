@@ -1,6 +1,7 @@
 package text
 
 import (
+	"bytes"
 	"errors"
 	"strconv"
 )
@@ -252,6 +253,9 @@ type MetaResponse struct {
 	Value []byte
 	// Line is the first line without its "\r\n".
 	Line []byte
+	// KeyStart and KeyEnd locate the key the reply echoes in Line: the k
+	// flag's token, or ME's key; -1 when there is none.
+	KeyStart, KeyEnd int
 	// Need is set when ParseMetaResponse returns 0 for a VA whose line
 	// has arrived but not all of its data: the whole reply's length in
 	// bytes, so the caller can wait for that much. It is 0 otherwise.
@@ -285,65 +289,100 @@ var ErrBadResponse = errors.New("text: malformed meta reply")
 
 // ParseMetaResponse reads the meta reply at the start of buf (from
 // memcached) into r and returns its length in bytes, the data block of VA
-// included. n == 0 and a nil error: buf holds no whole reply yet. Lines may
-// end in "\r\n" or "\n". It allocates nothing once r.Flags has grown.
-//
-// A proxy rewriting a returned key re-encodes r with AppendMeta or
-// AppendMetaValue after replacing the k flag's token (base64 when the b
-// flag is among r.Flags).
+// included. n == 0 and a nil error: buf holds no whole reply yet (r.Need
+// says how much a VA needs). Lines may end in "\r\n" or "\n". It
+// allocates nothing once r.Flags has grown. It is ParseMetaReply with no
+// raw key expected: every token ends at a space or the line's end.
 func ParseMetaResponse(buf []byte, r *MetaResponse) (n int, err error) {
-	*r = MetaResponse{Flags: r.Flags[:0]}
-	nl := -1
-	for i, b := range buf {
-		if b == '\n' {
-			nl = i
-			break
-		}
+	return ParseMetaReply(buf, 0, r)
+}
+
+// ParseMetaReply is ParseMetaResponse for the reply to a command whose key
+// memcached may echo raw and rawKeyLen bytes long: the k flag's token, or
+// ME's key, is taken as exactly rawKeyLen bytes when a space or the line's
+// end follows them, whatever they hold. memcached echoes an item's key as
+// it was stored, in base64 (with a b flag) only when it was stored with
+// one, so the echo of a key stored through the binary protocol, asked for
+// with a base64 key, may hold spaces or line ends; a base64 echo of the
+// same key is longer, so the two cannot be confused. rawKeyLen 0 expects
+// no such key. r.KeyStart and r.KeyEnd locate the echoed key in r.Line.
+//
+// A proxy rewriting a returned key re-encodes r after replacing the k
+// flag's token (base64 when the b flag is among r.Flags).
+func ParseMetaReply(buf []byte, rawKeyLen int, r *MetaResponse) (n int, err error) {
+	*r = MetaResponse{Flags: r.Flags[:0], KeyStart: -1, KeyEnd: -1}
+	p := 0
+	for p < len(buf) && buf[p] != ' ' && buf[p] != '\n' {
+		p++
 	}
-	if nl < 0 {
+	if p == len(buf) {
 		return 0, nil
 	}
-	n = nl + 1
-	line := buf[:nl]
-	if len(line) > 0 && line[len(line)-1] == '\r' {
-		line = line[:len(line)-1]
+	code := buf[:p]
+	if code[len(code)-1] == '\r' && buf[p] == '\n' {
+		code = code[:len(code)-1]
 	}
-	r.Line = line
-	i := 0
-	for i < len(line) && line[i] != ' ' {
-		i++
-	}
-	r.Code = line[:i]
-	if !IsMetaCode(r.Code) {
-		return n, nil
-	}
-	rest := line[i:]
-	size := -1
-	if string(r.Code) == MetaVA {
-		rest = skipSpaces(rest)
-		j := 0
-		for j < len(rest) && rest[j] != ' ' {
-			j++
+	meta := IsMetaCode(code)
+	me := string(code) == "ME"
+	if !meta && !me {
+		// Any other line (MN, errors): up to its end.
+		nl := bytes.IndexByte(buf[p:], '\n')
+		if nl < 0 {
+			return 0, nil
 		}
-		v, ok := parseUint64(rest[:j])
-		if !ok || j == 0 || rest[0] < '0' || rest[0] > '9' || v > 1<<31 {
+		return r.finishLine(buf, p+nl, code)
+	}
+	size := -1
+	first := true // VA's size, ME's key
+	for buf[p] == ' ' {
+		p++ // the space before a token
+		start := p
+		switch {
+		case me && first:
+			p = tokenEnd(buf, p, rawKeyLen)
+			r.KeyStart, r.KeyEnd = start, p
+		case first && string(code) == MetaVA:
+			p = tokenEnd(buf, p, 0)
+			v, ok := parseUint64(buf[start:p])
+			if !ok || p == start || buf[start] < '0' || buf[start] > '9' || v > 1<<31 {
+				if p == len(buf) {
+					return 0, nil
+				}
+				return 0, ErrBadResponse
+			}
+			size = int(v)
+		case meta && p < len(buf) && buf[p] == 'k':
+			p = tokenEnd(buf, p+1, rawKeyLen)
+			r.KeyStart, r.KeyEnd = start+1, p
+			r.Flags = append(r.Flags, MetaFlag{Flag: 'k', Token: buf[start+1 : p]})
+		default:
+			p = tokenEnd(buf, p, 0)
+			if meta && p > start {
+				r.Flags = append(r.Flags, MetaFlag{Flag: buf[start], Token: buf[start+1 : p]})
+			}
+		}
+		if p == len(buf) {
+			return 0, nil
+		}
+		first = false
+	}
+	// buf[p] ends the line: "\n", or "\r" before it.
+	if buf[p] == '\r' {
+		if p+1 == len(buf) {
+			return 0, nil
+		}
+		if buf[p+1] != '\n' {
 			return 0, ErrBadResponse
 		}
-		size = int(v)
-		rest = rest[j:]
+		p++
 	}
-	for {
-		rest = skipSpaces(rest)
-		if len(rest) == 0 {
-			break
-		}
-		j := 0
-		for j < len(rest) && rest[j] != ' ' {
-			j++
-		}
-		r.Flags = append(r.Flags, MetaFlag{Flag: rest[0], Token: rest[1:j]})
-		rest = rest[j:]
+	if buf[p] != '\n' {
+		return 0, ErrBadResponse
 	}
+	if size < 0 && string(code) == MetaVA {
+		return 0, ErrBadResponse
+	}
+	n, _ = r.finishLine(buf, p, code)
 	if size >= 0 {
 		end := n + size + 2
 		if len(buf) < end {
@@ -357,6 +396,39 @@ func ParseMetaResponse(buf []byte, r *MetaResponse) (n int, err error) {
 		n = end
 	}
 	return n, nil
+}
+
+// finishLine sets r.Line and r.Code for a line whose "\n" is buf[nl] and
+// returns the line's length with its "\n".
+func (r *MetaResponse) finishLine(buf []byte, nl int, code []byte) (int, error) {
+	line := buf[:nl]
+	if len(line) > 0 && line[len(line)-1] == '\r' {
+		line = line[:len(line)-1]
+	}
+	r.Line, r.Code = line, code
+	if r.KeyEnd > len(line) {
+		r.KeyStart, r.KeyEnd = -1, -1
+	}
+	return nl + 1, nil
+}
+
+// tokenEnd returns where the token starting at buf[p] ends: after exactly
+// rawLen bytes when a space or line end follows them (rawLen > 0; a
+// longer token, a base64 echo, otherwise), else at the next space, "\r"
+// or "\n"; len(buf) when that has not arrived.
+func tokenEnd(buf []byte, p, rawLen int) int {
+	if rawLen > 0 {
+		if p+rawLen >= len(buf) {
+			return len(buf) // cannot tell yet: wait for more
+		}
+		if c := buf[p+rawLen]; c == ' ' || c == '\r' || c == '\n' {
+			return p + rawLen
+		}
+	}
+	for p < len(buf) && buf[p] != ' ' && buf[p] != '\r' && buf[p] != '\n' {
+		p++
+	}
+	return p
 }
 
 func skipSpaces(b []byte) []byte {

@@ -330,6 +330,28 @@ func TestParseMetaResponse(t *testing.T) {
 	if n, _ := ParseMetaResponse([]byte("VA 10 s10\r\nabc"), &r); n != 0 || r.Need != 23 {
 		t.Errorf("a VA waiting for its data: n %d need %d, want 23", n, r.Need)
 	}
+	// A key echoed raw, as stored through the binary protocol, may hold
+	// spaces and line ends: with its length known it is one token.
+	for _, tc := range []struct {
+		in, key, flags string
+		raw            int
+	}{
+		{"HD ka:x\r\nZ c5\r\n", "a:x\r\nZ", "ka:x\r\nZ,c5", 6},
+		{"VA 2 ka: b c1\r\nab\r\n", "a: b", "ka: b,c1", 4},
+		{"HD kYTp4 b\r\n", "YTp4", "kYTp4,b", 3}, // base64 echo: longer than the raw key
+		{"EN ka:q\r\n", "a:q", "ka:q", 3},
+		{"ME a:x y exp=-1 size=5\r\n", "a:x y", "", 5},
+	} {
+		n, err := ParseMetaReply([]byte(tc.in), tc.raw, &r)
+		if err != nil || n != len(tc.in) || r.KeyStart < 0 || string(r.Line[r.KeyStart:r.KeyEnd]) != tc.key || metaString(r.Flags) != tc.flags {
+			t.Errorf("%q raw %d: n %d err %v key %d..%d flags %q", tc.in, tc.raw, n, err, r.KeyStart, r.KeyEnd, metaString(r.Flags))
+		}
+		for j := 0; j < len(tc.in); j++ {
+			if n, err := ParseMetaReply([]byte(tc.in[:j]), tc.raw, &r2); n != 0 || err != nil {
+				t.Errorf("%q prefix %d: n %d err %v", tc.in, j, n, err)
+			}
+		}
+	}
 	b = []byte("VA 3 kx\r\nabc\r\n")
 	if a := testing.AllocsPerRun(100, func() { _, _ = ParseMetaResponse(b, &r) }); a != 0 {
 		t.Errorf("%v allocs per ParseMetaResponse", a)
