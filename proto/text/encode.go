@@ -319,7 +319,7 @@ func ParseMetaReply(buf []byte, rawKeyLen int, r *MetaResponse) (n int, err erro
 		return 0, nil
 	}
 	code := buf[:p]
-	if code[len(code)-1] == '\r' && buf[p] == '\n' {
+	if len(code) > 0 && code[len(code)-1] == '\r' && buf[p] == '\n' {
 		code = code[:len(code)-1]
 	}
 	meta := IsMetaCode(code)

@@ -124,6 +124,38 @@ func FuzzParseMetaResponse(f *testing.F) {
 	})
 }
 
+// FuzzParseMetaReply feeds arbitrary bytes to ParseMetaReply with an
+// expected raw key length: no panic, n within bounds, the echoed key
+// within the line, and no reply found complete in a prefix of its bytes
+// (a reply read early would shift every later one: the property a proxy's
+// shared connection depends on).
+func FuzzParseMetaReply(f *testing.F) {
+	for _, s := range []string{
+		"VA 5 f0 s5 kfoo\r\nhello\r\n", "HD O1 kZm9v b\r\n", "HD ka:x\r\nZ c5\r\n", "VA 2 ka: b c1\r\nab\r\n",
+		"ME a:x y exp=-1 size=5\r\n", "EN\r\n", "MN\r\n", "CLIENT_ERROR bad command line format\r\n",
+	} {
+		f.Add([]byte(s), uint8(6))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, raw uint8) {
+		var r, r2 MetaResponse
+		n, err := ParseMetaReply(data, int(raw), &r)
+		if err != nil || n == 0 {
+			return
+		}
+		if n > len(data) {
+			t.Fatalf("n %d of %d", n, len(data))
+		}
+		if r.KeyStart >= 0 && (r.KeyStart > r.KeyEnd || r.KeyEnd > len(r.Line)) {
+			t.Fatalf("key at %d..%d of a %d-byte line", r.KeyStart, r.KeyEnd, len(r.Line))
+		}
+		for j := 0; j < n; j++ {
+			if m, err := ParseMetaReply(data[:j], int(raw), &r2); m != 0 && err == nil {
+				t.Fatalf("%q: a reply of %d bytes found in its first %d", data[:n], m, j)
+			}
+		}
+	})
+}
+
 // fuzzSeeds are the seed inputs: every valid form, every refusal the
 // memcached tests check (the short ones), and pipelines of them.
 func fuzzSeeds() []string {
