@@ -188,15 +188,17 @@ func (b *Bridge) pumpEnded() {
 // reads EOF (and, for gnet, closes, which ends pumpOut).
 func (b *Bridge) pumpIn() {
 	defer b.pumpEnded()
-	for {
+	// A *tls.Conn may hold input already (read with the end of its
+	// handshake, or left by an earlier reader), which its socket will
+	// never announce.
+	err := b.drainIn()
+	for err == nil {
 		if b.wait != nil {
-			if err := b.wait.wait(); err != nil {
+			if err = b.wait.wait(); err != nil {
 				break
 			}
 		}
-		if err := b.moveIn(); err != nil {
-			break
-		}
+		err = b.moveIn()
 	}
 	_ = b.inner.CloseWrite()
 }
@@ -205,29 +207,46 @@ func (b *Bridge) pumpIn() {
 // holds already, or time out at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// moveIn reads what the connection has (at least one read, which may
-// block) and writes it to the bridge's end.
+// moveIn reads what the connection has (one read, which may block), writes
+// it to the bridge's end, then drains what the connection still holds.
 func (b *Bridge) moveIn() error {
 	bp := getBuf()
-	defer putBuf(bp)
-	buf := *bp
-	n, err := b.conn.Read(buf)
+	n, err := b.conn.Read(*bp)
 	if n > 0 {
-		if _, werr := b.inner.Write(buf[:n]); werr != nil {
-			return werr
+		if _, werr := b.inner.Write((*bp)[:n]); werr != nil {
+			err = werr
 		}
 	}
-	if err != nil || !b.drain {
+	putBuf(bp)
+	if err != nil {
 		return err
 	}
-	// What the TLS layer holds already, without waiting for the socket.
+	return b.drainIn()
+}
+
+// drainIn moves what a buffering connection (a *tls.Conn) holds already,
+// without waiting for its socket: it reads with an expired deadline until
+// the TLS layer needs the socket again. A no-op for other connections.
+func (b *Bridge) drainIn() error {
+	if !b.drain {
+		return nil
+	}
 	if err := b.conn.SetReadDeadline(aLongTimeAgo); err != nil {
 		return err
 	}
+	var bp *[]byte
+	defer func() {
+		if bp != nil {
+			putBuf(bp)
+		}
+	}()
 	for {
-		n, err = b.conn.Read(buf)
+		if bp == nil {
+			bp = getBuf()
+		}
+		n, err := b.conn.Read(*bp)
 		if n > 0 {
-			if _, werr := b.inner.Write(buf[:n]); werr != nil {
+			if _, werr := b.inner.Write((*bp)[:n]); werr != nil {
 				return werr
 			}
 		}

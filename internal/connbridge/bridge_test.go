@@ -188,3 +188,29 @@ func TestBridgeClose(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestBridgeBufferedInput: input the TLS connection holds already when the
+// bridge starts (its socket empty) reaches the loop side without waiting
+// for more.
+func TestBridgeBufferedInput(t *testing.T) {
+	server, client := tlsPair(t)
+	if _, err := client.Write([]byte("abcdef")); err != nil {
+		t.Fatal(err)
+	}
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	head := make([]byte, 2)
+	if _, err := io.ReadFull(server, head); err != nil || string(head) != "ab" {
+		t.Fatalf("server read %q %v", head, err)
+	}
+	_ = server.SetReadDeadline(time.Time{})
+	b, err := New(server, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	_ = b.Loop().SetReadDeadline(time.Now().Add(5 * time.Second))
+	rest := make([]byte, 4)
+	if _, err := io.ReadFull(b.Loop(), rest); err != nil || string(rest) != "cdef" {
+		t.Fatalf("loop side read %q %v, want the buffered \"cdef\"", rest, err)
+	}
+}
