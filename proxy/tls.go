@@ -50,7 +50,6 @@ const (
 type tlsClient struct {
 	remote string          // the client's address (the socketpair's says nothing)
 	user   *bucketcfg.User // named by its verified client certificate; nil: none
-	bridge *connbridge.Bridge
 }
 
 // tlsState is the TLS configuration in force; a reload replaces it whole.
@@ -120,6 +119,10 @@ func loadTLSState(t *bucketcfg.TLSConfig) (*tlsState, error) {
 	conf := &tls.Config{
 		Certificates: []tls.Certificate{cert},
 		MinVersion:   tls.VersionTLS12,
+		// Memcached clients keep their connections: resumption would
+		// save little, and tickets would cost every handshake (each
+		// handshake's configuration is its own, so its ticket key too).
+		SessionTicketsDisabled: true,
 	}
 	if t.MinVersion == bucketcfg.TLSVersion13 {
 		conf.MinVersion = tls.VersionTLS13
@@ -390,7 +393,7 @@ func (f *tlsFront) handshake(c net.Conn, src string) {
 		b.Close()
 		return
 	}
-	cl := &tlsClient{remote: remote, user: h.user, bridge: b}
+	cl := &tlsClient{remote: remote, user: h.user}
 	ctx = gnet.NewContext(gnet.NewNetConnContext(context.Background(), b.Loop()), cl)
 	ch, err := f.srv.eng.Register(ctx)
 	if err == nil {
