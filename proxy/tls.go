@@ -74,6 +74,7 @@ type tlsFront struct {
 
 	running     chan struct{} // closed once the event loops run (the first OnTick)
 	runningOnce sync.Once
+	stopping    chan struct{} // closed by stop
 
 	mu      sync.Mutex
 	closed  bool
@@ -97,12 +98,13 @@ func newTLSFront(srv *Server, cfg *bucketcfg.Config) (*tlsFront, error) {
 		return nil, err
 	}
 	f := &tlsFront{
-		srv:     srv,
-		addr:    cfg.TLS.Listen,
-		slots:   make(chan struct{}, tlsMaxHandshakes),
-		running: make(chan struct{}),
-		sources: make(map[string]int),
-		bridges: make(map[*trackedBridge]struct{}),
+		srv:      srv,
+		addr:     cfg.TLS.Listen,
+		slots:    make(chan struct{}, tlsMaxHandshakes),
+		running:  make(chan struct{}),
+		stopping: make(chan struct{}),
+		sources:  make(map[string]int),
+		bridges:  make(map[*trackedBridge]struct{}),
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.cur.Store(st)
@@ -210,6 +212,9 @@ func (f *tlsFront) stop() {
 	}
 	f.closeListener()
 	f.mu.Lock()
+	if !f.closed {
+		close(f.stopping)
+	}
 	f.closed = true
 	open := make([]*connbridge.Bridge, 0, len(f.bridges))
 	for t := range f.bridges {
@@ -397,8 +402,13 @@ func (f *tlsFront) handshake(c net.Conn, src string) {
 	ctx = gnet.NewContext(gnet.NewNetConnContext(context.Background(), b.Loop()), cl)
 	ch, err := f.srv.eng.Register(ctx)
 	if err == nil {
-		if res := <-ch; res.Err != nil {
+		select {
+		case res := <-ch:
 			err = res.Err
+		case <-f.stopping:
+			// The engine stopped before its loop took the connection
+			// (gnet may never answer then).
+			err = errors.New("the proxy is stopping")
 		}
 	}
 	if err != nil {
