@@ -83,6 +83,7 @@ type Config struct {
 	Metrics  MetricsConfig
 	Log      LogConfig
 	Fleet    FleetConfig
+	TLS      TLSConfig // [tls] (tls.go)
 	// Listeners are the [[listener]] tables in file order: further client
 	// addresses, each binding its connections to one bucket.
 	Listeners []Listener

@@ -67,6 +67,7 @@ func Load(path string) (*Config, error) {
 	if !filepath.IsAbs(cfg.Throttle.StateFile) {
 		cfg.Throttle.StateFile = filepath.Join(filepath.Dir(path), cfg.Throttle.StateFile)
 	}
+	cfg.TLS.resolvePaths(filepath.Dir(path))
 	return cfg, nil
 }
 
@@ -90,6 +91,7 @@ type tomlFile struct {
 	Metrics  tomlMetrics    `toml:"metrics"`
 	Log      tomlLog        `toml:"log"`
 	Fleet    tomlFleet      `toml:"fleet"`
+	TLS      tomlTLS        `toml:"tls"`
 	Listener []tomlListener `toml:"listener"`
 	Bucket   []tomlBucket   `toml:"bucket"`
 	User     []tomlUser     `toml:"user"`
@@ -273,6 +275,7 @@ func parse(data []byte) (*Config, error) {
 
 	buildUsers(cfg, raw.User, &probs)
 	buildListeners(cfg, raw.Listener, &probs)
+	buildTLS(cfg, &raw.TLS, &probs)
 
 	if len(probs) > 0 {
 		return nil, &ConfigError{Problems: probs}

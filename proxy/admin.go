@@ -213,6 +213,10 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	if !sameListeners(srv.file.Listeners, cfg.Listeners) {
 		return errors.New("reload: [[listener]] tables changed; they take effect only at a restart")
 	}
+	tlsNext, err := srv.tls.prepareReload(cfg) // certificates re-read (tls.go)
+	if err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
 	// A removed bucket that comes back later must not find its old keys
 	// (maybe another tenant's by then): its namespace epoch moves on,
 	// persisted before the removal takes effect.
@@ -230,6 +234,7 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	if err := srv.apply(eff); err != nil {
 		return fmt.Errorf("reload: %w", err)
 	}
+	srv.tls.installReload(tlsNext)
 	if srv.fleet != nil {
 		// The file's changed limits become the fleet's, as admin
 		// changes do (and override the state like them).

@@ -170,6 +170,9 @@ func (s *session) login(ten *tenants, u *bucketcfg.User) {
 func (s *session) logout() {
 	s.user = nil
 	ten := s.lp.srv.ten.Load()
+	if s.certLogin(ten) { // a TLS client certificate's user stays (tls.go)
+		return
+	}
 	var b *bucket
 	if name := s.homeBucket(ten); name != "" {
 		b = ten.bucket(name)

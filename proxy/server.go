@@ -126,6 +126,7 @@ type Server struct {
 	fleet *fleetLink // fleet mode (fleet.go); nil for a single instance
 
 	listeners listenerTable // [[listener]]s, fixed at start (listeners.go)
+	tls       *tlsFront     // the TLS listener (tls.go); nil: none
 
 	jobs      jobGroup             // off-loop work (offloop.go, the FLUSH writer): password checks, state writes, refusal delays
 	flushes   flushQueue           // FLUSHes waiting for their state file write
@@ -222,6 +223,9 @@ func New(opts Options) (*Server, error) {
 		s.metrics = metrics.New(s)
 	}
 	s.listeners = newListenerTable(cfg.Listeners)
+	if s.tls, err = newTLSFront(s, cfg); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
 	if err := s.openFleet(cfg); err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
@@ -286,6 +290,10 @@ func (s *Server) Serve() error {
 	defer s.pool.Close()
 	s.startFleet()
 	defer s.stopFleet()
+	if err := s.tls.listen(); err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
+	defer s.tls.stop() // once the engine has stopped: the bridges still open
 	err := gnet.Rotate(s, listenAddrs(s.file),
 		gnet.WithMulticore(true),
 		gnet.WithNumEventLoop(s.opts.eventLoops),
@@ -327,6 +335,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return fmt.Errorf("proxy: shutdown before the proxy started: %w", ctx.Err())
 	}
 	s.draining.Store(true)
+	s.tls.closeListener()
 	s.authQ.drain()
 	s.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.drainIdle))
@@ -402,6 +411,15 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.draining.Load() {
 		return nil, gnet.Close
 	}
+	cl, _ := c.Context().(*tlsClient) // came over TLS (tls.go)
+	remote := c.RemoteAddr().String()
+	if cl != nil {
+		remote = cl.remote
+		if cl.user != nil && s.ten.Load().cfg.User(cl.user.Name) == nil {
+			s.log.Info().Str("user", cl.user.Name).Str("remote", remote).Msg("tls: certificate user removed by a reload during the handshake; closing connection")
+			return nil, gnet.Close
+		}
+	}
 	lp := s.loopOf(c.EventLoop())
 	// A connection must authenticate when it has no bucket of its own
 	// (its [[listener]]'s, or else proxy.default_bucket). Such
@@ -410,13 +428,13 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	// the oldest unauthenticated connection of the loop makes room
 	// (connlimits.go).
 	listenerBucket := s.listeners.bucketOf(c.LocalAddr())
-	needAuth := listenerBucket == "" && s.ten.Load().cfg.Proxy.DefaultBucket == ""
+	needAuth := listenerBucket == "" && s.ten.Load().cfg.Proxy.DefaultBucket == "" && (cl == nil || cl.user == nil)
 	var src string
 	if needAuth {
 		// A source at its part of the share makes room among its own
 		// connections, or is refused: it never evicts another source's
 		// (connlimits.go).
-		src = authSource(c.RemoteAddr().String())
+		src = authSource(remote)
 		if !lp.unauthSrc.take(src, s.opts.unauthPerSource) && !lp.evictUnauthOf(src) {
 			if n := s.refusedSource.Add(1); n%1000 == 1 {
 				s.log.Warn().Int("per_source_limit", s.opts.unauthPerSource).Str("source", src).
@@ -435,7 +453,7 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 			lp.unauthSrc.release(src)
 		}
 		if s.refused.Add(1)%1000 == 1 {
-			s.log.Warn().Int("max_connections", s.opts.maxConnections).Str("remote", c.RemoteAddr().String()).
+			s.log.Warn().Int("max_connections", s.opts.maxConnections).Str("remote", remote).
 				Uint64("refused_total", s.refused.Load()).Msg("connection limit reached; closing new connection")
 		}
 		return nil, gnet.Close
@@ -443,6 +461,9 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	lp.clock()
 	ss := newSession(lp, c, listenerBucket)
 	ss.src = src
+	if cl != nil {
+		ss.openTLS(cl, s.ten.Load())
+	}
 	lp.openSession(ss, needAuth)
 	c.SetContext(ss)
 	return nil, gnet.None
@@ -481,6 +502,7 @@ const tickInterval = 50 * time.Millisecond
 // connection limits, held and paused sessions); the servers' health is
 // probed apart from the loops.
 func (s *Server) OnTick() (time.Duration, gnet.Action) {
+	s.tls.loopsRunning()
 	s.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.tick))
 	})

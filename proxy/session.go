@@ -62,6 +62,7 @@ type session struct {
 	framed    bool          // a binary request magic has arrived: bad input gets Einval, not a text line
 
 	user        *bucketcfg.User // nil until SASL succeeds
+	tlsUser     *bucketcfg.User // the user its verified client certificate names (tls.go); nil: none
 	checking    bool            // waitingOffLoop for its password check (queued for or on the auth worker)
 	src         string          // authSource of the client, set while it counts as unauthenticated, and after a failed SASL AUTH
 	authFails   uint8           // SASL AUTHs refused on this connection (auth.go)

@@ -1,0 +1,533 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/internal/connbridge"
+)
+
+// The TLS listener (DESIGN.md section 11). gnet has no TLS, so TLS clients
+// are accepted by a Go listener, their handshakes run on goroutines, and
+// each established connection is bridged (internal/connbridge) to a unix
+// socketpair whose loop side is enrolled in a gnet event loop: from there
+// on it is an ordinary client session (OnOpen learns from the connection's
+// context, a *tlsClient, that it came over TLS, from where, and as which
+// user). Every goroutine here belongs to the tlsFront, which Serve stops
+// once the engine has stopped.
+//
+// Costs: a TLS connection holds three file descriptors (its socket and the
+// two ends of the socketpair) and two parked goroutines, but no buffer
+// while idle.
+
+// Handshake bounds: a handshake that has not completed in
+// tlsHandshakeTimeout is dropped; at most tlsMaxHandshakes run at once
+// (further connections wait in the listen backlog), at most
+// tlsMaxHandshakesPerSource of them for one source (authSource: an IPv4
+// address or an IPv6 /64; more are closed at once). A flood of slow or
+// bogus handshakes thus costs a bounded number of goroutines and cannot
+// keep out another source's clients for long.
+const (
+	tlsHandshakeTimeout       = 10 * time.Second
+	tlsMaxHandshakes          = 256
+	tlsMaxHandshakesPerSource = 32
+)
+
+// tlsClient is the gnet context of a TLS client connection's loop side,
+// read by OnOpen.
+type tlsClient struct {
+	remote string          // the client's address (the socketpair's says nothing)
+	user   *bucketcfg.User // named by its verified client certificate; nil: none
+}
+
+// tlsState is the TLS configuration in force; a reload replaces it whole.
+type tlsState struct {
+	conf   *tls.Config // certificate, client CAs, version
+	field  string      // tls.client_cert_user
+	mutual bool        // tls.client_ca_file set: a client certificate naming a user is required
+}
+
+// tlsFront is the TLS listener and everything it runs.
+type tlsFront struct {
+	srv  *Server
+	addr string // tls.listen as configured
+	cur  atomic.Pointer[tlsState]
+
+	ln     net.Listener
+	ctx    context.Context // cancelled by shutdown: handshakes in progress end
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the accept loop, handshakes, bridges
+
+	slots chan struct{} // one per handshake in progress
+
+	running     chan struct{} // closed once the event loops run (the first OnTick)
+	runningOnce sync.Once
+	stopping    chan struct{} // closed by stop
+
+	mu      sync.Mutex
+	closed  bool
+	sources map[string]int // handshakes in progress per source
+	bridges map[*trackedBridge]struct{}
+
+	logFail    logSample // failed handshakes
+	logRefused logSample // connections closed: their source at its handshake limit
+	handshakes atomic.Uint64
+	failures   atomic.Uint64
+}
+
+// newTLSFront loads the certificates of cfg's [tls]; nil when there is no
+// TLS listener.
+func newTLSFront(srv *Server, cfg *bucketcfg.Config) (*tlsFront, error) {
+	if cfg.TLS.Listen == "" {
+		return nil, nil
+	}
+	st, err := loadTLSState(&cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	f := &tlsFront{
+		srv:      srv,
+		addr:     cfg.TLS.Listen,
+		slots:    make(chan struct{}, tlsMaxHandshakes),
+		running:  make(chan struct{}),
+		stopping: make(chan struct{}),
+		sources:  make(map[string]int),
+		bridges:  make(map[*trackedBridge]struct{}),
+	}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	f.cur.Store(st)
+	return f, nil
+}
+
+// loadTLSState reads the files of t; errors name the key of the file at
+// fault. Keys and passwords never appear in them.
+func loadTLSState(t *bucketcfg.TLSConfig) (*tlsState, error) {
+	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls.cert_file %s / tls.key_file %s: %w", t.CertFile, t.KeyFile, err)
+	}
+	conf := &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		MinVersion:   tls.VersionTLS12,
+		// Memcached clients keep their connections: resumption would
+		// save little, and tickets would cost every handshake (each
+		// handshake's configuration is its own, so its ticket key too).
+		SessionTicketsDisabled: true,
+	}
+	if t.MinVersion == bucketcfg.TLSVersion13 {
+		conf.MinVersion = tls.VersionTLS13
+	}
+	st := &tlsState{conf: conf, field: t.ClientCertUser}
+	if t.ClientCAFile != "" {
+		pem, err := os.ReadFile(t.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls.client_ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls.client_ca_file %s: no PEM certificate in it", t.ClientCAFile)
+		}
+		conf.ClientCAs = pool
+		conf.ClientAuth = tls.RequireAndVerifyClientCert
+		st.mutual = true
+	}
+	return st, nil
+}
+
+// TLSAddr returns the address the TLS listener is bound to ("" when there
+// is none, or before Serve has opened it).
+func (s *Server) TLSAddr() string {
+	f := s.tls
+	if f == nil {
+		return ""
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ln == nil {
+		return ""
+	}
+	return f.ln.Addr().String()
+}
+
+// listen opens the listener and starts accepting once the engine has
+// booted; from Serve. Nil-safe.
+func (f *tlsFront) listen() error {
+	if f == nil {
+		return nil
+	}
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return fmt.Errorf("tls.listen %s: %w", f.addr, err)
+	}
+	f.mu.Lock()
+	f.ln = ln
+	f.mu.Unlock()
+	f.wg.Add(1)
+	go f.acceptLoop()
+	return nil
+}
+
+// loopsRunning tells the accept loop that the engine's event loops run:
+// gnet calls OnBoot before it makes them, OnTick after. From OnTick.
+// Nil-safe.
+func (f *tlsFront) loopsRunning() {
+	if f != nil {
+		f.runningOnce.Do(func() { close(f.running) })
+	}
+}
+
+// closeListener stops accepting and ends the handshakes in progress;
+// established connections drain with the others. Nil-safe, idempotent.
+func (f *tlsFront) closeListener() {
+	if f == nil {
+		return
+	}
+	f.cancel()
+	f.mu.Lock()
+	ln := f.ln
+	f.mu.Unlock()
+	if ln != nil {
+		_ = ln.Close()
+	}
+}
+
+// stop ends everything: the listener, the handshakes and the bridges
+// still open, and waits for their goroutines. From Serve, once the engine
+// has stopped. Nil-safe.
+func (f *tlsFront) stop() {
+	if f == nil {
+		return
+	}
+	f.closeListener()
+	f.mu.Lock()
+	if !f.closed {
+		close(f.stopping)
+	}
+	f.closed = true
+	open := make([]*connbridge.Bridge, 0, len(f.bridges))
+	for t := range f.bridges {
+		if t.b != nil {
+			open = append(open, t.b)
+		}
+	}
+	f.mu.Unlock()
+	for _, b := range open {
+		b.Close()
+	}
+	f.wg.Wait()
+}
+
+func (f *tlsFront) acceptLoop() {
+	defer f.wg.Done()
+	select {
+	case <-f.running: // Engine.Register needs the event loops
+	case <-f.ctx.Done():
+		return
+	}
+	var backoff time.Duration
+	for {
+		select {
+		case f.slots <- struct{}{}:
+		case <-f.ctx.Done():
+			return
+		}
+		c, err := f.ln.Accept()
+		if err != nil {
+			<-f.slots
+			if f.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors, say: log, back off, go on.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			f.srv.log.Warn().Err(err).Dur("retry_in", backoff).Msg("tls: accept failed")
+			select {
+			case <-time.After(backoff):
+			case <-f.ctx.Done():
+				return
+			}
+			continue
+		}
+		backoff = 0
+		src := authSource(c.RemoteAddr().String())
+		if !f.takeSource(src) {
+			<-f.slots
+			_ = c.Close()
+			f.logRefused.event(&f.srv.log, zerolog.WarnLevel).Str("source", src).Int("per_source_limit", tlsMaxHandshakesPerSource).
+				Msg("tls: handshakes from one source at their limit; closing new connection")
+			continue
+		}
+		f.wg.Add(1)
+		go f.handshake(c, src)
+	}
+}
+
+func (f *tlsFront) takeSource(src string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.sources[src] >= tlsMaxHandshakesPerSource {
+		return false
+	}
+	f.sources[src]++
+	return true
+}
+
+func (f *tlsFront) releaseSource(src string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.sources[src] <= 1 {
+		delete(f.sources, src)
+	} else {
+		f.sources[src]--
+	}
+}
+
+// tlsHandshake is one connection's handshake.
+type tlsHandshake struct {
+	f       *tlsFront
+	st      *tlsState // the configuration in force when the client said hello
+	user    *bucketcfg.User
+	subject string // of the client certificate, when one was verified
+}
+
+// configForClient picks the configuration in force (a reload changes it
+// for later handshakes only); with client certificates, a copy whose
+// VerifyConnection checks that the certificate names a user.
+func (h *tlsHandshake) configForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
+	h.st = h.f.cur.Load()
+	if !h.st.mutual {
+		return h.st.conf, nil
+	}
+	c := h.st.conf.Clone()
+	c.VerifyConnection = h.verify
+	return c, nil
+}
+
+// errNoCertUser: the client's certificate does not name a [[user]].
+var errNoCertUser = errors.New("client certificate names no user")
+
+// verify runs after the client's certificate chain has been verified: the
+// certificate's tls.client_cert_user field must name a [[user]].
+func (h *tlsHandshake) verify(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("no client certificate") // not reached: RequireAndVerifyClientCert
+	}
+	cert := cs.PeerCertificates[0]
+	h.subject = cert.Subject.String()
+	name := certUserName(cert, h.st.field)
+	if name == "" {
+		return fmt.Errorf("%w: the certificate has no %s", errNoCertUser, h.st.field)
+	}
+	u := h.f.srv.ten.Load().cfg.User(name)
+	if u == nil {
+		return fmt.Errorf("%w: %s %q is not a [[user]]", errNoCertUser, h.st.field, name)
+	}
+	h.user = u
+	return nil
+}
+
+// certUserName returns the value of a certificate's field (a
+// tls.client_cert_user value) that names its user; "" when it has none.
+func certUserName(c *x509.Certificate, field string) string {
+	switch field {
+	case bucketcfg.CertUserSubjectCN:
+		return c.Subject.CommonName
+	case bucketcfg.CertUserSANDNS:
+		if len(c.DNSNames) > 0 {
+			return c.DNSNames[0]
+		}
+	case bucketcfg.CertUserSANEmail:
+		if len(c.EmailAddresses) > 0 {
+			return c.EmailAddresses[0]
+		}
+	case bucketcfg.CertUserSANURI:
+		if len(c.URIs) > 0 {
+			return c.URIs[0].String()
+		}
+	}
+	return ""
+}
+
+// handshake runs one connection's handshake and hands the connection to
+// an event loop.
+func (f *tlsFront) handshake(c net.Conn, src string) {
+	defer f.wg.Done()
+	h := &tlsHandshake{f: f}
+	tc := tls.Server(c, &tls.Config{GetConfigForClient: h.configForClient})
+	ctx, cancel := context.WithTimeout(f.ctx, tlsHandshakeTimeout)
+	err := tc.HandshakeContext(ctx)
+	cancel()
+	<-f.slots
+	f.releaseSource(src)
+	remote := c.RemoteAddr().String()
+	if err != nil {
+		_ = c.Close()
+		f.handshakeFailed(h, remote, err)
+		return
+	}
+	f.handshakes.Add(1)
+	if f.srv.draining.Load() {
+		_ = c.Close()
+		return
+	}
+	t, ok := f.track()
+	if !ok {
+		_ = c.Close()
+		return
+	}
+	b, err := connbridge.New(tc, connbridge.Options{OnDone: func() { f.untrack(t) }})
+	if err != nil {
+		_ = c.Close()
+		f.untrack(t)
+		f.srv.log.Warn().Err(err).Str("remote", remote).Msg("tls: cannot bridge the connection to an event loop; closing it")
+		return
+	}
+	if !f.attach(t, b) {
+		b.Loop().Close()
+		b.Close()
+		return
+	}
+	cl := &tlsClient{remote: remote, user: h.user}
+	ctx = gnet.NewContext(gnet.NewNetConnContext(context.Background(), b.Loop()), cl)
+	ch, err := f.srv.eng.Register(ctx)
+	if err == nil {
+		select {
+		case res := <-ch:
+			err = res.Err
+		case <-f.stopping:
+			// The engine stopped before its loop took the connection
+			// (gnet may never answer then).
+			err = errors.New("the proxy is stopping")
+		}
+	}
+	if err != nil {
+		b.Loop().Close()
+		b.Close()
+		if !f.srv.draining.Load() {
+			f.srv.log.Warn().Err(err).Str("remote", remote).Msg("tls: cannot enroll the connection in an event loop; closing it")
+		}
+	}
+}
+
+// handshakeFailed logs a failed handshake (sampled: anyone can cause
+// them), with the subject of the client's certificate when it presented
+// one.
+func (f *tlsFront) handshakeFailed(h *tlsHandshake, remote string, err error) {
+	f.failures.Add(1)
+	subject := h.subject
+	var cve *tls.CertificateVerificationError
+	if errors.As(err, &cve) && len(cve.UnverifiedCertificates) > 0 {
+		subject = cve.UnverifiedCertificates[0].Subject.String()
+	}
+	lvl := zerolog.InfoLevel
+	if errors.Is(err, errNoCertUser) {
+		lvl = zerolog.WarnLevel
+	}
+	ev := f.logFail.event(&f.srv.log, lvl).Err(err).Str("remote", remote)
+	if subject != "" {
+		ev = ev.Str("subject", subject)
+	}
+	ev.Msg("tls: handshake failed; connection closed")
+}
+
+// trackedBridge is an open bridge in tlsFront.bridges; b is nil until the
+// bridge is made.
+type trackedBridge struct{ b *connbridge.Bridge }
+
+// track counts a bridge about to be made; false once stopping.
+func (f *tlsFront) track() (*trackedBridge, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, false
+	}
+	t := &trackedBridge{}
+	f.wg.Add(1)
+	f.bridges[t] = struct{}{}
+	return t, true
+}
+
+// attach records the bridge made for t; false when stopping meanwhile (the
+// caller closes it).
+func (f *tlsFront) attach(t *trackedBridge, b *connbridge.Bridge) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t.b = b
+	return !f.closed
+}
+
+// untrack forgets a bridge that has ended (connbridge.Options.OnDone), or
+// was never made. Once per track.
+func (f *tlsFront) untrack(t *trackedBridge) {
+	f.mu.Lock()
+	delete(f.bridges, t)
+	f.mu.Unlock()
+	f.wg.Done()
+}
+
+// prepareReload loads the certificates of a reloaded file, which may not
+// change tls.listen. Nothing changes until installReload. Nil-safe.
+func (f *tlsFront) prepareReload(cfg *bucketcfg.Config) (*tlsState, error) {
+	addr := ""
+	if f != nil {
+		addr = f.addr
+	}
+	if cfg.TLS.Listen != addr {
+		return nil, errors.New("tls.listen changed; it takes effect only at a restart")
+	}
+	if f == nil {
+		return nil, nil
+	}
+	return loadTLSState(&cfg.TLS)
+}
+
+// installReload puts st in force for the handshakes that start from now
+// on; open connections keep what they negotiated. Nil-safe.
+func (f *tlsFront) installReload(st *tlsState) {
+	if f == nil || st == nil {
+		return
+	}
+	f.cur.Store(st)
+	f.srv.log.Info().Str("listen", f.addr).Msg("tls: certificates reloaded")
+}
+
+// openTLS prepares the session of a connection that came over TLS: the
+// client's real address, and its certificate's user, who is logged in
+// from the first byte with the bucket selected as after SASL. On the
+// loop, from OnOpen, before the session's limits are set.
+func (s *session) openTLS(cl *tlsClient, ten *tenants) {
+	s.remote = cl.remote
+	// overTLS: set by the TLS listener
+	if cl.user != nil {
+		s.tlsUser = cl.user
+		s.login(ten, cl.user)
+	}
+}
+
+// certLogin logs the session back in as its client certificate's user,
+// after a refused SASL AUTH logged it out: the certificate still says who
+// the client is. It reports whether it did (false: no certificate user,
+// or the user is no longer configured). On the loop.
+func (s *session) certLogin(ten *tenants) bool {
+	if s.tlsUser == nil {
+		return false
+	}
+	u := ten.cfg.User(s.tlsUser.Name)
+	if u == nil {
+		return false
+	}
+	s.tlsUser = u
+	s.login(ten, u)
+	return true
+}

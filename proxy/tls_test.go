@@ -1,0 +1,492 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testcerts"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// tlsSetup is a proxy with a TLS listener, and the certificates to talk
+// to it.
+type tlsSetup struct {
+	p        *testProxy
+	tc       testConfig
+	ca       *testcerts.CA // signs the server's and the clients' certificates
+	dir      string
+	certFile string // the server's, rewritten by rotation tests
+	keyFile  string
+}
+
+// startTLSProxy starts a proxy with tenantTail's users and a [tls] table;
+// mutual requires client certificates signed by the test CA. proxy holds
+// lines for [proxy].
+func startTLSProxy(t *testing.T, mutual bool, proxy string) *tlsSetup {
+	t.Helper()
+	s := &tlsSetup{ca: testcerts.NewCA(t, "kvthrottle test CA"), dir: t.TempDir()}
+	s.certFile, s.keyFile = s.ca.Server(t).Write(t, s.dir, "server")
+	tlsTable := fmt.Sprintf("\n[tls]\nlisten = %q\ncert_file = %q\nkey_file = %q\n", testmc.FreeAddr(t), s.certFile, s.keyFile)
+	if mutual {
+		caFile := filepath.Join(s.dir, "clients-ca.pem")
+		if err := os.WriteFile(caFile, s.ca.PEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		tlsTable += fmt.Sprintf("client_ca_file = %q\n", caFile)
+	}
+	s.tc = testConfig{proxy: proxy, tail: tenantTail(t) + tlsTable}
+	s.p = startProxy(t, s.tc)
+	if s.p.TLSAddr() == "" {
+		t.Fatal("no TLS listener")
+	}
+	return s
+}
+
+// clientCert issues a client certificate with common name cn.
+func (s *tlsSetup) clientCert(t *testing.T, cn string) *tls.Certificate {
+	c := s.ca.Issue(t, testcerts.Leaf{CN: cn, Client: true}).TLS(t)
+	return &c
+}
+
+// dialTLS connects over TLS (presenting cert when not nil) and completes
+// the handshake.
+func (s *tlsSetup) dialTLS(t *testing.T, cert *tls.Certificate) (*tls.Conn, error) {
+	t.Helper()
+	conf := &tls.Config{RootCAs: s.ca.Pool(), ServerName: "localhost"}
+	if cert != nil {
+		conf.Certificates = []tls.Certificate{*cert}
+	}
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	c, err := tls.DialWithDialer(d, "tcp", s.p.TLSAddr(), conf)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, nil
+}
+
+func (s *tlsSetup) client(t *testing.T, cert *tls.Certificate) *mcclient.Client {
+	t.Helper()
+	c, err := s.dialTLS(t, cert)
+	if err != nil {
+		t.Fatalf("TLS dial: %v", err)
+	}
+	return mcclient.New(c)
+}
+
+// TestTLSBinary runs binary commands over TLS with no client certificate:
+// the connection gets the default bucket, SASL works as on proxy.listen,
+// a 1 MiB value and pipelined quiet gets come through whole.
+func TestTLSBinary(t *testing.T) {
+	st := statusFn(t)
+	s := startTLSProxy(t, false, "")
+	c := s.client(t, nil)
+
+	if st := st(c.Set([]byte("k"), []byte("v1"))); st != mc.StatusSuccess {
+		t.Fatalf("SET over TLS: %v", st)
+	}
+	r, err := c.Get([]byte("k"))
+	if err != nil || r.Status() != mc.StatusSuccess || string(r.Value) != "v1" {
+		t.Fatalf("GET over TLS: %v %+v", err, r)
+	}
+	// The same key, through the plaintext listener (the same bucket).
+	r, err = dial(t, s.p.Addr).Get([]byte("k"))
+	if err != nil || string(r.Value) != "v1" {
+		t.Fatalf("GET over plaintext: %v %+v", err, r)
+	}
+
+	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	big = big[:len(big)-512]                               // under memcached's item size with the key
+	if st := st(c.Set([]byte("big"), big)); st != mc.StatusSuccess {
+		t.Fatalf("SET 1 MiB: %v", st)
+	}
+	r, err = c.Get([]byte("big"))
+	if err != nil || !bytes.Equal(r.Value, big) {
+		t.Fatalf("GET 1 MiB: %v, %d bytes", err, len(r.Value))
+	}
+
+	if st := st(c.Incr([]byte("n"), 5, 10)); st != mc.StatusSuccess {
+		t.Fatalf("INCR: %v", st)
+	}
+	if st := st(c.Delete([]byte("k"))); st != mc.StatusSuccess {
+		t.Fatalf("DELETE: %v", st)
+	}
+	r, err = c.Do(mcclient.Request{Opcode: mc.OpVersion})
+	if err != nil || r.Status() != mc.StatusSuccess || len(r.Value) == 0 {
+		t.Fatalf("VERSION: %v %+v", err, r)
+	}
+
+	// Pipelined quiet gets: hits answer, misses say nothing, NOOP ends.
+	for i := 0; i < 100; i++ {
+		if i%2 == 0 {
+			c.Send(mcclient.Request{Opcode: mc.OpSetQ, Extras: mcclient.SetExtras(0, 0), Key: fmt.Appendf(nil, "q%d", i), Value: fmt.Appendf(nil, "v%d", i)})
+		}
+	}
+	for i := 0; i < 100; i++ {
+		c.Send(mcclient.Request{Opcode: mc.OpGetKQ, Key: fmt.Appendf(nil, "q%d", i)})
+	}
+	c.Send(mcclient.Request{Opcode: mc.OpNoop})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	hits := 0
+	for {
+		r, err := c.Read()
+		if err != nil {
+			t.Fatalf("pipelined quiet gets: %v", err)
+		}
+		if r.Opcode == mc.OpNoop {
+			break
+		}
+		if r.Opcode != mc.OpGetKQ || string(r.Value) != "v"+strings.TrimPrefix(string(r.Key), "q") {
+			t.Fatalf("unexpected response %+v", r)
+		}
+		hits++
+	}
+	if hits != 50 {
+		t.Fatalf("%d hits, want 50", hits)
+	}
+
+	// SASL over TLS, as on proxy.listen: bob lands in his bucket.
+	if err := c.AuthPlain("bob", "bob-pw"); err != nil {
+		t.Fatalf("SASL PLAIN over TLS: %v", err)
+	}
+	if st := st(c.Set([]byte("bk"), []byte("bob's"))); st != mc.StatusSuccess {
+		t.Fatalf("SET as bob: %v", st)
+	}
+	r, err = login(t, s.p.Addr, "bob").Get([]byte("bk"))
+	if err != nil || string(r.Value) != "bob's" {
+		t.Fatalf("bob over plaintext: %v %+v", err, r)
+	}
+}
+
+// TestTLSText: a text-protocol client over TLS.
+func TestTLSText(t *testing.T) {
+	s := startTLSProxy(t, false, "")
+	c, err := s.dialTLS(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	for _, x := range []struct{ send, want string }{
+		{"set tk 5 0 5\r\nhello\r\n", "STORED\r\n"},
+		{"get tk\r\n", "VALUE tk 5 5\r\nhello\r\nEND\r\n"},
+		{"mg tk v\r\n", "VA 5\r\nhello\r\n"},
+		{"delete tk\r\n", "DELETED\r\n"},
+		{"get tk\r\n", "END\r\n"},
+	} {
+		if _, err := io.WriteString(c, x.send); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(x.want))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != x.want {
+			t.Fatalf("%q: got %q (%v), want %q", x.send, got, err, x.want)
+		}
+	}
+	if _, err := io.WriteString(c, "version\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "VERSION ") {
+		t.Fatalf("version: %q %v", line, err)
+	}
+}
+
+// TestTLSCertUser: with client_ca_file, a client whose certificate names
+// bob is bob from its first byte, without SASL (and authentication is
+// otherwise required): what it writes is bob's, readable by bob over
+// plaintext SASL and not by alice.
+func TestTLSCertUser(t *testing.T) {
+	st := statusFn(t)
+	s := startTLSProxy(t, true, `default_bucket = ""`)
+	c := s.client(t, s.clientCert(t, "bob"))
+	if st := st(c.Set([]byte("mine"), []byte("bob's value"))); st != mc.StatusSuccess {
+		t.Fatalf("SET as certificate user bob: %v", st)
+	}
+	r, err := login(t, s.p.Addr, "bob").Get([]byte("mine"))
+	if err != nil || string(r.Value) != "bob's value" {
+		t.Fatalf("bob over plaintext: %v %+v", err, r)
+	}
+	r, err = login(t, s.p.Addr, "alice").Get([]byte("mine"))
+	if err != nil || r.Status() != mc.StatusKeyEnoent {
+		t.Fatalf("alice sees bob's key: %v %+v", err, r)
+	}
+	// A refused SASL AUTH leaves the connection its certificate's user.
+	if err := c.AuthPlain("alice", "wrong"); err == nil {
+		t.Fatal("wrong password accepted")
+	}
+	r, err = c.Get([]byte("mine"))
+	if err != nil || string(r.Value) != "bob's value" {
+		t.Fatalf("after a refused SASL AUTH: %v %+v", err, r)
+	}
+	// Its address is the client's, not the socketpair's.
+	if got, want := remotes(s.p.Server), c.Conn().LocalAddr().String(); !strings.Contains(got, want) {
+		t.Fatalf("session remotes %q, want one %q", got, want)
+	}
+}
+
+// remotes lists the remote addresses of the proxy's open sessions.
+func remotes(srv *Server) string {
+	var out []string
+	srv.eachLoop(func(lp *loop) {
+		done := make(chan struct{})
+		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			for ss := range lp.sessions {
+				out = append(out, ss.remote)
+			}
+			close(done)
+			return nil
+		}))
+		<-done
+	})
+	return strings.Join(out, " ")
+}
+
+// TestTLSRefusedCertificates: with client_ca_file, a certificate naming no
+// user, one signed by another CA, an expired one, and none at all are
+// refused at the handshake; no session opens.
+func TestTLSRefusedCertificates(t *testing.T) {
+	s := startTLSProxy(t, true, "")
+	other := testcerts.NewCA(t, "another CA")
+	otherCert := other.Issue(t, testcerts.Leaf{CN: "bob", Client: true}).TLS(t)
+	expired := s.ca.Issue(t, testcerts.Leaf{CN: "bob", Client: true,
+		NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-24 * time.Hour)}).TLS(t)
+	cases := []struct {
+		name string
+		cert *tls.Certificate
+	}{
+		{"unknown user", s.clientCert(t, "mallory")},
+		{"another CA", &otherCert},
+		{"expired", &expired},
+		{"no certificate", nil},
+	}
+	for _, x := range cases {
+		t.Run(x.name, func(t *testing.T) {
+			before := s.p.tls.failures.Load()
+			// With TLS 1.3 the client's handshake ends before the server
+			// has checked its certificate: the refusal comes as an alert
+			// on the first read.
+			c, err := s.dialTLS(t, x.cert)
+			if err == nil {
+				cl := mcclient.New(c)
+				_, err = cl.Do(mcclient.Request{Opcode: mc.OpVersion})
+			}
+			if err == nil {
+				t.Fatal("served")
+			}
+			eventually(t, 5*time.Second, "the failure counted", func() bool { return s.p.tls.failures.Load() == before+1 })
+		})
+	}
+	if n := s.p.Connections(); n != 0 {
+		t.Fatalf("%d sessions opened", n)
+	}
+	// A good one still gets in.
+	c := s.client(t, s.clientCert(t, "alice"))
+	if _, err := c.Do(mcclient.Request{Opcode: mc.OpVersion}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTLSReload: SIGHUP's Reload serves a new certificate to new
+// connections while an open one keeps working; a bad certificate is
+// refused, naming the key, and the one in force stays.
+func TestTLSReload(t *testing.T) {
+	st := statusFn(t)
+	s := startTLSProxy(t, false, "")
+	old := s.client(t, nil)
+	if st := st(old.Set([]byte("k"), []byte("v"))); st != mc.StatusSuccess {
+		t.Fatal(st)
+	}
+	serial := func(c *mcclient.Client) string {
+		return c.Conn().(*tls.Conn).ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	oldSerial := serial(old)
+
+	// Rotate to a new certificate.
+	s.ca.Server(t).Write(t, s.dir, "server")
+	reload := func() error {
+		cfg, err := bucketcfg.Parse([]byte(s.tc.render(s.p.Addr, []string{s.p.MC.Addr}, s.p.StatePath)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.p.Reload(cfg)
+	}
+	if err := reload(); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	fresh := s.client(t, nil)
+	newSerial := serial(fresh)
+	if newSerial == oldSerial {
+		t.Fatal("a new connection got the old certificate")
+	}
+	for _, c := range []*mcclient.Client{old, fresh} {
+		r, err := c.Get([]byte("k"))
+		if err != nil || string(r.Value) != "v" {
+			t.Fatalf("GET after the reload: %v %+v", err, r)
+		}
+	}
+
+	// A bad certificate: the reload is refused, the certificate in force
+	// stays.
+	if err := os.WriteFile(s.certFile, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := reload()
+	if err == nil || !strings.Contains(err.Error(), "tls.cert_file") {
+		t.Fatalf("reload with a bad certificate: %v", err)
+	}
+	if got := serial(s.client(t, nil)); got != newSerial {
+		t.Fatal("the certificate in force changed after a refused reload")
+	}
+	if r, err := old.Get([]byte("k")); err != nil || string(r.Value) != "v" {
+		t.Fatalf("old connection after a refused reload: %v %+v", err, r)
+	}
+}
+
+// TestTLSHandshakeSourceLimit: one source may have only so many
+// handshakes in progress; more connections are closed at once, and a
+// client gets in again once they end.
+func TestTLSHandshakeSourceLimit(t *testing.T) {
+	s := startTLSProxy(t, false, "")
+	var silent []net.Conn
+	for i := 0; i < tlsMaxHandshakesPerSource; i++ {
+		c, err := net.Dial("tcp", s.p.TLSAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	eventually(t, 5*time.Second, "the silent handshakes in progress", func() bool {
+		s.p.tls.mu.Lock()
+		defer s.p.tls.mu.Unlock()
+		return s.p.tls.sources["127.0.0.1"] == tlsMaxHandshakesPerSource
+	})
+	extra, err := net.Dial("tcp", s.p.TLSAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	_ = extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := extra.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("connection beyond the source's handshakes: read %v, want EOF", err)
+	}
+	for _, c := range silent {
+		c.Close()
+	}
+	eventually(t, 5*time.Second, "handshakes ended", func() bool {
+		s.p.tls.mu.Lock()
+		defer s.p.tls.mu.Unlock()
+		return len(s.p.tls.sources) == 0
+	})
+	if _, err := s.client(t, nil).Do(mcclient.Request{Opcode: mc.OpVersion}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTLSShutdown: shutting down with TLS connections open (idle,
+// authenticated by certificate, mid-handshake) ends every goroutine of
+// the TLS listener and its bridges.
+func TestTLSShutdown(t *testing.T) {
+	s := startTLSProxy(t, true, "")
+	for i := 0; i < 5; i++ {
+		c := s.client(t, s.clientCert(t, "bob"))
+		if _, err := c.Do(mcclient.Request{Opcode: mc.OpVersion}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	half, err := net.Dial("tcp", s.p.TLSAddr()) // never says hello
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	eventually(t, 5*time.Second, "sessions open", func() bool { return s.p.Connections() == 5 })
+	if n := tlsGoroutines(); n == 0 {
+		t.Fatal("no TLS goroutines found while serving: the check below would prove nothing")
+	}
+	s.p.stop(t)
+	eventually(t, 5*time.Second, "TLS goroutines gone", func() bool { return tlsGoroutines() == 0 })
+}
+
+// tlsGoroutines counts the goroutines running TLS listener or bridge code.
+func tlsGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "connbridge.") || strings.Contains(g, "proxy.(*tlsFront)") {
+			count++
+		}
+	}
+	return count
+}
+
+// TestTLSOpenSSL: openssl s_client, an independent TLS client, gets an
+// answer to a text command.
+func TestTLSOpenSSL(t *testing.T) {
+	openssl, err := exec.LookPath("openssl")
+	if err != nil {
+		t.Skip("openssl not installed")
+	}
+	s := startTLSProxy(t, false, "")
+	caFile := filepath.Join(s.dir, "ca.pem")
+	if err := os.WriteFile(caFile, s.ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, openssl, "s_client", "-connect", s.p.TLSAddr(), "-servername", "localhost",
+		"-CAfile", caFile, "-verify_return_error", "-quiet")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	if _, err := io.WriteString(in, "version\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "VERSION ") {
+		t.Fatalf("openssl s_client: %q %v; stderr: %s", line, err, stderr.String())
+	}
+}
+
+// statusFn returns status bound to t, for status(c.Set(...)).
+func statusFn(t *testing.T) func(*mcclient.Response, error) mc.Status {
+	return func(r *mcclient.Response, err error) mc.Status {
+		t.Helper()
+		return status(t, r, err)
+	}
+}
