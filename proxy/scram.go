@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/netip"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/xdg-go/scram"
@@ -134,7 +135,10 @@ func (s *session) scramStart(r *request, h bucketcfg.SCRAMHash) {
 // scramStep handles SASL_STEP: the client-final message of the session's
 // SCRAM conversation. A valid proof logs the user in (its bucket selected
 // as after PLAIN) and is answered Success with the server-final message;
-// anything else is refused AuthError, paced (refuseAuth). On the loop.
+// anything else is refused AuthError, paced (refuseAuth). A source whose
+// authentications failed lately waits its turn first (authQueue.scramTurn),
+// and a wrong proof counts against its source as a wrong password does.
+// On the loop.
 func (s *session) scramStep(r *request) {
 	sc := s.scram
 	s.scram = nil
@@ -143,20 +147,45 @@ func (s *session) scramStep(r *request) {
 		return
 	}
 	name := sc.conv.Username()
+	c := s.offLoop(r)
 	if len(r.key) > 0 && string(r.key) != sc.mech {
-		s.refuseAuth(s.offLoop(r), name, binary.StatusAuthError, "SASL STEP names another mechanism than its SASL AUTH")
+		s.refuseAuth(c, name, binary.StatusAuthError, "SASL STEP names another mechanism than its SASL AUTH")
 		return
 	}
-	final, err := sc.conv.Step(string(r.value))
+	srv := s.lp.srv
+	src := authSource(s.remote)
+	wait, ok := srv.authQ.scramTurn(src, time.Now())
+	if !ok {
+		s.refuseAuth(c, name, binary.StatusEtmpfail, "too many authentications in progress; retry")
+		return
+	}
+	final := string(r.value) // r aliases the input buffer
+	if wait == 0 {
+		s.scramFinish(c, sc, src, final)
+		return
+	}
+	c.after(wait, func() { s.scramFinish(c, sc, src, final) })
+}
+
+// scramFinish checks the client-final message of sc and answers c. On
+// the loop.
+func (s *session) scramFinish(c *offLoopCall, sc *scramConv, src, clientFinal string) {
+	name := sc.conv.Username()
+	final, err := sc.conv.Step(clientFinal)
 	srv := s.lp.srv
 	if err != nil || !sc.conv.Valid() || sc.user == nil {
+		if final == scram.ErrInvalidProof {
+			// A password guess (not a malformed message): it counts
+			// against the source.
+			srv.authQ.scramFailed(src, time.Now())
+		}
 		if sc.user == nil && sc.cfg.User(name) != nil {
 			// The client cannot tell this from a wrong password; the
 			// operator can.
 			srv.logAuthFail.event(&srv.log, zerolog.WarnLevel).Str("user", name).Str("remote", s.remote).
 				Str("mechanism", sc.mech).Msg("SCRAM login for a user without a credential for this hash (add it with kvthrottle hash-password)")
 		}
-		s.refuseAuth(s.offLoop(r), name, binary.StatusAuthError, "authentication failed")
+		s.refuseAuth(c, name, binary.StatusAuthError, "authentication failed")
 		return
 	}
 	ten := srv.ten.Load()
@@ -168,10 +197,13 @@ func (s *session) scramStep(r *request) {
 			u = cur
 		} else {
 			srv.log.Warn().Str("user", name).Str("remote", s.remote).Msg("authentication failed: user changed or removed by a reload during the SCRAM conversation")
-			s.refuseAuth(s.offLoop(r), name, binary.StatusAuthError, "authentication failed")
+			s.refuseAuth(c, name, binary.StatusAuthError, "authentication failed")
 			return
 		}
 	}
 	s.login(ten, u)
-	s.localValue(r, binary.StatusSuccess, []byte(final))
+	v := []byte(final)
+	c.answer(func(b []byte) []byte {
+		return s.codec.appendResponse(b, c.sl.req, response{op: c.sl.req.op, status: binary.StatusSuccess, value: v})
+	})
 }

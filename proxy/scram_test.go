@@ -211,8 +211,10 @@ func TestSCRAMLogin(t *testing.T) {
 		{"SCRAM-SHA256", "bob", "bob-pw"},     // no SCRAM credential
 		{"SCRAM-SHA512", "mallory", "x"},
 	}
-	for _, r := range refused {
-		c := dialFrom(t, p.Addr, "127.0.0.1")
+	for i, r := range refused {
+		// Each from its own address: a wrong proof makes its source's
+		// next check wait (TestSCRAMSourcePenalty).
+		c := dialFrom(t, p.Addr, fmt.Sprintf("127.0.0.%d", 10+i))
 		auth, step, err := scramLogin(t, c, r.mech, r.user, r.pw)
 		// Refused at the STEP, like a wrong password: the AUTH does not
 		// tell whether the user or its credential exists.
@@ -223,7 +225,7 @@ func TestSCRAMLogin(t *testing.T) {
 			t.Errorf("%s as %s/%s: GET after the refusal: %s, want the default bucket's miss", r.mech, r.user, r.pw, st)
 		}
 	}
-	if st, _ := c.do(mc.OpSASLAuth, "PLAIN", "\x00carol\x00carol-pw"); st != mc.StatusAuthError {
+	if st, _ := dialFrom(t, p.Addr, "127.0.0.1").do(mc.OpSASLAuth, "PLAIN", "\x00carol\x00carol-pw"); st != mc.StatusAuthError {
 		t.Errorf("PLAIN for carol (no password_hash): %s, want AuthError", st)
 	}
 
@@ -252,14 +254,16 @@ func TestSCRAMLogin(t *testing.T) {
 	}
 }
 
-// TestSCRAMFailurePacing: wrong SCRAM proofs on one connection are paced
+// TestSCRAMFailurePacing: refused SCRAM STEPs on one connection are paced
 // like PLAIN refusals (0, 100, 200, 400, 800 ms) and the fifth closes it.
+// (A client-final with a wrong nonce, so that no source penalty adds to
+// the delays: it is not a password guess.)
 func TestSCRAMFailurePacing(t *testing.T) {
 	p := startProxy(t, testConfig{tail: scramTail(t), loops: 1})
 	c := dialFrom(t, p.Addr, "127.0.0.1")
 	for i, want := range []time.Duration{0, 100, 200, 400, 800} {
 		want *= time.Millisecond
-		cl, _ := scram.SHA512.NewClient("alice", "wrong", "")
+		cl, _ := scram.SHA512.NewClient("alice", "alice-pw", "")
 		conv := cl.NewConversation()
 		c1, _ := conv.Step("")
 		st, s1 := c.do(mc.OpSASLAuth, "SCRAM-SHA512", c1)
@@ -270,6 +274,7 @@ func TestSCRAMFailurePacing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		c2 = strings.Replace(c2, ",r=", ",r=x", 1)
 		start := time.Now()
 		c.send(mc.OpSASLStep, nil, []byte("SCRAM-SHA512"), []byte(c2))
 		st, _, err = c.read()
@@ -284,6 +289,35 @@ func TestSCRAMFailurePacing(t *testing.T) {
 	_ = c.c.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if _, err := c.c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !isReset(err) {
 		t.Fatalf("connection still open after 5 refusals: %v", err)
+	}
+}
+
+// TestSCRAMSourcePenalty: a wrong SCRAM proof counts against its source
+// as a wrong password does: the source's next proof, on another
+// connection, is checked only maxFailedAuthPenalty later (so one address
+// guesses no faster with SCRAM than with PLAIN), while other addresses
+// are served at once.
+func TestSCRAMSourcePenalty(t *testing.T) {
+	p := startProxy(t, testConfig{tail: scramTail(t)})
+	start := time.Now()
+	if _, step, err := scramLogin(t, dialFrom(t, p.Addr, "127.0.0.5"), "SCRAM-SHA256", "alice", "wrong"); err != nil || step != mc.StatusAuthError {
+		t.Fatalf("wrong password: STEP %s, %v", step, err)
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Errorf("first wrong proof answered after %v", d)
+	}
+	s := time.Now()
+	if _, step, err := scramLogin(t, dialFrom(t, p.Addr, "127.0.0.6"), "SCRAM-SHA256", "alice", "alice-pw"); err != nil || step != mc.StatusSuccess {
+		t.Fatalf("other address: STEP %s, %v", step, err)
+	}
+	if d := time.Since(s); d > 500*time.Millisecond {
+		t.Errorf("another address waited %v", d)
+	}
+	if _, step, err := scramLogin(t, dialFrom(t, p.Addr, "127.0.0.5"), "SCRAM-SHA256", "alice", "alice-pw"); err != nil || step != mc.StatusSuccess {
+		t.Fatalf("same address, right password: STEP %s, %v", step, err)
+	}
+	if d := time.Since(start); d < maxFailedAuthPenalty-100*time.Millisecond {
+		t.Errorf("same address's next proof answered %v after the wrong one, want about %v", d, maxFailedAuthPenalty)
 	}
 }
 
@@ -353,4 +387,32 @@ func TestPlainAuthPolicy(t *testing.T) {
 			t.Errorf("text auth from 127.0.0.1: %q", got)
 		}
 	})
+}
+
+// TestSCRAMTurn: after a wrong proof, a source's proofs are checked one
+// per maxFailedAuthPenalty, at most maxQueuedAuthPerSource waiting; other
+// sources do not wait.
+func TestSCRAMTurn(t *testing.T) {
+	q := newAuthQueue()
+	now := time.Now()
+	if d, ok := q.scramTurn("a", now); d != 0 || !ok {
+		t.Fatalf("before any failure: %v %v", d, ok)
+	}
+	q.scramFailed("a", now)
+	for i := 1; i <= maxQueuedAuthPerSource; i++ {
+		d, ok := q.scramTurn("a", now)
+		if !ok || d != time.Duration(i)*maxFailedAuthPenalty {
+			t.Fatalf("turn %d: wait %v %v, want %v", i, d, ok, time.Duration(i)*maxFailedAuthPenalty)
+		}
+	}
+	if _, ok := q.scramTurn("a", now); ok {
+		t.Errorf("turn %d granted past the bound", maxQueuedAuthPerSource+1)
+	}
+	if d, ok := q.scramTurn("b", now); d != 0 || !ok {
+		t.Errorf("another source: %v %v", d, ok)
+	}
+	q.drain()
+	if d, ok := q.scramTurn("a", now); d != 0 || !ok {
+		t.Errorf("draining: %v %v, want no wait", d, ok)
+	}
 }
