@@ -142,6 +142,9 @@ func TestHashPasswordAndVersion(t *testing.T) {
 	if strings.Contains(out.String(), "s3cret") || strings.Count(out.String(), "\n") != 3 {
 		t.Fatalf("hash-password output %q: want 3 lines without the password", out.String())
 	}
+	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); !strings.HasPrefix(lines[len(lines)-1], "password_hash = \"$2") {
+		t.Errorf("last line %q: want the password_hash line", lines[len(lines)-1])
+	}
 	cfg, err := bucketcfg.Parse([]byte("[[user]]\nname = \"u\"\n" + out.String()))
 	if err != nil {
 		t.Fatalf("the printed lines do not parse as a [[user]]: %v", err)
