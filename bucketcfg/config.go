@@ -145,7 +145,28 @@ type ProxyConfig struct {
 	// MinUnsentBytes..MaxUnsentBytesLimit). Past it, the connections
 	// holding the most are closed (see the proxy package).
 	MaxUnsentBytes int64
+	// PlainAuth says on which connections SASL PLAIN, and memcached's text
+	// authentication (which also sends the password itself), is allowed
+	// (key plain_auth, default "tls-or-loopback"); elsewhere it is refused
+	// (SCRAM is allowed everywhere). Read at each authentication: a
+	// reload applies to the next.
+	PlainAuth PlainAuthPolicy
 }
+
+// PlainAuthPolicy is a proxy.plain_auth value.
+type PlainAuthPolicy string
+
+// The proxy.plain_auth values.
+const (
+	// PlainTLSOrLoopback allows PLAIN over TLS and from the loopback
+	// addresses 127.0.0.1 and ::1 (the default).
+	PlainTLSOrLoopback PlainAuthPolicy = "tls-or-loopback"
+	// PlainTLSOnly allows PLAIN over TLS only.
+	PlainTLSOnly PlainAuthPolicy = "tls-only"
+	// PlainAnywhere allows PLAIN on every connection (passwords cross the
+	// network in clear on the plaintext listeners).
+	PlainAnywhere PlainAuthPolicy = "anywhere"
+)
 
 // UpstreamConfig is the [upstream] table.
 type UpstreamConfig struct {

@@ -106,6 +106,7 @@ type tomlProxy struct {
 	AuthTimeout       *string `toml:"auth_timeout"`
 	IdleTimeout       *string `toml:"idle_timeout"`
 	MaxUnsentBytes    *int64  `toml:"max_unsent_bytes"`
+	PlainAuth         *string `toml:"plain_auth"`
 }
 
 type tomlUpstream struct {
@@ -162,6 +163,8 @@ type tomlBucket struct {
 type tomlUser struct {
 	Name         *string   `toml:"name"`
 	PasswordHash *string   `toml:"password_hash"`
+	ScramSHA256  *string   `toml:"scram_sha256"`
+	ScramSHA512  *string   `toml:"scram_sha512"`
 	Buckets      *[]string `toml:"buckets"`
 	Privileges   *[]string `toml:"privileges"`
 }
@@ -175,7 +178,7 @@ var knownKeys = func() map[string]bool {
 	for _, k := range []string{
 		"proxy", "proxy.listen", "proxy.default_bucket", "proxy.max_connections",
 		"proxy.max_frame_bytes", "proxy.max_held_input_bytes",
-		"proxy.auth_timeout", "proxy.idle_timeout", "proxy.max_unsent_bytes",
+		"proxy.auth_timeout", "proxy.idle_timeout", "proxy.max_unsent_bytes", "proxy.plain_auth",
 		"upstream", "upstream.servers", "upstream.timeout", "upstream.max_inflight",
 		"upstream.weights", "upstream.eject_after_failures", "upstream.eject_retry", "upstream.conns_per_bucket",
 		"throttle", "throttle.capacity", "throttle.default_throttle_reserved_units",
@@ -186,7 +189,7 @@ var knownKeys = func() map[string]bool {
 		"listener", "listener.listen", "listener.bucket",
 		"fleet", "fleet.redis_url", "fleet.name", "fleet.instance", "fleet.grant_period", "fleet.on_store_loss",
 		"bucket", "bucket.name", "bucket.reserved", "bucket.hard_limit", "bucket.flush_enabled",
-		"user", "user.name", "user.password_hash", "user.buckets", "user.privileges",
+		"user", "user.name", "user.password_hash", "user.scram_sha256", "user.scram_sha512", "user.buckets", "user.privileges",
 	} {
 		m[k] = true
 	}

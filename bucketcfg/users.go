@@ -28,8 +28,10 @@ const (
 // AllBuckets is the buckets entry granting access to every bucket.
 const AllBuckets = "*"
 
-// User is one [[user]] table. Its password hash is kept private: it is never
-// printed, marshalled or put in an error; use [Config.Authenticate].
+// User is one [[user]] table. Its credentials (password_hash for SASL
+// PLAIN, scram_sha256 and scram_sha512 for SCRAM; at least one) are kept
+// private: they are never printed, marshalled or put in an error; use
+// [Config.Authenticate] and [Config.SCRAMCredentials].
 type User struct {
 	// Name is unique, 1..MaxUserNameLen bytes of printable UTF-8 (no
 	// control characters, no spaces).
@@ -41,7 +43,9 @@ type User struct {
 	// privileges, default []).
 	Privileges []Privilege
 
-	passwordHash []byte
+	passwordHash []byte     // empty: the user may not use SASL PLAIN
+	scram256     *scramCred // scram_sha256; nil: none
+	scram512     *scramCred // scram_sha512; nil: none
 	allBuckets   bool
 	buckets      map[string]bool
 	admin        bool
@@ -174,12 +178,31 @@ func buildUsers(cfg *Config, raws []tomlUser, probs *problems) {
 				cfg.userIndex[u.Name] = len(cfg.Users)
 			}
 		}
-		if ru.PasswordHash == nil {
-			probs.addf(label+": password_hash", "missing (create one with `kvthrottle hash-password`)")
-		} else if err := checkHash(*ru.PasswordHash); err != nil {
-			probs.addf(label+": password_hash", "%s", err)
-		} else {
-			u.passwordHash = []byte(*ru.PasswordHash)
+		switch {
+		case ru.PasswordHash == nil && ru.ScramSHA256 == nil && ru.ScramSHA512 == nil:
+			probs.addf(label+": password_hash", "missing: give password_hash (SASL PLAIN), scram_sha256 or scram_sha512 (SCRAM), or several (create them with `kvthrottle hash-password`)")
+		case ru.PasswordHash == nil:
+		default:
+			if err := checkHash(*ru.PasswordHash); err != nil {
+				probs.addf(label+": password_hash", "%s", err)
+			} else {
+				u.passwordHash = []byte(*ru.PasswordHash)
+			}
+		}
+		for _, f := range []struct {
+			h   SCRAMHash
+			v   *string
+			dst **scramCred
+		}{{SCRAMSHA256, ru.ScramSHA256, &u.scram256}, {SCRAMSHA512, ru.ScramSHA512, &u.scram512}} {
+			if f.v == nil {
+				continue
+			}
+			sc, err := parseSCRAM(f.h, *f.v)
+			if err != nil {
+				probs.addf(label+": "+f.h.key(), "%s", err)
+				continue
+			}
+			*f.dst = &sc
 		}
 		u.Buckets = []string{}
 		if ru.Buckets != nil {
@@ -231,6 +254,8 @@ type authState struct {
 	cost  int
 	once  sync.Once
 	dummy []byte
+
+	scramIters map[SCRAMHash]int // the decoys' iteration counts (SCRAMCredentials)
 }
 
 func newAuthState(users []User) *authState {
@@ -243,7 +268,7 @@ func newAuthState(users []User) *authState {
 	if cost == 0 {
 		cost = DefaultHashCost
 	}
-	return &authState{cost: cost}
+	return &authState{cost: cost, scramIters: commonSCRAMIters(users)}
 }
 
 func (a *authState) dummyHash() []byte {
@@ -258,9 +283,10 @@ func (a *authState) dummyHash() []byte {
 
 // Authenticate checks user's password and returns the user on success.
 //
-// Any failure (unknown user, wrong password, password longer than
-// MaxPasswordBytes) returns nil and [ErrAuthFailed]. Every call spends one
-// bcrypt verification: for an unknown user a dummy hash at the highest cost
+// Any failure (unknown user, user without password_hash, wrong password,
+// password longer than MaxPasswordBytes) returns nil and [ErrAuthFailed].
+// Every call spends one bcrypt verification: for an unknown user (or one
+// without password_hash) a dummy hash at the highest cost
 // configured is verified, so the response time does not reveal whether the
 // user exists. The comparison of hashes is constant-time (bcrypt uses
 // crypto/subtle). Authenticate is safe for concurrent use and takes about
@@ -271,13 +297,15 @@ func (c *Config) Authenticate(user, password string) (*User, error) {
 	}
 	u := c.User(user)
 	var hash []byte
-	if u != nil {
+	if u != nil && len(u.passwordHash) > 0 {
 		hash = u.passwordHash
 	} else {
+		// An unknown user, or one without password_hash (SCRAM only):
+		// the same time as a wrong password.
 		hash = c.auth.dummyHash()
 	}
 	err := bcrypt.CompareHashAndPassword(hash, []byte(password))
-	if u == nil || err != nil || len(password) > MaxPasswordBytes {
+	if u == nil || len(u.passwordHash) == 0 || err != nil || len(password) > MaxPasswordBytes {
 		return nil, ErrAuthFailed
 	}
 	return u, nil

@@ -57,6 +57,12 @@ func buildProxy(p *ProxyConfig, raw *tomlProxy, probs *problems) {
 	p.AuthTimeout = connTimeout("proxy.auth_timeout", raw.AuthTimeout, defaultAuthTimeout, probs)
 	p.IdleTimeout = connTimeout("proxy.idle_timeout", raw.IdleTimeout, defaultIdleTimeout, probs)
 	p.MaxUnsentBytes = int64(intIn("proxy.max_unsent_bytes", raw.MaxUnsentBytes, defaultMaxUnsentBytes, MinUnsentBytes, MaxUnsentBytesLimit, probs))
+	switch p.PlainAuth = PlainAuthPolicy(strOr(raw.PlainAuth, string(PlainTLSOrLoopback))); p.PlainAuth {
+	case PlainTLSOrLoopback, PlainTLSOnly, PlainAnywhere:
+	default:
+		probs.addf("proxy.plain_auth", `unknown value %s (known: "tls-or-loopback", "tls-only", "anywhere")`, echo.Quote(string(p.PlainAuth)))
+		p.PlainAuth = PlainTLSOrLoopback
+	}
 	// DefaultBucket is resolved once the buckets are known.
 }
 

@@ -38,24 +38,30 @@ func authFailDelay(n int) time.Duration {
 	return min(d, maxAuthFailDelay)
 }
 
-// The values of the proxy's SASL answers (never changed).
-var (
-	saslMechs     = []byte("PLAIN")
-	authenticated = []byte("Authenticated")
-)
+// The value of the proxy's PLAIN success answer (never changed).
+var authenticated = []byte("Authenticated")
 
 // errAuthUnavailable is a password check not run: the proxy is stopping.
 var errAuthUnavailable = errors.New("authentication unavailable: the proxy is stopping")
 
-// saslAuth handles SASL_AUTH with mechanism PLAIN. A password verified
-// recently (Server.authCache) logs in at once, on the loop. Otherwise the
-// check (bcrypt, tens of milliseconds) is queued for the Server's single
-// auth worker (an offLoopCall); the session dispatches nothing else until
-// it is answered, so later commands see the new identity. Any refusal logs
-// the session out (as memcached does) and is paced by refuseAuth.
+// saslAuth handles SASL_AUTH. A SCRAM mechanism starts a conversation
+// (scram.go). With PLAIN, where proxy.plain_auth allows it on the
+// connection (else AuthError with the reason, before any bcrypt), a
+// password verified recently (Server.authCache) logs in at once, on the
+// loop. Otherwise the check (bcrypt, tens of milliseconds) is queued for
+// the Server's single auth worker (an offLoopCall); the session dispatches
+// nothing else until it is answered, so later commands see the new
+// identity. Any refusal logs the session out (as memcached does) and is
+// paced by refuseAuth. A new SASL AUTH ends a SCRAM conversation in
+// progress.
 func (s *session) saslAuth(r *request) {
-	if string(r.key) != "PLAIN" {
-		s.refuseAuthNow(r, binary.StatusAuthError, "unsupported SASL mechanism; use PLAIN")
+	s.scram = nil
+	if h, ok := scramMech(r.key); ok {
+		s.scramStart(r, h)
+		return
+	}
+	if string(r.key) != mechPlain {
+		s.refuseAuthNow(r, binary.StatusAuthError, "unsupported SASL mechanism; use SCRAM-SHA512, SCRAM-SHA256 or PLAIN")
 		return
 	}
 	authz, user, pass, ok := parsePlain(r.value)
@@ -72,6 +78,10 @@ func (s *session) saslAuth(r *request) {
 	}
 	srv := s.lp.srv
 	ten := srv.ten.Load()
+	if p := ten.cfg.Proxy.PlainAuth; !s.plainAllowed(p) {
+		s.refuseAuth(s.offLoop(r), user, binary.StatusAuthError, plainRefusal(p))
+		return
+	}
 	if u := srv.authCache.Lookup(ten.cfg, user, pass); u != nil {
 		s.login(ten, u)
 		s.localValue(r, binary.StatusSuccess, authenticated)

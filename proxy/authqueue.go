@@ -259,3 +259,51 @@ func (q *authQueue) start(check func(*authJob) (refused bool), drop func(*authJo
 		}
 	}
 }
+
+// scramTurn returns how long a SCRAM proof from source src must wait
+// before it is checked: 0 unless src's failed authentications (wrong
+// passwords, wrong proofs) put it under a penalty; then until the penalty
+// ends, and the proofs from src already waiting have had their turn, each
+// counted as a failure (its turn takes maxFailedAuthPenalty whatever its
+// outcome), so that one source guesses no faster with SCRAM, whose check
+// costs the proxy nothing, than with PLAIN. false: maxQueuedAuthPerSource
+// turns are taken already (refuse the proof with Etmpfail).
+func (q *authQueue) scramTurn(src string, now time.Time) (time.Duration, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	as := q.sources[src]
+	if as == nil || q.hurry || q.stopped || !now.Before(as.notBefore) {
+		return 0, true
+	}
+	wait := as.notBefore.Sub(now)
+	if wait > maxQueuedAuthPerSource*maxFailedAuthPenalty {
+		return 0, false
+	}
+	as.notBefore = as.notBefore.Add(maxFailedAuthPenalty)
+	return wait, true
+}
+
+// scramFailed records a wrong SCRAM proof from source src as a failed
+// check: src's next check (PLAIN or SCRAM) waits maxFailedAuthPenalty.
+// With maxAuthSources remembered and none to forget, it records nothing.
+func (q *authQueue) scramFailed(src string, now time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.stopped {
+		return
+	}
+	as := q.sources[src]
+	if as == nil {
+		if len(q.sources) >= maxAuthSources {
+			q.forget(now)
+			if len(q.sources) >= maxAuthSources {
+				return
+			}
+		}
+		as = &authSrc{key: src}
+		q.sources[src] = as
+	}
+	if nb := now.Add(maxFailedAuthPenalty); nb.After(as.notBefore) {
+		as.notBefore = nb
+	}
+}

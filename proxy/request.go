@@ -24,11 +24,11 @@ func (s *session) dispatch(r *request) bool {
 	case binary.OpHello:
 		s.hello(r)
 	case binary.OpSASLListMechs:
-		s.localValue(r, binary.StatusSuccess, saslMechs)
+		s.localValue(r, binary.StatusSuccess, s.saslMechs())
 	case binary.OpSASLAuth:
 		s.saslAuth(r)
 	case binary.OpSASLStep:
-		s.localStatus(r, binary.StatusAuthError, "only single-step PLAIN is supported")
+		s.scramStep(r)
 	case binary.OpSelectBucket:
 		s.selectBucket(r)
 	case binary.OpSetBucketThrottleProperties, binary.OpSetNodeThrottleProperties:

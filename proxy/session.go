@@ -65,6 +65,8 @@ type session struct {
 	tlsUser     *bucketcfg.User // the user its verified client certificate names (tls.go); nil: none
 	checking    bool            // waitingOffLoop for its password check (queued for or on the auth worker)
 	src         string          // authSource of the client, set while it counts as unauthenticated, and after a failed SASL AUTH
+	overTLS     bool            // the connection came through the TLS listener (tls.go), which sets it before the first byte
+	scram       *scramConv      // a SCRAM conversation between SASL AUTH and STEP (scram.go); nil: none
 	authFails   uint8           // SASL AUTHs refused on this connection (auth.go)
 	bkt         *bucket         // selected bucket; nil: none
 	nonBlocking bool            // HELLO feature 0x1b

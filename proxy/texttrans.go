@@ -2,6 +2,7 @@ package proxy
 
 import (
 	be "encoding/binary"
+	"strings"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/proto/text"
@@ -243,6 +244,12 @@ func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []b
 	}
 	switch k {
 	case tkAuth:
+		if st == binary.StatusAuthError && strings.HasPrefix(reason, plainRefused) {
+			// Not a wrong password: say why (proxy.plain_auth).
+			dst = append(dst, "CLIENT_ERROR "...)
+			dst = appendLine(dst, reason)
+			return append(dst, "\r\n"...)
+		}
 		if st == binary.StatusAuthError {
 			return append(dst, text.AuthFailure...)
 		}

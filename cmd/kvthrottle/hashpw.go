@@ -9,8 +9,16 @@ import (
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 )
 
-// cmdHashPassword reads one password line on stdin and prints its
-// password_hash value as the last line of output.
+// cmdHashPassword reads one password line on stdin and prints what a
+// [[user]] table needs to log in with it, as TOML lines to paste:
+//
+//	scram_sha256 = "SCRAM-SHA-256$15000:...$...:..." (for SCRAM-SHA256)
+//	scram_sha512 = "SCRAM-SHA-512$15000:...$...:..." (for SCRAM-SHA512)
+//	password_hash = "$2a$10$..."                     (bcrypt, for SASL PLAIN)
+//
+// each salted at random (bcrypt cost bucketcfg.DefaultHashCost, SCRAM
+// bucketcfg.DefaultSCRAMIterations). The password_hash line comes last,
+// where the bare value used to be. The password is never printed.
 func cmdHashPassword(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) != 0 {
 		fmt.Fprintln(stderr, "kvthrottle hash-password takes no arguments; it reads the password on standard input")
@@ -31,6 +39,20 @@ func cmdHashPassword(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 		fmt.Fprintf(stderr, "kvthrottle hash-password: %v\n", err)
 		return 1
 	}
-	fmt.Fprintln(stdout, h)
+	var out string
+	for _, sh := range []bucketcfg.SCRAMHash{bucketcfg.SCRAMSHA256, bucketcfg.SCRAMSHA512} {
+		v, err := bucketcfg.HashSCRAM(sh, pw, bucketcfg.DefaultSCRAMIterations)
+		if err != nil {
+			fmt.Fprintf(stderr, "kvthrottle hash-password: %v\n", err)
+			return 1
+		}
+		key := "scram_sha256"
+		if sh == bucketcfg.SCRAMSHA512 {
+			key = "scram_sha512"
+		}
+		out += fmt.Sprintf("%s = %q\n", key, v)
+	}
+	out += fmt.Sprintf("password_hash = %q\n", h)
+	fmt.Fprint(stdout, out)
 	return 0
 }

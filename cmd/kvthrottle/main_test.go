@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
@@ -136,10 +137,26 @@ func TestHashPasswordAndVersion(t *testing.T) {
 	if code := run([]string{"hash-password"}, strings.NewReader("s3cret\n"), &out, &errb); code != 0 {
 		t.Fatalf("hash-password: exit %d: %s", code, errb.String())
 	}
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	h := lines[len(lines)-1]
-	if h == "" || strings.Contains(h, "s3cret") {
-		t.Fatalf("hash line %q", h)
+	// The output is the [[user]] lines, ready to paste: a user with them
+	// parses, and logs in with the password (PLAIN and SCRAM both).
+	if strings.Contains(out.String(), "s3cret") || strings.Count(out.String(), "\n") != 3 {
+		t.Fatalf("hash-password output %q: want 3 lines without the password", out.String())
+	}
+	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); !strings.HasPrefix(lines[len(lines)-1], "password_hash = \"$2") {
+		t.Errorf("last line %q: want the password_hash line", lines[len(lines)-1])
+	}
+	cfg, err := bucketcfg.Parse([]byte("[[user]]\nname = \"u\"\n" + out.String()))
+	if err != nil {
+		t.Fatalf("the printed lines do not parse as a [[user]]: %v", err)
+	}
+	u := cfg.User("u")
+	if _, err := cfg.Authenticate("u", "s3cret"); err != nil || !u.HasSCRAM(bucketcfg.SCRAMSHA256) || !u.HasSCRAM(bucketcfg.SCRAMSHA512) {
+		t.Fatalf("printed credentials: PLAIN %v, SCRAM-SHA-256 %v, SCRAM-SHA-512 %v", err, u.HasSCRAM(bucketcfg.SCRAMSHA256), u.HasSCRAM(bucketcfg.SCRAMSHA512))
+	}
+	for _, h := range []bucketcfg.SCRAMHash{bucketcfg.SCRAMSHA256, bucketcfg.SCRAMSHA512} {
+		if sc, _ := cfg.SCRAMCredentials(h, "u"); sc.Iters != bucketcfg.DefaultSCRAMIterations {
+			t.Errorf("%s iterations %d, want %d", h, sc.Iters, bucketcfg.DefaultSCRAMIterations)
+		}
 	}
 	out.Reset()
 	if code := run([]string{"version"}, nil, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "kvthrottle ") {

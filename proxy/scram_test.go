@@ -1,0 +1,418 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xdg-go/scram"
+
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// rawConn is a binary-protocol connection dialled from a chosen local
+// address (mcclient dials from the default one): 127.0.0.2 is a "remote"
+// client for proxy.plain_auth, though Linux routes it over lo.
+type rawConn struct {
+	t testing.TB
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dialFrom(t testing.TB, addr, localIP string) *rawConn {
+	t.Helper()
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("dial %s from %s: %v", addr, localIP, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawConn{t: t, c: c, r: bufio.NewReader(c)}
+}
+
+// send writes one request.
+func (rc *rawConn) send(op mc.Opcode, extras, key, value []byte) {
+	rc.t.Helper()
+	b := mc.AppendFrame(nil, mc.Header{Magic: mc.MagicRequest, Opcode: op, Opaque: 7}, nil, extras, key, value)
+	if _, err := rc.c.Write(b); err != nil {
+		rc.t.Fatal(err)
+	}
+}
+
+// read reads one response: its status and value.
+func (rc *rawConn) read() (mc.Status, []byte, error) {
+	_ = rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	hdr := make([]byte, mc.HeaderLen)
+	if _, err := io.ReadFull(rc.r, hdr); err != nil {
+		return 0, nil, err
+	}
+	h, err := mc.ParseHeader(hdr)
+	if err != nil {
+		return 0, nil, err
+	}
+	body := make([]byte, h.BodyLen)
+	if _, err := io.ReadFull(rc.r, body); err != nil {
+		return 0, nil, err
+	}
+	return h.Status(), body[int(h.ExtLen)+int(h.KeyLen):], nil
+}
+
+// do sends one request and reads its answer.
+func (rc *rawConn) do(op mc.Opcode, key, value string) (mc.Status, string) {
+	rc.t.Helper()
+	var extras []byte
+	if op == mc.OpSet {
+		extras = mcclient.SetExtras(0, 0)
+	}
+	rc.send(op, extras, []byte(key), []byte(value))
+	st, v, err := rc.read()
+	if err != nil {
+		rc.t.Fatalf("%s: %v", op, err)
+	}
+	return st, string(v)
+}
+
+// scramLogin runs a SCRAM conversation with mechanism mech (Couchbase's
+// name) as user: the AUTH's status, the STEP's (0 when there was none),
+// and an error when the exchange itself went wrong (including a
+// server-final the client does not accept).
+func scramLogin(t testing.TB, rc *rawConn, mech, user, password string) (auth, step mc.Status, err error) {
+	t.Helper()
+	f := scram.SHA256
+	if strings.HasSuffix(mech, "512") {
+		f = scram.SHA512
+	}
+	cl, err := f.NewClient(user, password, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv := cl.NewConversation()
+	c1, err := conv.Step("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, s1 := rc.do(mc.OpSASLAuth, mech, c1)
+	if auth != mc.StatusAuthContinue {
+		return auth, 0, nil
+	}
+	c2, err := conv.Step(s1)
+	if err != nil {
+		return auth, 0, fmt.Errorf("client-final: %w", err)
+	}
+	step, s2 := rc.do(mc.OpSASLStep, mech, c2)
+	if step != mc.StatusSuccess {
+		return auth, step, nil
+	}
+	if _, err := conv.Step(s2); err != nil || !conv.Valid() {
+		return auth, step, fmt.Errorf("server-final %q not accepted: %v", s2, err)
+	}
+	return auth, step, nil
+}
+
+var scramCreds = sync.OnceValues(func() (map[string]string, error) {
+	out := map[string]string{}
+	for _, u := range []string{"alice", "carol"} {
+		for _, h := range []bucketcfg.SCRAMHash{bucketcfg.SCRAMSHA256, bucketcfg.SCRAMSHA512} {
+			v, err := bucketcfg.HashSCRAM(h, u+"-pw", bucketcfg.MinSCRAMIterations)
+			if err != nil {
+				return nil, err
+			}
+			out[u+h.String()] = v
+		}
+	}
+	return out, nil
+})
+
+// scramTail: buckets default, alice, bob, carol; alice has every
+// credential, bob a password_hash only, carol SCRAM-SHA-256 only.
+func scramTail(t testing.TB) string {
+	creds, err := scramCreds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hashes(t)
+	return fmt.Sprintf(`
+[[bucket]]
+name = "default"
+[[bucket]]
+name = "alice"
+[[bucket]]
+name = "bob"
+[[bucket]]
+name = "carol"
+[[user]]
+name = "alice"
+password_hash = %q
+scram_sha256 = %q
+scram_sha512 = %q
+buckets = ["alice"]
+[[user]]
+name = "bob"
+password_hash = %q
+buckets = ["bob"]
+[[user]]
+name = "carol"
+scram_sha256 = %q
+buckets = ["carol"]
+`, h["alice"], creds["aliceSCRAM-SHA-256"], creds["aliceSCRAM-SHA-512"], h["bob"], creds["carolSCRAM-SHA-256"])
+}
+
+// TestSCRAMLogin: SCRAM-SHA256 and SCRAM-SHA512 log a user in without the
+// password crossing the wire, into the bucket named like it (as PLAIN
+// does), and the server proves it holds the credential (server-final).
+// A user without a credential for the hash, an unknown user and a wrong
+// password are refused alike, at the STEP; a STEP without AUTH is refused;
+// a second AUTH restarts the conversation.
+func TestSCRAMLogin(t *testing.T) {
+	p := startProxy(t, testConfig{tail: scramTail(t)})
+	c := dialFrom(t, p.Addr, "127.0.0.1")
+	if st, v := c.do(mc.OpSASLListMechs, "", ""); st != mc.StatusSuccess || v != "SCRAM-SHA512 SCRAM-SHA256 PLAIN" {
+		t.Fatalf("list mechs: %s %q", st, v)
+	}
+	for _, mech := range []string{"SCRAM-SHA256", "SCRAM-SHA512"} {
+		c := dialFrom(t, p.Addr, "127.0.0.1")
+		auth, step, err := scramLogin(t, c, mech, "alice", "alice-pw")
+		if err != nil || auth != mc.StatusAuthContinue || step != mc.StatusSuccess {
+			t.Fatalf("%s as alice: AUTH %s, STEP %s, %v", mech, auth, step, err)
+		}
+		if st, _ := c.do(mc.OpSet, "k", "by "+mech); st != mc.StatusSuccess {
+			t.Fatalf("%s: set: %s", mech, st)
+		}
+		if st, v := c.do(mc.OpGet, "k", ""); st != mc.StatusSuccess || v != "by "+mech {
+			t.Fatalf("%s: get: %s %q", mech, st, v)
+		}
+	}
+	// The value is in alice's bucket, not the default one.
+	if r, err := login(t, p.Addr, "alice").Get([]byte("k")); status(t, r, err) != mc.StatusSuccess || string(r.Value) != "by SCRAM-SHA512" {
+		t.Errorf("alice's bucket via PLAIN: %s %q", r.Status(), r.Value)
+	}
+	if r, err := dial(t, p.Addr).Get([]byte("k")); status(t, r, err) != mc.StatusKeyEnoent {
+		t.Errorf("default bucket has alice's key: %s", r.Status())
+	}
+	// carol: SCRAM-SHA-256 only; PLAIN refused for her (no password_hash).
+	c = dialFrom(t, p.Addr, "127.0.0.1")
+	if auth, step, err := scramLogin(t, c, "SCRAM-SHA256", "carol", "carol-pw"); err != nil || step != mc.StatusSuccess {
+		t.Fatalf("carol SCRAM-SHA256: AUTH %s, STEP %s, %v", auth, step, err)
+	}
+	if st, _ := c.do(mc.OpSet, "k", "carol's"); st != mc.StatusSuccess {
+		t.Fatalf("carol: set: %s", st)
+	}
+	refused := []struct{ mech, user, pw string }{
+		{"SCRAM-SHA256", "alice", "wrong"},
+		{"SCRAM-SHA512", "carol", "carol-pw"}, // no scram_sha512
+		{"SCRAM-SHA256", "bob", "bob-pw"},     // no SCRAM credential
+		{"SCRAM-SHA512", "mallory", "x"},
+	}
+	for i, r := range refused {
+		// Each from its own address: a wrong proof makes its source's
+		// next check wait (TestSCRAMSourcePenalty).
+		c := dialFrom(t, p.Addr, fmt.Sprintf("127.0.0.%d", 10+i))
+		auth, step, err := scramLogin(t, c, r.mech, r.user, r.pw)
+		// Refused at the STEP, like a wrong password: the AUTH does not
+		// tell whether the user or its credential exists.
+		if err != nil || auth != mc.StatusAuthContinue || step != mc.StatusAuthError {
+			t.Errorf("%s as %s/%s: AUTH %s, STEP %s, %v; want AuthContinue then AuthError", r.mech, r.user, r.pw, auth, step, err)
+		}
+		if st, _ := c.do(mc.OpGet, "k", ""); st != mc.StatusKeyEnoent {
+			t.Errorf("%s as %s/%s: GET after the refusal: %s, want the default bucket's miss", r.mech, r.user, r.pw, st)
+		}
+	}
+	if st, _ := dialFrom(t, p.Addr, "127.0.0.1").do(mc.OpSASLAuth, "PLAIN", "\x00carol\x00carol-pw"); st != mc.StatusAuthError {
+		t.Errorf("PLAIN for carol (no password_hash): %s, want AuthError", st)
+	}
+
+	// STEP without AUTH.
+	c = dialFrom(t, p.Addr, "127.0.0.1")
+	if st, v := c.do(mc.OpSASLStep, "SCRAM-SHA256", "c=biws,r=x,p=eA=="); st != mc.StatusAuthError || !strings.Contains(v, "SASL AUTH first") {
+		t.Errorf("STEP without AUTH: %s %q", st, v)
+	}
+	// A second AUTH restarts: the first conversation's STEP no longer
+	// applies, the second's does.
+	cl, _ := scram.SHA256.NewClient("alice", "alice-pw", "")
+	first := cl.NewConversation()
+	c1, _ := first.Step("")
+	if st, s1 := c.do(mc.OpSASLAuth, "SCRAM-SHA256", c1); st != mc.StatusAuthContinue {
+		t.Fatalf("first AUTH: %s %q", st, s1)
+	}
+	if auth, step, err := scramLogin(t, c, "SCRAM-SHA256", "alice", "alice-pw"); err != nil || step != mc.StatusSuccess {
+		t.Fatalf("restarted conversation: AUTH %s, STEP %s, %v", auth, step, err)
+	}
+	if st, v := c.do(mc.OpGet, "k", ""); st != mc.StatusSuccess || v != "by SCRAM-SHA512" {
+		t.Errorf("after the restarted conversation: %s %q", st, v)
+	}
+	// The conversation ended with its STEP: another STEP is refused.
+	if st, _ := c.do(mc.OpSASLStep, "SCRAM-SHA256", "c=biws,r=x,p=eA=="); st != mc.StatusAuthError {
+		t.Errorf("second STEP: %s, want AuthError", st)
+	}
+}
+
+// TestSCRAMFailurePacing: refused SCRAM STEPs on one connection are paced
+// like PLAIN refusals (0, 100, 200, 400, 800 ms) and the fifth closes it.
+// (A client-final with a wrong nonce, so that no source penalty adds to
+// the delays: it is not a password guess.)
+func TestSCRAMFailurePacing(t *testing.T) {
+	p := startProxy(t, testConfig{tail: scramTail(t), loops: 1})
+	c := dialFrom(t, p.Addr, "127.0.0.1")
+	for i, want := range []time.Duration{0, 100, 200, 400, 800} {
+		want *= time.Millisecond
+		cl, _ := scram.SHA512.NewClient("alice", "alice-pw", "")
+		conv := cl.NewConversation()
+		c1, _ := conv.Step("")
+		st, s1 := c.do(mc.OpSASLAuth, "SCRAM-SHA512", c1)
+		if st != mc.StatusAuthContinue {
+			t.Fatalf("attempt %d: AUTH %s", i+1, st)
+		}
+		c2, err := conv.Step(s1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2 = strings.Replace(c2, ",r=", ",r=x", 1)
+		start := time.Now()
+		c.send(mc.OpSASLStep, nil, []byte("SCRAM-SHA512"), []byte(c2))
+		st, _, err = c.read()
+		took := time.Since(start)
+		if err != nil || st != mc.StatusAuthError {
+			t.Fatalf("attempt %d: STEP %s %v, want AuthError", i+1, st, err)
+		}
+		if took < want || took > want+500*time.Millisecond {
+			t.Errorf("refusal %d answered after %v, want %v", i+1, took, want)
+		}
+	}
+	_ = c.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !isReset(err) {
+		t.Fatalf("connection still open after 5 refusals: %v", err)
+	}
+}
+
+// TestSCRAMSourcePenalty: a wrong SCRAM proof counts against its source
+// as a wrong password does: the source's next proof, on another
+// connection, is checked only maxFailedAuthPenalty later (so one address
+// guesses no faster with SCRAM than with PLAIN), while other addresses
+// are served at once.
+func TestSCRAMSourcePenalty(t *testing.T) {
+	p := startProxy(t, testConfig{tail: scramTail(t)})
+	start := time.Now()
+	if _, step, err := scramLogin(t, dialFrom(t, p.Addr, "127.0.0.5"), "SCRAM-SHA256", "alice", "wrong"); err != nil || step != mc.StatusAuthError {
+		t.Fatalf("wrong password: STEP %s, %v", step, err)
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Errorf("first wrong proof answered after %v", d)
+	}
+	s := time.Now()
+	if _, step, err := scramLogin(t, dialFrom(t, p.Addr, "127.0.0.6"), "SCRAM-SHA256", "alice", "alice-pw"); err != nil || step != mc.StatusSuccess {
+		t.Fatalf("other address: STEP %s, %v", step, err)
+	}
+	if d := time.Since(s); d > 500*time.Millisecond {
+		t.Errorf("another address waited %v", d)
+	}
+	if _, step, err := scramLogin(t, dialFrom(t, p.Addr, "127.0.0.5"), "SCRAM-SHA256", "alice", "alice-pw"); err != nil || step != mc.StatusSuccess {
+		t.Fatalf("same address, right password: STEP %s, %v", step, err)
+	}
+	if d := time.Since(start); d < maxFailedAuthPenalty-100*time.Millisecond {
+		t.Errorf("same address's next proof answered %v after the wrong one, want about %v", d, maxFailedAuthPenalty)
+	}
+}
+
+// TestPlainAuthPolicy: proxy.plain_auth decides where SASL PLAIN (and
+// memcached's text authentication) is allowed. By default only from
+// 127.0.0.1 and ::1 (and over TLS): from 127.0.0.2 PLAIN is refused with
+// the reason, and not listed, while SCRAM works; "anywhere" allows it;
+// "tls-only" refuses it even from 127.0.0.1.
+func TestPlainAuthPolicy(t *testing.T) {
+	plain := func(c *rawConn) (mc.Status, string) {
+		return c.do(mc.OpSASLAuth, "PLAIN", "\x00alice\x00alice-pw")
+	}
+	t.Run("default", func(t *testing.T) {
+		p := startProxy(t, testConfig{tail: scramTail(t)})
+		remote := dialFrom(t, p.Addr, "127.0.0.2")
+		st, v := plain(remote)
+		if st != mc.StatusAuthError || !strings.Contains(v, "PLAIN is not allowed on this connection (proxy.plain_auth = tls-or-loopback): use TLS or SCRAM") {
+			t.Fatalf("PLAIN from 127.0.0.2: %s %q, want AuthError with the reason", st, v)
+		}
+		if st, v := remote.do(mc.OpSelectBucket, "alice", ""); st != mc.StatusEaccess {
+			t.Errorf("select alice after the refusal: %s %q", st, v)
+		}
+		if st, v := remote.do(mc.OpSASLListMechs, "", ""); st != mc.StatusSuccess || v != "SCRAM-SHA512 SCRAM-SHA256" {
+			t.Errorf("mechanisms offered to 127.0.0.2: %q", v)
+		}
+		if auth, step, err := scramLogin(t, remote, "SCRAM-SHA256", "alice", "alice-pw"); err != nil || step != mc.StatusSuccess {
+			t.Errorf("SCRAM from 127.0.0.2: AUTH %s, STEP %s, %v", auth, step, err)
+		}
+		if st, v := plain(dialFrom(t, p.Addr, "127.0.0.1")); st != mc.StatusSuccess {
+			t.Errorf("PLAIN from 127.0.0.1: %s %q", st, v)
+		}
+	})
+	t.Run("anywhere", func(t *testing.T) {
+		p := startProxy(t, testConfig{proxy: `plain_auth = "anywhere"`, tail: scramTail(t)})
+		if st, v := plain(dialFrom(t, p.Addr, "127.0.0.2")); st != mc.StatusSuccess {
+			t.Errorf("PLAIN from 127.0.0.2: %s %q", st, v)
+		}
+	})
+	t.Run("tls-only", func(t *testing.T) {
+		p := startProxy(t, testConfig{proxy: `plain_auth = "tls-only"`, tail: scramTail(t)})
+		c := dialFrom(t, p.Addr, "127.0.0.1")
+		if st, v := plain(c); st != mc.StatusAuthError || !strings.Contains(v, "(proxy.plain_auth = tls-only)") {
+			t.Errorf("PLAIN from 127.0.0.1: %s %q, want AuthError with the reason", st, v)
+		}
+		if auth, step, err := scramLogin(t, c, "SCRAM-SHA512", "alice", "alice-pw"); err != nil || step != mc.StatusSuccess {
+			t.Errorf("SCRAM: AUTH %s, STEP %s, %v", auth, step, err)
+		}
+	})
+	t.Run("text", func(t *testing.T) {
+		p := startProxy(t, testConfig{proxy: `default_bucket = ""`, tail: scramTail(t)})
+		auth := func(from string) string {
+			c := dialFrom(t, p.Addr, from)
+			if _, err := c.c.Write([]byte("set auth 0 0 14\r\nalice alice-pw\r\n")); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			line, err := c.r.ReadString('\n')
+			if err != nil {
+				t.Fatalf("text auth from %s: %v", from, err)
+			}
+			return line
+		}
+		if got := auth("127.0.0.2"); got != "CLIENT_ERROR PLAIN is not allowed on this connection (proxy.plain_auth = tls-or-loopback): use TLS or SCRAM\r\n" {
+			t.Errorf("text auth from 127.0.0.2: %q", got)
+		}
+		if got := auth("127.0.0.1"); got != "STORED\r\n" {
+			t.Errorf("text auth from 127.0.0.1: %q", got)
+		}
+	})
+}
+
+// TestSCRAMTurn: after a wrong proof, a source's proofs are checked one
+// per maxFailedAuthPenalty, at most maxQueuedAuthPerSource waiting; other
+// sources do not wait.
+func TestSCRAMTurn(t *testing.T) {
+	q := newAuthQueue()
+	now := time.Now()
+	if d, ok := q.scramTurn("a", now); d != 0 || !ok {
+		t.Fatalf("before any failure: %v %v", d, ok)
+	}
+	q.scramFailed("a", now)
+	for i := 1; i <= maxQueuedAuthPerSource; i++ {
+		d, ok := q.scramTurn("a", now)
+		if !ok || d != time.Duration(i)*maxFailedAuthPenalty {
+			t.Fatalf("turn %d: wait %v %v, want %v", i, d, ok, time.Duration(i)*maxFailedAuthPenalty)
+		}
+	}
+	if _, ok := q.scramTurn("a", now); ok {
+		t.Errorf("turn %d granted past the bound", maxQueuedAuthPerSource+1)
+	}
+	if d, ok := q.scramTurn("b", now); d != 0 || !ok {
+		t.Errorf("another source: %v %v", d, ok)
+	}
+	q.drain()
+	if d, ok := q.scramTurn("a", now); d != 0 || !ok {
+		t.Errorf("draining: %v %v, want no wait", d, ok)
+	}
+}
