@@ -508,7 +508,7 @@ func (f *tlsFront) installReload(st *tlsState) {
 // loop, from OnOpen, before the session's limits are set.
 func (s *session) openTLS(cl *tlsClient, ten *tenants) {
 	s.remote = cl.remote
-	// overTLS: set by the TLS listener
+	s.overTLS = true
 	if cl.user != nil {
 		s.tlsUser = cl.user
 		s.login(ten, cl.user)
