@@ -10,15 +10,16 @@ import (
 )
 
 // cmdHashPassword reads one password line on stdin and prints what a
-// [[user]] table needs to log in with it, as TOML lines to paste:
+// [[user]] table needs to log in with it:
 //
-//	scram_sha256 = "SCRAM-SHA-256$15000:...$...:..." (for SCRAM-SHA256)
-//	scram_sha512 = "SCRAM-SHA-512$15000:...$...:..." (for SCRAM-SHA512)
-//	password_hash = "$2a$10$..."                     (bcrypt, for SASL PLAIN)
+//	scram_sha256 = "SCRAM-SHA-256$15000:...$...:..." (TOML, for SCRAM-SHA256)
+//	scram_sha512 = "SCRAM-SHA-512$15000:...$...:..." (TOML, for SCRAM-SHA512)
+//	$2a$10$...                                       (the password_hash value, for SASL PLAIN)
 //
 // each salted at random (bcrypt cost bucketcfg.DefaultHashCost, SCRAM
-// bucketcfg.DefaultSCRAMIterations). The password_hash line comes last,
-// where the bare value used to be. The password is never printed.
+// bucketcfg.DefaultSCRAMIterations). The last line is the bare
+// password_hash value, as DESIGN.md section 6 promises scripts that take
+// it with `tail -n 1`. The password is never printed.
 func cmdHashPassword(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) != 0 {
 		fmt.Fprintln(stderr, "kvthrottle hash-password takes no arguments; it reads the password on standard input")
@@ -52,7 +53,7 @@ func cmdHashPassword(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 		}
 		out += fmt.Sprintf("%s = %q\n", key, v)
 	}
-	out += fmt.Sprintf("password_hash = %q\n", h)
+	out += h + "\n"
 	fmt.Fprint(stdout, out)
 	return 0
 }

@@ -27,7 +27,7 @@ const usage = `usage:
       set-node JSON | set-bucket NAME JSON | stats [GROUP] | top
                                        administer a running proxy
                                        (password also from $KVTHROTTLE_PASSWORD)
-  kvthrottle hash-password             read a password on stdin, print the [[user]] lines
+  kvthrottle hash-password             read a password on stdin, print the [[user]]'s scram lines, then its password_hash value
                                        password_hash, scram_sha256 and scram_sha512
   kvthrottle version                   print the version
 `
