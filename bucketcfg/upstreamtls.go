@@ -11,8 +11,9 @@ import (
 // from the proxy to its memcached servers (memcached -Z). Paths are
 // resolved like [tls]'s: [Load] makes a relative one relative to the
 // directory of the configuration file. The files are read by the proxy (at
-// start, and again at every reload, for the connections opened after it);
-// this package only checks the values.
+// start, and again at every reload: the files and ServerName of a reload
+// apply to the connections opened after it); this package only checks the
+// values.
 //
 // Verified by default: with Enabled, each server's certificate must chain
 // to CAFile (the system's roots when "") and name ServerName (when "", the
@@ -34,8 +35,7 @@ type UpstreamTLSConfig struct {
 	KeyFile string
 	// ServerName is the name every server's certificate must carry (key
 	// server_name, default "": each server's own host, as written in
-	// upstream.servers). A DNS name or an IP address, without a port. A
-	// reload must keep it.
+	// upstream.servers). A DNS name or an IP address, without a port.
 	ServerName string
 }
 

@@ -36,6 +36,11 @@ type testConfig struct {
 	loops                     int
 	state                     *bucketcfg.State
 	statePath                 string // default: in a temp dir
+	// upstreamTLS: lines inside [upstream.tls]; set, startProxyTo sends
+	// the proxy to the server's TLSAddr. With KVTHROTTLE_TEST_UPSTREAM_TLS=1
+	// (testmc.UpstreamTLSEnv) and none given, TLS verified by the test CA.
+	upstreamTLS string
+	log         io.Writer // the proxy's log (default: testLogger's)
 }
 
 func (tc testConfig) render(listen string, servers []string, statePath string) string {
@@ -50,6 +55,9 @@ func (tc testConfig) render(listen string, servers []string, statePath string) s
 	up := tc.upstream
 	if !strings.Contains(up, "timeout") {
 		up += "\ntimeout = \"2s\""
+	}
+	if tc.upstreamTLS != "" {
+		up += "\n[upstream.tls]\n" + tc.upstreamTLS
 	}
 	return fmt.Sprintf("[proxy]\nlisten = %q\n%s\n[upstream]\nservers = [%s]\n%s\n[throttle]\nstate_file = %q\n%s\n[metrics]\nlisten = \"\"\n%s",
 		listen, tc.proxy, strings.Join(quoted, ", "), up, statePath, tc.throttle, tail)
@@ -69,7 +77,14 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 		statePath = filepath.Join(t.TempDir(), "state.json")
 	}
 	listen := testmc.FreeAddr(t)
-	cfg, err := bucketcfg.Parse([]byte(tc.render(listen, []string{m.Addr}, statePath)))
+	server := m.Addr
+	if tc.upstreamTLS == "" && testmc.UpstreamTLS() && m.TLSAddr != "" {
+		tc.upstreamTLS = fmt.Sprintf("enabled = true\nca_file = %q\n", m.CAFile)
+	}
+	if tc.upstreamTLS != "" {
+		server = m.TLSAddr
+	}
+	cfg, err := bucketcfg.Parse([]byte(tc.render(listen, []string{server}, statePath)))
 	if err != nil {
 		t.Fatalf("test config: %v", err)
 	}
@@ -79,7 +94,11 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 			t.Fatal(err)
 		}
 	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: testLogger(t), Version: "test"})
+	log := testLogger(t)
+	if tc.log != nil {
+		log = zerolog.New(tc.log)
+	}
+	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/kvthrottle/kvthrottle/internal/connbridge"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
@@ -21,8 +21,9 @@ func (c *Conn) connect() {
 	c.state = stateConnecting
 	c.dialedAt = time.Now()
 	c.dialGen++
+	c.tlsDial = c.cfg.dialer.tlsOn()
 	gen := c.dialGen
-	addr, timeout, loop := c.cfg.Addr, c.cfg.Timeout, c.loop
+	addr, timeout, loop, d := c.cfg.Addr, c.cfg.Timeout, c.loop, c.cfg.dialer
 	go func() {
 		fail := func(err error) {
 			_ = loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
@@ -32,32 +33,76 @@ func (c *Conn) connect() {
 				return nil
 			}))
 		}
-		nc, err := net.DialTimeout("tcp", addr, timeout)
+		nc, b, err := d.dial(addr, timeout)
 		if err != nil {
 			fail(err)
 			return
 		}
-		if tc, ok := nc.(*net.TCPConn); ok {
-			_ = tc.SetNoDelay(true)
+		var p *pendingBridge
+		if b != nil {
+			// HandleOpen takes the bridge; down closes it if the dial is
+			// given up first. A bridge of an earlier dial never taken is
+			// closed here.
+			p = &pendingBridge{gen: gen, b: b}
+			if old := c.pend.Swap(p); old != nil {
+				old.b.Close()
+			}
+		}
+		dropBridge := func() {
+			if p != nil {
+				c.pend.CompareAndSwap(p, nil)
+				b.Close()
+			}
 		}
 		ch, err := loop.Enroll(gnet.NewContext(context.Background(), c), nc)
 		if err != nil {
 			nc.Close()
+			dropBridge()
 			fail(err)
 			return
 		}
 		if res := <-ch; res.Err != nil {
+			dropBridge()
 			fail(res.Err)
 		}
 	}()
+}
+
+// pendingBridge is the bridge of a TLS dial, from the dial goroutine to
+// HandleOpen (Conn.pend).
+type pendingBridge struct {
+	gen uint64 // the dial's Conn.dialGen
+	b   *connbridge.Bridge
+}
+
+// dropPending closes the bridge of a TLS dial not yet taken by HandleOpen.
+func (c *Conn) dropPending() {
+	if p := c.pend.Swap(nil); p != nil {
+		p.b.Close()
+	}
 }
 
 // HandleOpen must be called from the engine's OnOpen for a connection whose
 // context is c.
 func (c *Conn) HandleOpen(gc gnet.Conn) {
 	if c.closed || c.state != stateConnecting {
+		c.dropPending()
 		_ = gc.Close()
 		return
+	}
+	if c.tlsDial {
+		// The socketpair's loop side of the dial in progress: its
+		// bridge must be the one pending. Anything else is an earlier
+		// dial's, given up (CheckTimeout).
+		p := c.pend.Swap(nil)
+		if p == nil || p.gen != c.dialGen {
+			if p != nil {
+				p.b.Close()
+			}
+			_ = gc.Close()
+			return
+		}
+		c.bridge = p.b
 	}
 	c.gc = gc
 	c.state = stateUp
@@ -102,6 +147,13 @@ func (c *Conn) down(err error) {
 		c.gc = nil
 		_ = gc.Close()
 	}
+	if c.bridge != nil {
+		// Ends the TLS connection at once (its loop side, closed above,
+		// would end it too, after a close_notify).
+		c.bridge.Close()
+		c.bridge = nil
+	}
+	c.dropPending()
 	c.state = stateDown
 	c.lastErr = err
 	c.failures++
