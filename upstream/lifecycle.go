@@ -23,7 +23,7 @@ func (c *Conn) connect() {
 	c.dialGen++
 	c.tlsDial = c.cfg.dialer.tlsOn()
 	gen := c.dialGen
-	addr, timeout, loop, d := c.cfg.Addr, c.cfg.Timeout, c.loop, c.cfg.dialer
+	addr, timeout, loop, d, meta := c.cfg.Addr, c.cfg.Timeout, c.loop, c.cfg.dialer, c.isMeta
 	go func() {
 		fail := func(err error) {
 			_ = loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
@@ -33,7 +33,7 @@ func (c *Conn) connect() {
 				return nil
 			}))
 		}
-		nc, b, err := d.dial(addr, timeout)
+		nc, b, err := d.dial(addr, timeout, meta)
 		if err != nil {
 			fail(err)
 			return

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/connbridge"
+	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
 // TLS to memcached (memcached -Z; DESIGN.md section 11, [upstream.tls]).
@@ -49,13 +51,11 @@ type TLSFiles struct {
 // and so on) and the file, never what a key file holds. Safe from any
 // goroutine; it does file I/O.
 func LoadTLSConfig(f TLSFiles) (*tls.Config, error) {
-	conf := &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		ServerName: f.ServerName,
-		// Reconnects (a restarted server, a new loop's connection) may
-		// resume a session when the server keeps them.
-		ClientSessionCache: tls.NewLRUClientSessionCache(0),
-	}
+	// No ClientSessionCache: connections to memcached live long, and
+	// memcached 1.6 (OpenSSL without a session id context) answers a
+	// resumption attempt with an internal_error alert when it verifies
+	// client certificates (ssl_verify_mode 2).
+	conf := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.ServerName}
 	if f.CAFile != "" {
 		pem, err := os.ReadFile(f.CAFile)
 		if err != nil {
@@ -128,10 +128,10 @@ func clientConfig(conf *tls.Config, addr string) *tls.Config {
 
 // dial connects to addr within timeout. Plain: the TCP connection, to
 // enroll in a loop; b is nil. TLS: it also runs the handshake (within the
-// same timeout) and returns the loop side of a new bridge, b, which the
-// dialer tracks until it ends. A handshake error says "tls handshake".
-// From a Conn's dial goroutine.
-func (d *dialer) dial(addr string, timeout time.Duration) (nc net.Conn, b *connbridge.Bridge, err error) {
+// same timeout; meta: for a text connection, see handshake) and returns
+// the loop side of a new bridge, b, which the dialer tracks until it ends.
+// A handshake error says "tls handshake". From a Conn's dial goroutine.
+func (d *dialer) dial(addr string, timeout time.Duration, meta bool) (nc net.Conn, b *connbridge.Bridge, err error) {
 	if !d.tlsOn() {
 		nc, err = net.DialTimeout("tcp", addr, timeout)
 		if err != nil {
@@ -150,7 +150,7 @@ func (d *dialer) dial(addr string, timeout time.Duration) (nc net.Conn, b *connb
 	defer d.wg.Done()
 	ctx, cancel := context.WithTimeout(d.ctx, timeout)
 	defer cancel()
-	tc, err := d.handshake(ctx, addr)
+	tc, err := d.handshake(ctx, addr, meta)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -163,21 +163,72 @@ func (d *dialer) dial(addr string, timeout time.Duration) (nc net.Conn, b *connb
 }
 
 // handshake connects to addr and runs the TLS handshake, both bounded by
-// ctx.
-func (d *dialer) handshake(ctx context.Context, addr string) (*tls.Conn, error) {
+// ctx. meta says which protocol the connection will speak (text for a
+// meta sibling, else binary).
+//
+// Under TLS 1.3 a server verifies the client's certificate only after
+// the client has finished its side of the handshake, and refuses it with
+// an alert the client reads with the first response. When the server
+// asked for a certificate, handshake therefore waits for the answer to a
+// no-op (NOOP, or mn for text) so that a refusal is reported as the
+// handshake's failure, with the server's reason, instead of as a
+// connection lost after it came up.
+func (d *dialer) handshake(ctx context.Context, addr string, meta bool) (*tls.Conn, error) {
 	var nd net.Dialer
 	raw, err := nd.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	noDelay(raw)
-	tc := tls.Client(raw, clientConfig(d.conf.Load(), addr))
+	base := d.conf.Load()
+	conf := clientConfig(base, addr)
+	if conf == base {
+		conf = conf.Clone() // GetClientCertificate is this handshake's
+	}
+	asked := false
+	certs := conf.Certificates
+	conf.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		asked = true
+		if len(certs) > 0 {
+			return &certs[0], nil
+		}
+		return &tls.Certificate{}, nil // none: the server decides
+	}
+	tc := tls.Client(raw, conf)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		_ = raw.Close()
 		return nil, fmt.Errorf("tls handshake: %w", err)
 	}
+	if asked && tc.ConnectionState().Version == tls.VersionTLS13 {
+		if err := acceptedRoundTrip(ctx, tc, meta); err != nil {
+			_ = raw.Close()
+			return nil, fmt.Errorf("tls handshake: server refused the connection: %w", err)
+		}
+	}
 	return tc, nil
 }
+
+// acceptedRoundTrip sends a no-op on tc and reads its answer by ctx's
+// deadline, leaving the connection as it was.
+func acceptedRoundTrip(ctx context.Context, tc *tls.Conn, meta bool) error {
+	req, respLen := noopRequest, binary.HeaderLen
+	if meta {
+		req, respLen = metaFence, len("MN\r\n")
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = tc.SetDeadline(dl)
+	}
+	defer tc.SetDeadline(time.Time{})
+	if _, err := tc.Write(req); err != nil {
+		return err
+	}
+	var resp [binary.HeaderLen]byte
+	_, err := io.ReadFull(tc, resp[:respLen])
+	return err
+}
+
+// noopRequest is the binary NOOP of acceptedRoundTrip.
+var noopRequest = binary.AppendFrame(nil, binary.Header{Magic: binary.MagicRequest, Opcode: binary.OpNoop}, nil, nil, nil, nil)
 
 // bridge makes and tracks the bridge of an established TLS connection.
 func (d *dialer) bridge(tc *tls.Conn) (*connbridge.Bridge, error) {
