@@ -219,11 +219,18 @@ func acceptedRoundTrip(ctx context.Context, tc *tls.Conn, meta bool) error {
 		_ = tc.SetDeadline(dl)
 	}
 	defer tc.SetDeadline(time.Time{})
-	if _, err := tc.Write(req); err != nil {
-		return err
-	}
+	_, werr := tc.Write(req)
+	// Read even when the write failed: the server's alert, which says
+	// why, may have arrived before its reset.
 	var resp [binary.HeaderLen]byte
 	_, err := io.ReadFull(tc, resp[:respLen])
+	if werr != nil {
+		var oe *net.OpError // crypto/tls reports a received alert as one
+		if errors.As(err, &oe) && oe.Op == "remote error" {
+			return err
+		}
+		return werr
+	}
 	return err
 }
 
