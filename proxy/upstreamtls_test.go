@@ -175,7 +175,11 @@ func TestUpstreamTLSClientCertificate(t *testing.T) {
 	// memcached refuses the missing certificate after TLS 1.3's
 	// handshake has completed on the client's side: the dial's round
 	// trip reads its alert, reported as the handshake's failure.
-	defer func() { if t.Failed() { t.Log(log.String()) } }()
+	defer func() {
+		if t.Failed() {
+			t.Log(log.String())
+		}
+	}()
 	eventually(t, 5*time.Second, "the log to report the refused handshake", func() bool {
 		s := log.String()
 		return strings.Contains(s, "tls handshake: server refused the connection") && strings.Contains(s, "certificate required")
