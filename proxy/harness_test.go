@@ -44,23 +44,43 @@ type testConfig struct {
 }
 
 func (tc testConfig) render(listen string, servers []string, statePath string) string {
-	quoted := make([]string, len(servers))
-	for i, s := range servers {
-		quoted[i] = fmt.Sprintf("%q", s)
-	}
 	tail := tc.tail
 	if tail == "" {
 		tail = "[[bucket]]\nname = \"default\"\nflush_enabled = true\n"
 	}
 	up := tc.upstream
+	if tc.upstreamTLS == "" && testmc.UpstreamTLS() {
+		servers, tc.upstreamTLS = tlsServers(servers)
+	}
 	if !strings.Contains(up, "timeout") {
 		up += "\ntimeout = \"2s\""
 	}
 	if tc.upstreamTLS != "" {
 		up += "\n[upstream.tls]\n" + tc.upstreamTLS
 	}
+	quoted := make([]string, len(servers))
+	for i, s := range servers {
+		quoted[i] = fmt.Sprintf("%q", s)
+	}
 	return fmt.Sprintf("[proxy]\nlisten = %q\n%s\n[upstream]\nservers = [%s]\n%s\n[throttle]\nstate_file = %q\n%s\n[metrics]\nlisten = \"\"\n%s",
 		listen, tc.proxy, strings.Join(quoted, ", "), up, statePath, tc.throttle, tail)
+}
+
+// tlsServers is servers with every test memcached started with TLS
+// named by its TLS address, and the [upstream.tls] lines that verify
+// them (KVTHROTTLE_TEST_UPSTREAM_TLS=1); servers unchanged and "" when
+// one of them has no TLS port.
+func tlsServers(servers []string) ([]string, string) {
+	out := make([]string, len(servers))
+	caFile := ""
+	for i, s := range servers {
+		tlsAddr, ca, ok := testmc.TLSPeer(s)
+		if !ok {
+			return servers, ""
+		}
+		out[i], caFile = tlsAddr, ca // one CA signs them all (testmc.TestCA)
+	}
+	return out, fmt.Sprintf("enabled = true\nca_file = %q\n", caFile)
 }
 
 // startProxy runs a proxy in front of a fresh memcached. It is shut down
@@ -77,10 +97,7 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 		statePath = filepath.Join(t.TempDir(), "state.json")
 	}
 	listen := testmc.FreeAddr(t)
-	server := m.Addr
-	if tc.upstreamTLS == "" && testmc.UpstreamTLS() && m.TLSAddr != "" {
-		tc.upstreamTLS = fmt.Sprintf("enabled = true\nca_file = %q\n", m.CAFile)
-	}
+	server := m.Addr // with KVTHROTTLE_TEST_UPSTREAM_TLS=1, render names its TLS port
 	if tc.upstreamTLS != "" {
 		server = m.TLSAddr
 	}

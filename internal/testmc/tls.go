@@ -85,7 +85,25 @@ func StartTLS(t testing.TB, o TLSOptions, extraArgs ...string) *Server {
 	s := &Server{Addr: FreeAddr(t), TLSAddr: FreeAddr(t), CAFile: caFile,
 		args: append([]string{"-Z", "-o", strings.Join(opts, ",")}, extraArgs...)}
 	startOrFail(t, s)
+	tlsServers.Store(s.Addr, s)
+	t.Cleanup(func() { tlsServers.Delete(s.Addr) })
 	return s
+}
+
+// tlsServers maps the plaintext address of each running TLS server to it.
+var tlsServers sync.Map
+
+// TLSPeer returns the TLS address and CA file of the running TLS server
+// (StartTLS) whose plaintext address is addr; ok is false when there is
+// none. A harness that names servers by Addr uses it to point a proxy at
+// their TLS ports instead.
+func TLSPeer(addr string) (tlsAddr, caFile string, ok bool) {
+	v, ok := tlsServers.Load(addr)
+	if !ok {
+		return "", "", false
+	}
+	s := v.(*Server)
+	return s.TLSAddr, s.CAFile, true
 }
 
 // listenArgs are memcached's listener flags for s: one plaintext port,
