@@ -61,9 +61,16 @@ func (c *Conn) connect() {
 			fail(err)
 			return
 		}
-		if res := <-ch; res.Err != nil {
+		select {
+		case res := <-ch:
+			if res.Err != nil {
+				dropBridge()
+				fail(res.Err)
+			}
+		case <-d.done():
+			// The Pool is closed (its engine has stopped): gnet may never
+			// answer an Enroll queued as its loop exited.
 			dropBridge()
-			fail(res.Err)
 		}
 	}()
 }

@@ -108,6 +108,14 @@ func newDialer(conf *tls.Config) *dialer {
 	return d
 }
 
+// done is closed when the Pool is closed (nil for a nil dialer: never).
+func (d *dialer) done() <-chan struct{} {
+	if d == nil {
+		return nil
+	}
+	return d.ctx.Done()
+}
+
 // tlsOn reports whether the dialer makes TLS connections.
 func (d *dialer) tlsOn() bool { return d != nil && d.conf.Load() != nil }
 
