@@ -254,3 +254,44 @@ func TestUpstreamTLSReload(t *testing.T) {
 		return err == nil && r.Status() == mc.StatusSuccess
 	})
 }
+
+// memcached 1.6.18 with TLS leaves input in OpenSSL's buffer when its
+// read takes part of a TLS record (deep pipelines of values; the bytes
+// after a value it refuses as too large) and waits for its socket: the
+// proxy nudges a TLS connection whose server went quiet (upstream.nudge)
+// so that those requests are answered, not timed out.
+func TestUpstreamTLSDeepPipelines(t *testing.T) {
+	m := testmc.StartTLS(t, testmc.TLSOptions{})
+	p := startProxyTo(t, m, testConfig{throttle: `capacity = "unlimited"`, upstreamTLS: upstreamTLSLines(m.CAFile)})
+	c := dial(t, p.Addr)
+	for round := 0; round < 5; round++ {
+		want := map[uint32]bool{}
+		for i := 0; i < 400; i++ {
+			key := []byte(fmt.Sprintf("p%d", i%7))
+			if i%3 == 0 {
+				want[c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(0, 0), Key: key, Value: bytes.Repeat([]byte{'a' + byte(i%26)}, 1+i*7%3000)})] = true
+			} else {
+				want[c.Send(mcclient.Request{Opcode: mc.OpGetK, Key: key})] = true
+			}
+		}
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		for len(want) > 0 {
+			r, err := c.Read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := r.Status(); s != mc.StatusSuccess && s != mc.StatusKeyEnoent {
+				t.Fatalf("round %d: status %v %q (%d answers missing)", round, s, r.Value, len(want))
+			}
+			delete(want, r.Opaque)
+		}
+	}
+	// A value over memcached's item size, then a get, in one write.
+	tc := dialText(t, p.Addr)
+	big := strings.Repeat("x", 1100*1000)
+	if got := textDo(t, tc, "set big 0 0 1100000\r\n"+big+"\r\nget p1\r\n", "END\r\n"); !strings.HasPrefix(got, "SERVER_ERROR") || strings.Contains(got, "upstream") {
+		t.Fatalf("oversized set then get: %.200q", got)
+	}
+}

@@ -242,7 +242,38 @@ func (c *Conn) CheckTimeout(now time.Time) {
 	if c.n == 0 {
 		return
 	}
-	if s := c.front().sent; s != 0 && now.UnixNano()-max(s, c.answerAt) > int64(c.cfg.Timeout) {
+	s := c.front().sent
+	if s != 0 && now.UnixNano()-max(s, c.answerAt) > int64(c.cfg.Timeout) {
 		c.down(fmt.Errorf("request to %s %w after %v", c.cfg.Addr, errTimedOut, c.cfg.Timeout))
+		return
 	}
+	if c.bridge != nil && s != 0 && now.UnixNano()-max(s, c.answerAt) > int64(tlsNudgeAfter) {
+		c.nudge()
+	}
+}
+
+// tlsNudgeAfter is how long the oldest request on a TLS connection waits
+// with no answer from the server before CheckTimeout nudges it.
+const tlsNudgeAfter = 20 * time.Millisecond
+
+// nudge sends a no-op of the proxy's own (NOOP, or mn on a meta
+// connection), answered in order like a quiet request's fence. memcached
+// 1.6.18 with TLS reads one TLS record at a time and, when its buffer
+// takes only part of one (a pipeline, or the bytes after a value), keeps
+// the rest in OpenSSL and waits for its socket to become readable again:
+// the requests in it wait until more bytes arrive. The no-op's bytes are
+// those bytes. Costs a few bytes per stalled interval; on the loop.
+func (c *Conn) nudge() {
+	if len(c.out) == 0 {
+		if c.isMeta {
+			c.out = append(c.out, metaFence...)
+			c.push(entry{})
+		} else {
+			c.opaque++
+			c.out = binary.AppendFrame(c.out, binary.Header{Magic: binary.MagicRequest, Opcode: binary.OpNoop, Opaque: c.opaque}, nil, nil, nil, nil)
+			c.push(entry{opaque: c.opaque})
+			c.lastQuiet = false
+		}
+	}
+	c.Flush()
 }
