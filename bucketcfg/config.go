@@ -199,6 +199,8 @@ type UpstreamConfig struct {
 	// conns_per_bucket, default true). Read at start; a reload does not
 	// change it.
 	ConnsPerBucket bool
+	// TLS is the [upstream.tls] table (upstreamtls.go).
+	TLS UpstreamTLSConfig
 }
 
 // ThrottleConfig is the [throttle] table.

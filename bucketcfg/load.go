@@ -68,6 +68,7 @@ func Load(path string) (*Config, error) {
 		cfg.Throttle.StateFile = filepath.Join(filepath.Dir(path), cfg.Throttle.StateFile)
 	}
 	cfg.TLS.resolvePaths(filepath.Dir(path))
+	cfg.Upstream.TLS.resolvePaths(filepath.Dir(path))
 	return cfg, nil
 }
 
@@ -110,13 +111,14 @@ type tomlProxy struct {
 }
 
 type tomlUpstream struct {
-	Servers            *[]string `toml:"servers"`
-	Weights            *[]int64  `toml:"weights"`
-	Timeout            *string   `toml:"timeout"`
-	MaxInflight        *int64    `toml:"max_inflight"`
-	EjectAfterFailures *int64    `toml:"eject_after_failures"`
-	EjectRetry         *string   `toml:"eject_retry"`
-	ConnsPerBucket     *bool     `toml:"conns_per_bucket"`
+	Servers            *[]string       `toml:"servers"`
+	Weights            *[]int64        `toml:"weights"`
+	Timeout            *string         `toml:"timeout"`
+	MaxInflight        *int64          `toml:"max_inflight"`
+	EjectAfterFailures *int64          `toml:"eject_after_failures"`
+	EjectRetry         *string         `toml:"eject_retry"`
+	ConnsPerBucket     *bool           `toml:"conns_per_bucket"`
+	TLS                tomlUpstreamTLS `toml:"tls"`
 }
 
 type tomlThrottle struct {
@@ -233,6 +235,7 @@ func parse(data []byte) (*Config, error) {
 	cfg := &Config{}
 	buildProxy(&cfg.Proxy, &raw.Proxy, &probs)
 	buildUpstream(&cfg.Upstream, &raw.Upstream, &probs)
+	buildUpstreamTLS(&cfg.Upstream.TLS, &raw.Upstream.TLS, &probs)
 	buildFleet(&cfg.Fleet, &raw.Fleet, &probs)
 	buildThrottle(&cfg.Throttle, &raw.Throttle, &probs)
 	cfg.fileNode = fileNode{capacity: cfg.Throttle.Capacity, defaults: cfg.Throttle.Defaults}

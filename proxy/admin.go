@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	be "encoding/binary"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
+	"github.com/kvthrottle/kvthrottle/upstream"
 )
 
 // adminError is an admin change refused with a status and a reason.
@@ -193,6 +195,26 @@ func (srv *Server) warnOvercommit(eff *bucketcfg.Config) {
 	}
 }
 
+// upstreamTLS loads [upstream.tls]: nil when TLS to memcached is off.
+// Errors name the key of the file at fault.
+func upstreamTLS(t *bucketcfg.UpstreamTLSConfig) (*tls.Config, error) {
+	if !t.Enabled {
+		return nil, nil
+	}
+	return upstream.LoadTLSConfig(upstream.TLSFiles{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName})
+}
+
+// prepareUpstreamTLS reads the files of a reloaded [upstream.tls]: its
+// files and server_name apply to the connections and probes opened after
+// the reload; open connections keep theirs. enabled takes effect only at
+// a restart: a reload that changes it is refused.
+func prepareUpstreamTLS(cur, next *bucketcfg.UpstreamTLSConfig) (*tls.Config, error) {
+	if next.Enabled != cur.Enabled {
+		return nil, errors.New("upstream.tls.enabled changed; it takes effect only at a restart")
+	}
+	return upstreamTLS(next)
+}
+
 // Reload makes cfg (a freshly loaded configuration file) the one in force:
 // the runtime state still overrides its throttle values, new buckets get
 // the current defaults, removed buckets close their sessions once their
@@ -217,6 +239,10 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	if err != nil {
 		return fmt.Errorf("reload: %w", err)
 	}
+	upTLSNext, err := prepareUpstreamTLS(&srv.file.Upstream.TLS, &cfg.Upstream.TLS)
+	if err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
 	// A removed bucket that comes back later must not find its old keys
 	// (maybe another tenant's by then): its namespace epoch moves on,
 	// persisted before the removal takes effect.
@@ -228,6 +254,9 @@ func (srv *Server) Reload(cfg *bucketcfg.Config) error {
 	}
 	if err := srv.pool.Update(poolConfig(cfg)); err != nil {
 		return fmt.Errorf("reload: %w", err) // not reached: validated above
+	}
+	if upTLSNext != nil {
+		_ = srv.pool.SetTLSConfig(upTLSNext) // cannot fail: TLS was on and stays on
 	}
 	prevFile := srv.file
 	srv.file = cfg

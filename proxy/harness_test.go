@@ -36,23 +36,51 @@ type testConfig struct {
 	loops                     int
 	state                     *bucketcfg.State
 	statePath                 string // default: in a temp dir
+	// upstreamTLS: lines inside [upstream.tls]; set, startProxyTo sends
+	// the proxy to the server's TLSAddr. With KVTHROTTLE_TEST_UPSTREAM_TLS=1
+	// (testmc.UpstreamTLSEnv) and none given, TLS verified by the test CA.
+	upstreamTLS string
+	log         io.Writer // the proxy's log (default: testLogger's)
 }
 
 func (tc testConfig) render(listen string, servers []string, statePath string) string {
-	quoted := make([]string, len(servers))
-	for i, s := range servers {
-		quoted[i] = fmt.Sprintf("%q", s)
-	}
 	tail := tc.tail
 	if tail == "" {
 		tail = "[[bucket]]\nname = \"default\"\nflush_enabled = true\n"
 	}
 	up := tc.upstream
+	if tc.upstreamTLS == "" && testmc.UpstreamTLS() {
+		servers, tc.upstreamTLS = tlsServers(servers)
+	}
 	if !strings.Contains(up, "timeout") {
 		up += "\ntimeout = \"2s\""
 	}
+	if tc.upstreamTLS != "" {
+		up += "\n[upstream.tls]\n" + tc.upstreamTLS
+	}
+	quoted := make([]string, len(servers))
+	for i, s := range servers {
+		quoted[i] = fmt.Sprintf("%q", s)
+	}
 	return fmt.Sprintf("[proxy]\nlisten = %q\n%s\n[upstream]\nservers = [%s]\n%s\n[throttle]\nstate_file = %q\n%s\n[metrics]\nlisten = \"\"\n%s",
 		listen, tc.proxy, strings.Join(quoted, ", "), up, statePath, tc.throttle, tail)
+}
+
+// tlsServers is servers with every test memcached started with TLS
+// named by its TLS address, and the [upstream.tls] lines that verify
+// them (KVTHROTTLE_TEST_UPSTREAM_TLS=1); servers unchanged and "" when
+// one of them has no TLS port.
+func tlsServers(servers []string) ([]string, string) {
+	out := make([]string, len(servers))
+	caFile := ""
+	for i, s := range servers {
+		tlsAddr, ca, ok := testmc.TLSPeer(s)
+		if !ok {
+			return servers, ""
+		}
+		out[i], caFile = tlsAddr, ca // one CA signs them all (testmc.TestCA)
+	}
+	return out, fmt.Sprintf("enabled = true\nca_file = %q\n", caFile)
 }
 
 // startProxy runs a proxy in front of a fresh memcached. It is shut down
@@ -69,7 +97,11 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 		statePath = filepath.Join(t.TempDir(), "state.json")
 	}
 	listen := testmc.FreeAddr(t)
-	cfg, err := bucketcfg.Parse([]byte(tc.render(listen, []string{m.Addr}, statePath)))
+	server := m.Addr // with KVTHROTTLE_TEST_UPSTREAM_TLS=1, render names its TLS port
+	if tc.upstreamTLS != "" {
+		server = m.TLSAddr
+	}
+	cfg, err := bucketcfg.Parse([]byte(tc.render(listen, []string{server}, statePath)))
 	if err != nil {
 		t.Fatalf("test config: %v", err)
 	}
@@ -79,7 +111,11 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 			t.Fatal(err)
 		}
 	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: testLogger(t), Version: "test"})
+	log := testLogger(t)
+	if tc.log != nil {
+		log = zerolog.New(tc.log)
+	}
+	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

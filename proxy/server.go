@@ -207,6 +207,10 @@ func New(opts Options) (*Server, error) {
 		authCache: bucketcfg.NewAuthCache(bucketcfg.DefaultAuthCacheTTL,
 			bucketcfg.DefaultAuthCacheEntries, nil),
 	}
+	upTLS, err := upstreamTLS(&cfg.Upstream.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
 	s.pool, err = upstream.NewPool(poolConfig(cfg), upstream.PoolOptions{
 		Timeout:       cfg.Upstream.Timeout,
 		MaxInflight:   cfg.Upstream.MaxInflight,
@@ -215,6 +219,7 @@ func New(opts Options) (*Server, error) {
 		Observer:      s.upstreamObserver,
 		OnConnState:   s.upstreamState,
 		OnRemove:      s.forgetUpstream,
+		TLS:           upTLS,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: upstream.servers: %w", err)

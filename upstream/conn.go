@@ -24,10 +24,12 @@
 package upstream
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/kvthrottle/kvthrottle/internal/connbridge"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/proto/text"
 )
@@ -71,6 +73,8 @@ type Config struct {
 	// Observe, when not nil, receives each request's round trip in
 	// seconds (from the write of its batch to its response).
 	Observe func(seconds float64)
+
+	dialer *dialer // the Pool's (TLS, tls.go); nil: plain TCP
 }
 
 type state uint8
@@ -115,6 +119,10 @@ type Conn struct {
 	answered   uint64 // response frames matched, ever
 	seenAnswer uint64 // answered as of the last CheckTimeout
 	answerAt   int64  // unix ns: the CheckTimeout that first saw answered at its current value
+
+	tlsDial bool                          // the dial in progress is over TLS (tls.go)
+	pend    atomic.Pointer[pendingBridge] // a TLS dial's bridge, from its goroutine to HandleOpen
+	bridge  *connbridge.Bridge            // gc's bridge when over TLS
 }
 
 // New returns a Conn for cfg owned by loop. It does not connect until the

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -33,6 +32,7 @@ type health struct {
 	servers []string
 	cfg     healthConfig
 	log     zerolog.Logger
+	dialer  *dialer // TLS or not (tls.go)
 
 	up      []atomic.Bool
 	ejected []atomic.Bool
@@ -47,7 +47,7 @@ type health struct {
 	started bool // start was called (under Pool.mu; read by tests)
 }
 
-func newHealth(servers []string, cfg healthConfig, log zerolog.Logger) *health {
+func newHealth(servers []string, cfg healthConfig, log zerolog.Logger, d *dialer) *health {
 	if cfg.timeout <= 0 || cfg.timeout > time.Second {
 		cfg.timeout = time.Second
 	}
@@ -58,6 +58,7 @@ func newHealth(servers []string, cfg healthConfig, log zerolog.Logger) *health {
 		servers:  servers,
 		cfg:      cfg,
 		log:      log,
+		dialer:   d,
 		up:       make([]atomic.Bool, len(servers)),
 		ejected:  make([]atomic.Bool, len(servers)),
 		versions: make([]atomic.Pointer[[]byte], len(servers)),
@@ -117,7 +118,7 @@ probes:
 		if h.ejected[i].Load() && now.Before(retryAt[i]) {
 			continue
 		}
-		v, err := probe(addr, h.cfg.timeout)
+		v, err := probe(h.dialer, addr, h.cfg.timeout)
 		if err == nil {
 			if old := h.versions[i].Load(); old == nil || !bytes.Equal(*old, v) {
 				h.versions[i].Store(&v)
@@ -209,16 +210,17 @@ func (h *health) version() []byte {
 // a few bytes, such as "1.6.18").
 const maxVersionLen = 64
 
-// probe sends a VERSION to addr and returns its answer. VERSION costs
-// memcached no more than a NOOP, and the proxy answers its clients'
-// VERSION with it (Pool.Version).
-func probe(addr string, timeout time.Duration) ([]byte, error) {
-	c, err := net.DialTimeout("tcp", addr, timeout)
+// probe sends a VERSION to addr, over TLS when d makes TLS connections,
+// and returns its answer. VERSION costs memcached no more than a NOOP, and
+// the proxy answers its clients' VERSION with it (Pool.Version).
+func probe(d *dialer, addr string, timeout time.Duration) ([]byte, error) {
+	deadline := time.Now().Add(timeout)
+	c, err := d.probeConn(addr, deadline)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(timeout))
+	_ = c.SetDeadline(deadline)
 	req := binary.AppendFrame(nil, binary.Header{Magic: binary.MagicRequest, Opcode: binary.OpVersion, Opaque: 0x6b767468}, nil, nil, nil, nil)
 	if _, err := c.Write(req); err != nil {
 		return nil, err

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/kvthrottle/kvthrottle/internal/connbridge"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
@@ -21,8 +21,9 @@ func (c *Conn) connect() {
 	c.state = stateConnecting
 	c.dialedAt = time.Now()
 	c.dialGen++
+	c.tlsDial = c.cfg.dialer.tlsOn()
 	gen := c.dialGen
-	addr, timeout, loop := c.cfg.Addr, c.cfg.Timeout, c.loop
+	addr, timeout, loop, d, meta := c.cfg.Addr, c.cfg.Timeout, c.loop, c.cfg.dialer, c.isMeta
 	go func() {
 		fail := func(err error) {
 			_ = loop.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
@@ -32,32 +33,83 @@ func (c *Conn) connect() {
 				return nil
 			}))
 		}
-		nc, err := net.DialTimeout("tcp", addr, timeout)
+		nc, b, err := d.dial(addr, timeout, meta)
 		if err != nil {
 			fail(err)
 			return
 		}
-		if tc, ok := nc.(*net.TCPConn); ok {
-			_ = tc.SetNoDelay(true)
+		var p *pendingBridge
+		if b != nil {
+			// HandleOpen takes the bridge; down closes it if the dial is
+			// given up first. A bridge of an earlier dial never taken is
+			// closed here.
+			p = &pendingBridge{gen: gen, b: b}
+			if old := c.pend.Swap(p); old != nil {
+				old.b.Close()
+			}
+		}
+		dropBridge := func() {
+			if p != nil {
+				c.pend.CompareAndSwap(p, nil)
+				b.Close()
+			}
 		}
 		ch, err := loop.Enroll(gnet.NewContext(context.Background(), c), nc)
 		if err != nil {
 			nc.Close()
+			dropBridge()
 			fail(err)
 			return
 		}
-		if res := <-ch; res.Err != nil {
-			fail(res.Err)
+		select {
+		case res := <-ch:
+			if res.Err != nil {
+				dropBridge()
+				fail(res.Err)
+			}
+		case <-d.done():
+			// The Pool is closed (its engine has stopped): gnet may never
+			// answer an Enroll queued as its loop exited.
+			dropBridge()
 		}
 	}()
+}
+
+// pendingBridge is the bridge of a TLS dial, from the dial goroutine to
+// HandleOpen (Conn.pend).
+type pendingBridge struct {
+	gen uint64 // the dial's Conn.dialGen
+	b   *connbridge.Bridge
+}
+
+// dropPending closes the bridge of a TLS dial not yet taken by HandleOpen.
+func (c *Conn) dropPending() {
+	if p := c.pend.Swap(nil); p != nil {
+		p.b.Close()
+	}
 }
 
 // HandleOpen must be called from the engine's OnOpen for a connection whose
 // context is c.
 func (c *Conn) HandleOpen(gc gnet.Conn) {
 	if c.closed || c.state != stateConnecting {
+		c.dropPending()
 		_ = gc.Close()
 		return
+	}
+	if c.tlsDial {
+		// The socketpair's loop side of the dial in progress: its
+		// bridge must be the one pending. Anything else is an earlier
+		// dial's, given up (CheckTimeout).
+		p := c.pend.Swap(nil)
+		if p == nil || p.gen != c.dialGen {
+			if p != nil {
+				p.b.Close()
+			}
+			_ = gc.Close()
+			return
+		}
+		c.bridge = p.b
 	}
 	c.gc = gc
 	c.state = stateUp
@@ -102,6 +154,13 @@ func (c *Conn) down(err error) {
 		c.gc = nil
 		_ = gc.Close()
 	}
+	if c.bridge != nil {
+		// Ends the TLS connection at once (its loop side, closed above,
+		// would end it too, after a close_notify).
+		c.bridge.Close()
+		c.bridge = nil
+	}
+	c.dropPending()
 	c.state = stateDown
 	c.lastErr = err
 	c.failures++
@@ -183,7 +242,38 @@ func (c *Conn) CheckTimeout(now time.Time) {
 	if c.n == 0 {
 		return
 	}
-	if s := c.front().sent; s != 0 && now.UnixNano()-max(s, c.answerAt) > int64(c.cfg.Timeout) {
+	s := c.front().sent
+	if s != 0 && now.UnixNano()-max(s, c.answerAt) > int64(c.cfg.Timeout) {
 		c.down(fmt.Errorf("request to %s %w after %v", c.cfg.Addr, errTimedOut, c.cfg.Timeout))
+		return
 	}
+	if c.bridge != nil && s != 0 && now.UnixNano()-max(s, c.answerAt) > int64(tlsNudgeAfter) {
+		c.nudge()
+	}
+}
+
+// tlsNudgeAfter is how long the oldest request on a TLS connection waits
+// with no answer from the server before CheckTimeout nudges it.
+const tlsNudgeAfter = 20 * time.Millisecond
+
+// nudge sends a no-op of the proxy's own (NOOP, or mn on a meta
+// connection), answered in order like a quiet request's fence. memcached
+// 1.6.18 with TLS reads one TLS record at a time and, when its buffer
+// takes only part of one (a pipeline, or the bytes after a value), keeps
+// the rest in OpenSSL and waits for its socket to become readable again:
+// the requests in it wait until more bytes arrive. The no-op's bytes are
+// those bytes. Costs a few bytes per stalled interval; on the loop.
+func (c *Conn) nudge() {
+	if len(c.out) == 0 {
+		if c.isMeta {
+			c.out = append(c.out, metaFence...)
+			c.push(entry{})
+		} else {
+			c.opaque++
+			c.out = binary.AppendFrame(c.out, binary.Header{Magic: binary.MagicRequest, Opcode: binary.OpNoop, Opaque: c.opaque}, nil, nil, nil, nil)
+			c.push(entry{opaque: c.opaque})
+			c.lastQuiet = false
+		}
+	}
+	c.Flush()
 }

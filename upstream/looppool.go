@@ -221,6 +221,7 @@ func (lp *LoopPool) newConn(addr string) *Conn {
 		AfterRead:   lp.afterRead,
 		OnState:     lp.onState,
 		Observe:     observe,
+		dialer:      lp.pool.dialer,
 	}, lp.el)
 }
 

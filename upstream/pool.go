@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"crypto/tls"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -83,6 +85,15 @@ type PoolOptions struct {
 	// left the pool, once the new servers are in force (on Update's
 	// goroutine). Retired connections to it may still finish requests.
 	OnRemove func(addr string)
+	// TLS, when not nil, makes every connection to the servers, the
+	// health probes' included, TLS (memcached -Z) with this client
+	// configuration (see LoadTLSConfig): the handshake runs within
+	// Timeout, a server whose certificate fails verification is down like
+	// one that refuses connections, and the error says "tls handshake".
+	// When it names no ServerName, each server is verified against the
+	// host part of its address. The Pool does not modify it;
+	// SetTLSConfig replaces it. Nil: plain TCP, for the Pool's life.
+	TLS *tls.Config
 }
 
 // Pool is the set of memcached servers in force: the ketama ring over
@@ -101,8 +112,9 @@ type PoolOptions struct {
 // Start, Update, Close, AppendStates, AnyUp, Version and Loop are safe
 // for concurrent use; a LoopPool is not (see LoopPool).
 type Pool struct {
-	opts PoolOptions
-	set  atomic.Pointer[serverSet] // the servers in force
+	opts   PoolOptions
+	dialer *dialer                   // every connection's and probe's (tls.go)
+	set    atomic.Pointer[serverSet] // the servers in force
 
 	mu      sync.Mutex // serialises Start, Update and Close
 	running bool       // Start was called and Close was not
@@ -118,7 +130,7 @@ type serverSet struct {
 	health *health
 }
 
-func newServerSet(cfg PoolConfig, opts *PoolOptions) (*serverSet, error) {
+func newServerSet(cfg PoolConfig, opts *PoolOptions, d *dialer) (*serverSet, error) {
 	cfg.Servers = slices.Clone(cfg.Servers)
 	cfg.Weights = slices.Clone(cfg.Weights)
 	ring, err := NewRing(cfg.ringServers())
@@ -130,7 +142,7 @@ func newServerSet(cfg PoolConfig, opts *PoolOptions) (*serverSet, error) {
 		interval:   opts.ProbeInterval,
 		ejectAfter: cfg.EjectAfter,
 		ejectRetry: cfg.EjectRetry,
-	}, opts.Logger)
+	}, opts.Logger, d)
 	return &serverSet{cfg: cfg, ring: ring, health: h}, nil
 }
 
@@ -139,8 +151,8 @@ func newServerSet(cfg PoolConfig, opts *PoolOptions) (*serverSet, error) {
 // with NewRing's error when cfg.Validate does. The Pool keeps copies of
 // cfg's slices.
 func NewPool(cfg PoolConfig, opts PoolOptions) (*Pool, error) {
-	p := &Pool{opts: opts}
-	set, err := newServerSet(cfg, &p.opts)
+	p := &Pool{opts: opts, dialer: newDialer(opts.TLS)}
+	set, err := newServerSet(cfg, &p.opts, p.dialer)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +175,10 @@ func (p *Pool) Start() {
 
 // Close stops the health prober and waits for it to return; after Close,
 // Update still changes the servers in force but starts no prober. Safe to
-// call more than once. The loops' connections stay open (see Pool).
+// call more than once. Plain TCP connections stay open (see Pool); with
+// TLS, Close ends the handshakes in progress and every connection's
+// bridge (tls.go), and waits for their goroutines: call it once the
+// loops' engine has stopped. TLS connections then fail to open.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -172,6 +187,20 @@ func (p *Pool) Close() {
 	}
 	p.closed, p.running = true, false
 	p.set.Load().health.close()
+	p.dialer.close()
+}
+
+// SetTLSConfig makes conf the TLS client configuration of the
+// connections and probes opened from now on (a reload: certificate files
+// read again); open connections keep theirs. TLS cannot be turned on or
+// off: with a nil conf, or on a Pool made without PoolOptions.TLS, it
+// changes nothing and returns an error. Safe for concurrent use.
+func (p *Pool) SetTLSConfig(conf *tls.Config) error {
+	if conf == nil || !p.dialer.tlsOn() {
+		return errors.New("upstream: TLS cannot be turned on or off while running")
+	}
+	p.dialer.conf.Store(conf)
+	return nil
 }
 
 // Update makes cfg the servers in force. When its servers, weights and
@@ -192,7 +221,7 @@ func (p *Pool) Update(cfg PoolConfig) error {
 	if cur.cfg.same(cfg) {
 		return nil
 	}
-	next, err := newServerSet(cfg, &p.opts)
+	next, err := newServerSet(cfg, &p.opts, p.dialer)
 	if err != nil {
 		return err
 	}

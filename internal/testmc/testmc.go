@@ -45,7 +45,15 @@ func FreeAddr(t testing.TB) string {
 
 // Server is a memcached process started for a test.
 type Server struct {
+	// Addr is the server's plaintext address, 127.0.0.1:port.
 	Addr string
+	// TLSAddr is its TLS address when it was started with TLS
+	// (StartTLS, or Start with UpstreamTLSEnv set), else "".
+	TLSAddr string
+	// CAFile is the PEM file of the CA that signed its TLS certificate
+	// (with TLSAddr), else "".
+	CAFile string
+
 	cmd  *exec.Cmd
 	log  *bytes.Buffer
 	args []string
@@ -53,22 +61,34 @@ type Server struct {
 
 // Start runs memcached on a free loopback port and waits until it accepts
 // connections. The test fails if memcached is not installed (make test
-// installs it). The server is stopped when the test ends.
+// installs it). The server is stopped when the test ends. With
+// UpstreamTLSEnv set it is StartTLS(t, TLSOptions{}, extraArgs...):
+// Addr stays plaintext, TLSAddr is added.
 func Start(t testing.TB, extraArgs ...string) *Server {
+	t.Helper()
+	if UpstreamTLS() {
+		return StartTLS(t, TLSOptions{}, extraArgs...)
+	}
+	s := &Server{Addr: FreeAddr(t), args: extraArgs}
+	startOrFail(t, s)
+	return s
+}
+
+// startOrFail starts s for the first time and stops it at the end of
+// the test.
+func startOrFail(t testing.TB, s *Server) {
 	t.Helper()
 	if _, err := exec.LookPath("memcached"); err != nil {
 		t.Fatalf("memcached not found in PATH (make test installs it): %v", err)
 	}
-	s := &Server{Addr: FreeAddr(t), args: extraArgs}
 	s.start(t)
 	t.Cleanup(s.Stop)
-	return s
 }
 
 func (s *Server) start(t testing.TB) {
 	t.Helper()
-	_, port, _ := net.SplitHostPort(s.Addr)
-	args := append([]string{"-l", "127.0.0.1", "-p", port, "-U", "0", "-m", "64", "-c", "4096", "-t", "2"}, s.args...)
+	args := append(s.listenArgs(), "-U", "0", "-m", "64", "-c", "4096", "-t", "2")
+	args = append(args, s.args...)
 	if uid := currentUID(); uid == 0 {
 		args = append(args, "-u", "root")
 	}
@@ -78,9 +98,14 @@ func (s *Server) start(t testing.TB) {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start memcached: %v", err)
 	}
-	if err := WaitListening(s.Addr, 5*time.Second); err != nil {
-		s.Stop()
-		t.Fatalf("memcached on %s: %v (output: %s)", s.Addr, err, s.log.String())
+	for _, addr := range []string{s.Addr, s.TLSAddr} {
+		if addr == "" {
+			continue
+		}
+		if err := WaitListening(addr, 5*time.Second); err != nil {
+			s.Stop()
+			t.Fatalf("memcached on %s: %v (output: %s)", addr, err, s.log.String())
+		}
 	}
 }
 
