@@ -430,10 +430,3 @@ func tokenEnd(buf []byte, p, rawLen int) int {
 	}
 	return p
 }
-
-func skipSpaces(b []byte) []byte {
-	for len(b) > 0 && b[0] == ' ' {
-		b = b[1:]
-	}
-	return b
-}
