@@ -83,25 +83,43 @@ func metaHasFlag(flags []text.MetaFlag, f byte) bool {
 	return false
 }
 
+// metaWireKeyLen is the length of a meta key as memcached receives it:
+// keyLen bytes of key (decoded) behind prefix bytes of namespace, in base64
+// when b64. Every check of a meta key or line against memcached's limits
+// counts with it.
+func metaWireKeyLen(prefix, keyLen int, b64 bool) int {
+	if b64 {
+		return text.Base64EncodedLen(prefix + keyLen)
+	}
+	return prefix + keyLen
+}
+
+// cmdWireKeyLen is metaWireKeyLen for a parsed meta command, whose key is
+// still as the client sent it; ok is false when a base64 key does not
+// decode (the command is refused later, for that).
+func cmdWireKeyLen(cmd *text.Command, prefix int) (n int, ok bool) {
+	n = len(cmd.Key)
+	if cmd.Base64 {
+		if n, ok = text.Base64DecodedLen(cmd.Key); !ok {
+			return 0, false
+		}
+	}
+	return metaWireKeyLen(prefix, n, cmd.Base64), true
+}
+
 // metaKeyTooLong reports whether the meta command's key, in the namespace
 // prefix, is longer than memcached takes: 250 bytes, counted in base64 when
 // the key travels so.
 func metaKeyTooLong(cmd *text.Command, prefix int) bool {
-	if !cmd.Base64 {
-		return prefix+len(cmd.Key) > binary.MaxKeyLen
-	}
-	n, ok := text.Base64DecodedLen(cmd.Key)
-	return ok && text.Base64EncodedLen(prefix+n) > binary.MaxKeyLen
+	n, ok := cmdWireKeyLen(cmd, prefix)
+	return ok && n > binary.MaxKeyLen
 }
 
 // tooLong reports whether the command's key is too long for memcached in
 // a namespace of prefix bytes (see metaKeyTooLong), or its line longer
 // than memcached reliably reads (metaLineTooLong).
 func (m *metaCommand) tooLong(prefix int) bool {
-	key := prefix + len(m.key)
-	if m.b64 {
-		key = text.Base64EncodedLen(key)
-	}
+	key := metaWireKeyLen(prefix, len(m.key), m.b64)
 	return key > binary.MaxKeyLen || len(m.verb)+1+key+len(m.tail)+2 > text.MaxLineLen
 }
 
@@ -113,11 +131,7 @@ func (c *textCodec) metaLineTooLong(cmd *text.Command) bool {
 	if b == nil {
 		return false
 	}
-	key := len(*b.prefix.Load()) + len(cmd.Key)
-	if cmd.Base64 {
-		n, _ := text.Base64DecodedLen(cmd.Key)
-		key = text.Base64EncodedLen(len(*b.prefix.Load()) + n)
-	}
+	key, _ := cmdWireKeyLen(cmd, len(*b.prefix.Load()))
 	return len(cmd.Line)-len(cmd.Key)+key+2 > text.MaxLineLen
 }
 
