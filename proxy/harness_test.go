@@ -22,8 +22,11 @@ import (
 
 type testProxy struct {
 	*Server
-	Addr      string
-	MC        *testmc.Server
+	Addr string
+	MC   *testmc.Server
+	// Upstream is the address the proxy dials: MC.Addr, or MC.TLSAddr
+	// with upstream TLS on.
+	Upstream  string
 	StatePath string
 	stop      func(testing.TB) // shuts the proxy down; safe to call twice
 }
@@ -120,7 +123,7 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 		t.Fatal(err)
 	}
 	checkPauseMoves(t, srv)
-	return &testProxy{Server: srv, Addr: listen, MC: m, StatePath: statePath, stop: testmc.Serve(t, srv)}
+	return &testProxy{Server: srv, Addr: listen, MC: m, Upstream: cfg.Upstream.Servers[0], StatePath: statePath, stop: testmc.Serve(t, srv)}
 }
 
 // checkPauseMoves makes the test fail if a session of srv attempted an
@@ -300,7 +303,7 @@ func startTwoServerProxy(t *testing.T, upstreamExtra string) (*testProxy, *testm
 		t.Fatal(err)
 	}
 	checkPauseMoves(t, srv)
-	p := &testProxy{Server: srv, Addr: listen, MC: a, StatePath: statePath, stop: testmc.Serve(t, srv)}
+	p := &testProxy{Server: srv, Addr: listen, MC: a, Upstream: cfg.Upstream.Servers[0], StatePath: statePath, stop: testmc.Serve(t, srv)}
 	return p, a, b
 }
 

@@ -124,7 +124,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 		{"kvthrottle_connections", []string{"bucket", "alice"}, 1},
 		{"kvthrottle_connections", []string{"bucket", "bob"}, 2},
 		{"kvthrottle_rejected_total", []string{"bucket", "bob"}, float64(rejected)},
-		{"kvthrottle_upstream_up", []string{"server", p.MC.Addr}, 1},
+		{"kvthrottle_upstream_up", []string{"server", p.Upstream}, 1},
 	}
 	for _, c := range checks {
 		if got := val1(c.name, c.labels...); got != c.want {
@@ -136,7 +136,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	} else if waits := val1("kvthrottle_throttle_wait_seconds", "bucket", "bob"); waits == 0 {
 		t.Errorf("held %v commands but no wait observed", held)
 	}
-	if n := val1("kvthrottle_upstream_request_duration_seconds", "server", p.MC.Addr); n < 20 {
+	if n := val1("kvthrottle_upstream_request_duration_seconds", "server", p.Upstream); n < 20 {
 		t.Errorf("upstream duration samples %v, want >= 20", n)
 	}
 	problems, err := testutil.GatherAndLint(p.Metrics().Registry())

@@ -426,22 +426,37 @@ func TestTLSShutdown(t *testing.T) {
 
 // tlsGoroutines counts the goroutines running TLS listener or bridge code.
 func tlsGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	count := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range goroutineStacks() {
 		if strings.Contains(g, "connbridge.") || strings.Contains(g, "proxy.(*tlsFront)") {
 			count++
 		}
 	}
 	return count
+}
+
+// goroutinesOutside counts the goroutines whose stack does not mention
+// code (a package-qualified name such as "connbridge.").
+func goroutinesOutside(code string) int {
+	count := 0
+	for _, g := range goroutineStacks() {
+		if !strings.Contains(g, code) {
+			count++
+		}
+	}
+	return count
+}
+
+// goroutineStacks returns the stack of every goroutine, one per element.
+func goroutineStacks() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Split(string(buf[:n]), "\n\n")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }
 
 // TestTLSOpenSSL: openssl s_client, an independent TLS client, gets an
