@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,6 +43,12 @@ type tlsSetup struct {
 // lines for [proxy].
 func startTLSProxy(t *testing.T, mutual bool, proxy string) *tlsSetup {
 	t.Helper()
+	return startTLSProxyTail(t, mutual, proxy, tenantTail(t))
+}
+
+// startTLSProxyTail is startTLSProxy with tail's buckets and users.
+func startTLSProxyTail(t *testing.T, mutual bool, proxy, tail string) *tlsSetup {
+	t.Helper()
 	s := &tlsSetup{ca: testcerts.NewCA(t, "kvthrottle test CA"), dir: t.TempDir()}
 	s.certFile, s.keyFile = s.ca.Server(t).Write(t, s.dir, "server")
 	tlsTable := fmt.Sprintf("\n[tls]\nlisten = %q\ncert_file = %q\nkey_file = %q\n", testmc.FreeAddr(t), s.certFile, s.keyFile)
@@ -51,7 +59,7 @@ func startTLSProxy(t *testing.T, mutual bool, proxy string) *tlsSetup {
 		}
 		tlsTable += fmt.Sprintf("client_ca_file = %q\n", caFile)
 	}
-	s.tc = testConfig{proxy: proxy, tail: tenantTail(t) + tlsTable}
+	s.tc = testConfig{proxy: proxy, tail: tail + tlsTable}
 	s.p = startProxy(t, s.tc)
 	if s.p.TLSAddr() == "" {
 		t.Fatal("no TLS listener")
@@ -523,4 +531,68 @@ func TestTLSAllowsPlain(t *testing.T) {
 	if err := plain.AuthPlain("bob", "bob-pw"); err == nil || !strings.Contains(err.Error(), "does not offer SASL PLAIN") {
 		t.Fatalf("SASL PLAIN in clear under tls-only: %v, want it refused", err)
 	}
+}
+
+// TestMemcapableOverTLS runs libmemcached's conformance suites, binary and
+// ascii, over TLS: memccapable speaks plain TCP to a tunnel in the test,
+// which opens a TLS connection to the proxy's TLS listener for each of its
+// connections (crypto/tls as the client). Every test must pass, as over
+// proxy.listen.
+func TestMemcapableOverTLS(t *testing.T) {
+	s := startTLSProxyTail(t, false, "", "[[bucket]]\nname = \"default\"\nflush_enabled = true\n")
+	tunnel, handshakes := tlsTunnel(t, s.p.TLSAddr(), &tls.Config{RootCAs: s.ca.Pool(), ServerName: "localhost"})
+	runMemccapable(t, tunnel, "-b", 27)
+	runMemccapable(t, tunnel, "-a", 17)
+	if n := handshakes.Load(); n < 2 {
+		t.Fatalf("%d TLS connections, want one per memccapable connection", n)
+	}
+}
+
+// tlsTunnel listens on a free loopback port and forwards each connection
+// it accepts to addr over TLS (conf). It returns the address to connect
+// to, and the count of TLS connections it has made; the listener and every
+// forwarded connection close when the test ends.
+func tlsTunnel(t *testing.T, addr string, conf *tls.Config) (string, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	handshakes := new(atomic.Int64)
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			plain, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer plain.Close()
+				d := &net.Dialer{Timeout: 5 * time.Second}
+				sec, err := tls.DialWithDialer(d, "tcp", addr, conf)
+				if err != nil {
+					t.Errorf("tunnel: %v", err)
+					return
+				}
+				defer sec.Close()
+				handshakes.Add(1)
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(sec, plain); done <- struct{}{} }()
+				go func() { _, _ = io.Copy(plain, sec); done <- struct{}{} }()
+				<-done // either side ended: close both, which ends the other copy
+				plain.Close()
+				sec.Close()
+				<-done
+			}()
+		}
+	}()
+	return ln.Addr().String(), handshakes
 }

@@ -14,27 +14,36 @@ import (
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
-// TestMemcapable runs libmemcached's binary-protocol conformance suite
-// through the proxy: it must pass every test, as against memcached.
+// TestMemcapable runs libmemcached's conformance suites, binary and
+// ascii, through the proxy: each must pass every test, as against
+// memcached.
 func TestMemcapable(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	runMemccapable(t, p.Addr, "-b", 27)
+	runMemccapable(t, p.Addr, "-a", 17)
+}
+
+// runMemccapable runs memccapable against addr in mode ("-b" binary, "-a"
+// ascii): every test must pass, and at least want of them.
+func runMemccapable(t *testing.T, addr, mode string, want int) {
+	t.Helper()
 	if _, err := exec.LookPath("memccapable"); err != nil {
 		t.Fatalf("memccapable not found (make test installs libmemcached-tools): %v", err)
 	}
-	p := startProxy(t, testConfig{})
-	host, port, _ := net.SplitHostPort(p.Addr)
-	out, err := exec.Command("memccapable", "-h", host, "-p", port, "-b").CombinedOutput()
-	t.Logf("memccapable -b:\n%s", out)
+	host, port, _ := net.SplitHostPort(addr)
+	out, err := exec.Command("memccapable", "-h", host, "-p", port, mode).CombinedOutput()
+	t.Logf("memccapable %s:\n%s", mode, out)
 	if err != nil {
-		t.Fatalf("memccapable failed: %v", err)
+		t.Fatalf("memccapable %s failed: %v", mode, err)
 	}
-	passed := len(regexp.MustCompile(`(?m)^binary \S+\s+\[pass\]$`).FindAll(out, -1))
+	passed := len(regexp.MustCompile(`(?m)^(binary|ascii) \S+\s+\[pass\]$`).FindAll(out, -1))
 	if bytes.Contains(out, []byte("[FAIL]")) || !bytes.Contains(out, []byte("All tests passed")) {
-		t.Fatalf("memccapable reported failures")
+		t.Fatalf("memccapable %s reported failures", mode)
 	}
-	if passed < 27 {
-		t.Fatalf("memccapable passed %d binary tests, want 27", passed)
+	if passed < want {
+		t.Fatalf("memccapable %s passed %d tests, want %d", mode, passed, want)
 	}
-	t.Logf("memccapable: %d/%d binary tests passed", passed, passed)
+	t.Logf("memccapable %s: %d/%d tests passed", mode, passed, passed)
 }
 
 // TestGetKQBatch pipelines 1000 GETKQ for keys of which half exist, then a
