@@ -3,9 +3,11 @@
 // properties (opcodes 0x2c and 0x2a), print a STAT group, and the live
 // `top` view. cmd/kvthrottle parses the command line and calls it.
 //
-// Every operation dials the proxy, authenticates with SASL PLAIN when
-// Options.User is set, and writes its result for a person to the writer it
-// is given. An operation that fails returns an error whose text is one line
+// Every operation dials the proxy (over TLS when the Options say so, the
+// proxy's certificate verified, a client certificate presented when
+// given), authenticates with SASL (PLAIN, SCRAM-SHA256 or SCRAM-SHA512:
+// see Mech) when Options.User is set, and writes its result for a person
+// to the writer it is given. An operation that fails returns an error whose text is one line
 // meant for the operator (what failed and why, e.g. "cannot connect to
 // ADDR: connection refused" or "permission denied: user U lacks the admin
 // privilege"), with the cause reachable through errors.As and errors.Is.
@@ -17,6 +19,7 @@ package ctl
 import (
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -31,19 +34,42 @@ const PasswordEnv = "KVTHROTTLE_PASSWORD"
 // DefaultTimeout is the bound on each request when Options.Timeout is 0.
 const DefaultTimeout = 5 * time.Second
 
-// Options say which proxy to talk to and as whom.
+// Options say which proxy to talk to, how, and as whom.
 type Options struct {
-	// Addr is the proxy's HOST:PORT.
+	// Addr is the proxy's HOST:PORT (its [tls] listen address with TLS).
 	Addr string
-	// User authenticates with SASL PLAIN; "" sends no authentication (the
-	// proxy's default bucket, if it has one, then applies).
+	// User authenticates with SASL, the mechanism as Mech says; "" sends
+	// no SASL (the user of the client certificate, else the proxy's
+	// default bucket, if it has one, then applies).
 	User string
-	// Password is User's password. It is sent only in the SASL exchange and
-	// never written anywhere.
+	// Password is User's password. It is used only in the SASL exchange
+	// (with SCRAM it never leaves this process) and never written
+	// anywhere.
 	Password string
-	// Timeout bounds each request, the SASL exchange included (dialing has
-	// a bound of its own, 5 s); 0 means DefaultTimeout.
+	// Mech is the SASL mechanism; "" is MechAuto (see there).
+	Mech Mech
+	// Timeout bounds each request, the SASL exchange included (dialing and
+	// the TLS handshake have bounds of their own, 5 s each); 0 means
+	// DefaultTimeout.
 	Timeout time.Duration
+
+	// TLS connects over TLS (to the proxy's [tls] listener), the proxy's
+	// certificate verified; any of the settings below implies it.
+	TLS bool
+	// CAFile is a PEM file of the certificates that may sign the proxy's
+	// certificate; "" means the system's roots.
+	CAFile string
+	// CertFile and KeyFile are a client certificate and its key (PEM),
+	// for a proxy with tls.client_ca_file: the user the certificate names
+	// is logged in by the handshake, so User and Password are not needed.
+	CertFile, KeyFile string
+	// ServerName is the name the proxy's certificate must carry; "" means
+	// the host of Addr (a DNS name or an IP address).
+	ServerName string
+
+	// dialer, when set (tests), dials the TCP connection, e.g. from a
+	// chosen local address.
+	dialer *net.Dialer
 }
 
 func (o Options) timeout() time.Duration {
@@ -167,20 +193,4 @@ func writeOK(w io.Writer, resp []byte) {
 		out += r + "\n"
 	}
 	_, _ = io.WriteString(w, out)
-}
-
-// connect dials the proxy and authenticates when a user is given.
-func (o Options) connect() (*mcclient.Client, error) {
-	c, err := mcclient.Dial(o.Addr)
-	if err != nil {
-		return nil, &dialError{err}
-	}
-	c.Timeout = o.timeout()
-	if o.User != "" {
-		if err := c.AuthPlain(o.User, o.Password); err != nil {
-			c.Close()
-			return nil, err
-		}
-	}
-	return c, nil
 }

@@ -2,8 +2,10 @@ package ctl
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"time"
@@ -150,11 +152,30 @@ func (e *badStatsError) Error() string { return "unexpected answer from the serv
 func (e *badStatsError) Unwrap() error { return e.err }
 
 // fatalTopError reports whether err should end top rather than be shown
-// while reconnecting: answers of the server, as opposed to network trouble.
+// while reconnecting: answers of the server, a refused or unverifiable TLS
+// peer, a failed login and a local setting that cannot be used, as opposed
+// to network trouble.
 func fatalTopError(err error) bool {
 	var se *mcclient.StatusError
 	var bs *badStatsError
-	return errors.As(err, &se) || errors.As(err, &bs) || errors.Is(err, mcclient.ErrNoPlainMech)
+	var ce *configError
+	var oe *net.OpError
+	var he *handshakeError
+	var ae *authError
+	switch {
+	case errors.As(err, &se), errors.As(err, &bs), errors.Is(err, mcclient.ErrNoPlainMech), errors.As(err, &ce):
+		return true
+	case errors.As(err, &oe) && oe.Op == "remote error":
+		return true
+	case errors.As(err, &he):
+		var cv *tls.CertificateVerificationError
+		var rh tls.RecordHeaderError
+		return errors.As(he.err, &cv) || errors.As(he.err, &rh)
+	case errors.As(err, &ae):
+		var ne net.Error
+		return !errors.As(ae.err, &ne) && !errors.Is(ae.err, io.EOF) && !errors.Is(ae.err, io.ErrUnexpectedEOF)
+	}
+	return false
 }
 
 // isTerminalish reports whether top should draw with escape sequences: not

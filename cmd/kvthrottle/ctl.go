@@ -16,7 +16,7 @@ import (
 	"github.com/kvthrottle/kvthrottle/ctl"
 )
 
-const ctlUsage = `usage: kvthrottle ctl [--addr HOST:PORT] [--user U [--password-file F]] COMMAND
+const ctlUsage = `usage: kvthrottle ctl [--addr HOST:PORT] [--user U [--password-file F]] [TLS flags] COMMAND
 
 commands:
   set-node JSON          set the node throttle properties (opcode 0x2c), e.g.
@@ -30,9 +30,21 @@ JSON may be "-" to read it from standard input.
 
 flags:
   --addr HOST:PORT       the proxy (default 127.0.0.1:11311)
-  --user U               authenticate as U with SASL PLAIN
+  --user U               authenticate as U with SASL (see --sasl-mech)
   --password-file F      read U's password from F (first line); without it
                          the password comes from $KVTHROTTLE_PASSWORD
+  --sasl-mech M          auto (default), plain, scram-sha256 or scram-sha512;
+                         auto: PLAIN over TLS or to a loopback address where
+                         the proxy offers it, else the strongest SCRAM (PLAIN
+                         is never sent in clear to another host)
+  --tls                  connect over TLS (--addr: the proxy's [tls] listen)
+  --ca F                 verify the proxy's certificate with the CA
+                         certificates in F (default: the system's roots)
+  --server-name NAME     the name the proxy's certificate must carry
+                         (default: the host of --addr)
+  --cert F --key F       client certificate and key (mutual TLS): the user it
+                         names is logged in, no --user or password needed
+                         (--ca, --cert, --key and --server-name imply --tls)
   --timeout D            bound on each request (default 5s)
   --interval D           top: refresh period (default 1s)
   --iterations N         top: stop after N frames (default 0: until Ctrl-C)
@@ -59,7 +71,11 @@ func cmdCtl(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	pw, err := ctl.ReadPassword(o.conn.User, o.passwordFile)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvthrottle ctl: %v\n", err)
+		hint := ""
+		if o.conn.CertFile != "" && o.passwordFile == "" {
+			hint = " (with --cert, leave out --user: the certificate names the user)"
+		}
+		fmt.Fprintf(stderr, "kvthrottle ctl: %v%s\n", err, hint)
 		return 2
 	}
 	o.conn.Password = pw
@@ -129,6 +145,12 @@ func parseCtlArgs(args []string, stdout, stderr io.Writer) (o ctlOptions, code i
 	fs.StringVar(&o.conn.Addr, "addr", "127.0.0.1:11311", "")
 	fs.StringVar(&o.conn.User, "user", "", "")
 	fs.StringVar(&o.passwordFile, "password-file", "", "")
+	fs.BoolVar(&o.conn.TLS, "tls", false, "")
+	fs.StringVar(&o.conn.CAFile, "ca", "", "")
+	fs.StringVar(&o.conn.CertFile, "cert", "", "")
+	fs.StringVar(&o.conn.KeyFile, "key", "", "")
+	fs.StringVar(&o.conn.ServerName, "server-name", "", "")
+	mech := fs.String("sasl-mech", string(ctl.MechAuto), "")
 	fs.DurationVar(&o.conn.Timeout, "timeout", 5*time.Second, "")
 	fs.DurationVar(&o.top.Interval, "interval", time.Second, "")
 	fs.IntVar(&o.top.Iterations, "iterations", 0, "")
@@ -204,6 +226,19 @@ func parseCtlArgs(args []string, stdout, stderr io.Writer) (o ctlOptions, code i
 	}
 	if o.conn.User == "" && o.passwordFile != "" {
 		return usageErr("--password-file needs --user")
+	}
+	m, err := ctl.ParseMech(*mech)
+	if err != nil {
+		return usageErr("--sasl-mech: %v", err)
+	}
+	o.conn.Mech = m
+	saslMech := false
+	fs.Visit(func(f *flag.Flag) { saslMech = saslMech || f.Name == "sasl-mech" })
+	if saslMech && o.conn.User == "" {
+		return usageErr("--sasl-mech needs --user")
+	}
+	if (o.conn.CertFile == "") != (o.conn.KeyFile == "") {
+		return usageErr("--cert and --key go together")
 	}
 	return o, 0, true
 }

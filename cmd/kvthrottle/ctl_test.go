@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/ctl"
+	"github.com/kvthrottle/kvthrottle/internal/testcerts"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	"github.com/kvthrottle/kvthrottle/proxy"
 )
@@ -157,6 +158,11 @@ func TestCtlUsage(t *testing.T) {
 		{[]string{"--user", "admin", "stats"}, "--user admin needs a password"},
 		{[]string{"top", "--interval", "0s"}, "--interval must be positive"},
 		{[]string{"set-node", "-"}, "set-node: empty JSON"},
+		{[]string{"--user", "u", "--sasl-mech", "scram-md5", "stats"}, `--sasl-mech: unknown SASL mechanism "scram-md5"`},
+		{[]string{"--sasl-mech", "plain", "stats"}, "--sasl-mech needs --user"},
+		{[]string{"--cert", "c.pem", "stats"}, "--cert and --key go together"},
+		{[]string{"--key", "c.key", "stats"}, "--cert and --key go together"},
+		{[]string{"--cert", "c.pem", "--key", "c.key", "--user", "admin", "stats"}, "with --cert, leave out --user"},
 	}
 	for _, tc := range cases {
 		code, out, errs := ctlRun(t, "", tc.args...)
@@ -184,5 +190,78 @@ func TestCtlNoPasswordFlag(t *testing.T) {
 		if code != 2 || !strings.Contains(errs, "there is no --password flag") || strings.Contains(errs+out, "hunter2") {
 			t.Errorf("%q: code %d, stdout %q, stderr %q", args, code, out, errs)
 		}
+	}
+}
+
+// TestCtlTLSFlags: --ca, --cert, --key, --tls, --server-name and
+// --sasl-mech reach the proxy: a client certificate administers a mutual
+// TLS proxy with no user or password (--ca implying --tls), and
+// --sasl-mech picks SCRAM for a user that has no password_hash.
+func TestCtlTLSFlags(t *testing.T) {
+	t.Setenv(ctl.PasswordEnv, "")
+	m := testmc.Start(t)
+	dir := t.TempDir()
+	ca := testcerts.NewCA(t, "ctl flags CA")
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srvCert, srvKey := ca.Server(t).Write(t, dir, "server")
+	cert, key := ca.Issue(t, testcerts.Leaf{CN: "admin", Client: true}).Write(t, dir, "admin")
+	scram512, err := bucketcfg.HashSCRAM(bucketcfg.SCRAMSHA512, "scram-pw", bucketcfg.MinSCRAMIterations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen, tlsListen := testmc.FreeAddr(t), testmc.FreeAddr(t)
+	cfg, err := bucketcfg.Parse([]byte(fmt.Sprintf(`
+[proxy]
+listen = %q
+[upstream]
+servers = [%q]
+[throttle]
+state_file = %q
+[metrics]
+listen = ""
+[tls]
+listen = %q
+cert_file = %q
+key_file = %q
+client_ca_file = %q
+[[bucket]]
+name = "default"
+[[user]]
+name = "admin"
+password_hash = %q
+buckets = ["*"]
+privileges = ["admin"]
+[[user]]
+name = "scrammer"
+scram_sha512 = %q
+buckets = ["*"]
+privileges = ["admin"]
+`, listen, m.Addr, filepath.Join(dir, "state.json"), tlsListen, srvCert, srvKey, caFile, testmc.PasswordHash(t, "admin-pw"), scram512)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := proxy.New(proxy.Options{Config: cfg, Logger: zerolog.Nop(), NoMetrics: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testmc.Serve(t, srv)
+
+	if code, out, errs := ctlRun(t, "", "--addr", tlsListen, "--ca", caFile, "--cert", cert, "--key", key, "set-node", `{"capacity":4321}`); code != 0 || out != "ok\n" {
+		t.Fatalf("set-node with a client certificate: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := ctlRun(t, "", "--tls", "--addr", tlsListen, "--ca", caFile, "--server-name", "localhost", "--cert", cert, "--key", key, "stats", "throttle"); code != 0 || !strings.Contains(out, "4321") {
+		t.Fatalf("stats throttle with a client certificate: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := ctlRun(t, "", "--addr", tlsListen, "--ca", caFile, "stats"); code != 1 || !strings.Contains(errs, "give --cert FILE and --key FILE") {
+		t.Fatalf("no client certificate: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := realCtl(t, listen, "scrammer", "scram-pw", "--sasl-mech", "scram-sha512", "stats", "throttle"); code != 0 || !strings.Contains(out, "4321") {
+		t.Fatalf("--sasl-mech scram-sha512: %d %q %q", code, out, errs)
+	}
+	if code, out, errs := realCtl(t, listen, "scrammer", "scram-pw", "--sasl-mech", "plain", "stats"); code != 1 || !strings.Contains(errs, "authentication failed for user scrammer") || strings.Contains(errs, "scram-pw") {
+		t.Fatalf("--sasl-mech plain for a SCRAM-only user: %d %q %q", code, out, errs)
 	}
 }

@@ -58,6 +58,14 @@ func (c *Client) AuthPlain(user, password string) error {
 	if !found {
 		return fmt.Errorf("%w (it offers %q)", ErrNoPlainMech, strings.Join(mechs, " "))
 	}
+	return c.AuthPlainNoList(user, password)
+}
+
+// AuthPlainNoList is AuthPlain without listing the mechanisms first, for a
+// caller that has (SASLMechs): it sends SASL auth (0x21) with key "PLAIN"
+// and value "\x00user\x00password". A refusal is a *StatusError (0x20
+// AuthError, with the server's reason). The password appears in no error.
+func (c *Client) AuthPlainNoList(user, password string) error {
 	v := make([]byte, 0, 2+len(user)+len(password))
 	v = append(v, 0)
 	v = append(v, user...)
