@@ -49,8 +49,9 @@ vet:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
-## bench: the benchmarks of DESIGN.md section 9, as a table (also in
-## bench-results.md); BENCHFLAGS=-quick for a short run.
+## bench: the benchmarks of DESIGN.md section 9 and issue 15's TLS ones
+## (section 6), as a table (also in bench-results.md); BENCHFLAGS=-quick for
+## a short run, BENCHFLAGS="-sections 6" for TLS alone.
 bench: deps build
 	$(GO) run ./internal/benchtable $(BENCHFLAGS)
 

@@ -52,7 +52,7 @@ func runLatency(ctx context.Context, o *options, mc *memcached, px, bare *proxyP
 		if err := populate(side.addr); err != nil {
 			return fmt.Errorf("latency: populate %s: %w", side.addr, err)
 		}
-		res, err := fixedRate(ctx, side.addr, o.latConns, o.latRate, warm, o.latDur)
+		res, err := fixedRate(ctx, tcpDialer(side.addr), o.latConns, o.latRate, warm, o.latDur)
 		if err != nil {
 			return fmt.Errorf("latency via %s: %w", side.addr, err)
 		}
@@ -93,11 +93,11 @@ func populate(addr string) error {
 	return nil
 }
 
-// fixedRate runs conns connections, each sending one request every
+// fixedRate runs conns connections (opened with dial), each sending one request every
 // conns/rate seconds (staggered) and waiting for its response, for warm +
 // measure; the latency of each request sent after the warm-up is the time
 // from just before its write to the end of its response.
-func fixedRate(ctx context.Context, addr string, conns, rate int, warm, measure time.Duration) (latResult, error) {
+func fixedRate(ctx context.Context, dial dialer, conns, rate int, warm, measure time.Duration) (latResult, error) {
 	interval := time.Duration(float64(time.Second) * float64(conns) / float64(rate))
 	start := time.Now().Add(50 * time.Millisecond)
 	warmEnd := start.Add(warm)
@@ -112,7 +112,7 @@ func fixedRate(ctx context.Context, addr string, conns, rate int, warm, measure 
 	)
 	cs := make([]net.Conn, conns)
 	for i := range cs {
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		c, err := dial()
 		if err != nil {
 			for _, c := range cs[:i] {
 				c.Close()

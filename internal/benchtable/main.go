@@ -4,8 +4,10 @@
 // through kvthrottle (and, for reference, through bareforward, the cheapest
 // forwarder we know how to write), added latency at a moderate fixed rate, the Go
 // benchmarks with -benchmem, the proxy's resident memory holding 10,000
-// idle client connections, and memcaslap's text-protocol load directly,
-// through kvthrottle and through twemproxy (nutcracker).
+// idle client connections, memcaslap's text-protocol load directly,
+// through kvthrottle and through twemproxy (nutcracker), and the proxy's
+// TLS listener against its plaintext one (throughput, added latency,
+// memory of idle TLS connections; issue 15).
 //
 // `make bench` runs it (after `make deps build`) from the module root;
 // `make bench BENCHFLAGS=-quick` runs a shorter version, and
@@ -53,7 +55,11 @@ type options struct {
 
 	idleConns int
 
-	sections string // which of 1-5 to run
+	tlsIdleConns int // idle TLS connections for section 6's memory test
+	tlsDepth     int // requests at once per connection in section 6's pipelined throughput case
+	tlsLatRounds int // rounds of section 6's latency test
+
+	sections string // which of 1-6 to run
 
 	bin string // kvthrottle binary
 	out string // markdown copy
@@ -74,7 +80,10 @@ func main() {
 	flag.IntVar(&o.benchCount, "count", 0, "go test -count (default 5, -quick 2)")
 	flag.StringVar(&o.benchTime, "benchtime", "", "go test -benchtime (default 200ms, -quick 100ms)")
 	flag.IntVar(&o.idleConns, "idle-conns", 10000, "idle client connections for the memory test")
-	flag.StringVar(&o.sections, "sections", "12345", "the sections to run: 1 throughput, 2 latency, 3 Go benchmarks, 4 memory, 5 text-protocol throughput (with twemproxy)")
+	flag.IntVar(&o.tlsIdleConns, "tls-idle-conns", 10000, "idle TLS client connections for section 6's memory test (fewer are measured, and the rest extrapolated, when they do not fit in the proxy's RLIMIT_NOFILE)")
+	flag.IntVar(&o.tlsDepth, "tls-depth", 16, "requests written at once per connection in section 6's extra pipelined throughput case, 32 connections (1: no such case)")
+	flag.IntVar(&o.tlsLatRounds, "tls-lat-rounds", 0, "rounds of section 6's latency test, one -lat-duration run per side each (default 2, -quick 1)")
+	flag.StringVar(&o.sections, "sections", "123456", "the sections to run: 1 throughput, 2 latency, 3 Go benchmarks, 4 memory, 5 text-protocol throughput (with twemproxy), 6 TLS against plaintext (throughput, latency, memory)")
 	flag.StringVar(&o.bin, "bin", "bin/kvthrottle", "kvthrottle binary (relative to the module root)")
 	flag.StringVar(&o.out, "out", "bench-results.md", "where the markdown table is also written (relative to the module root); \"\" for nowhere")
 	flag.StringVar(&o.bareForwarder, "bare-forwarder", "", "internal: run only the reference forwarder, \"LISTEN UPSTREAM\" (benchtable starts itself this way)")
@@ -138,6 +147,8 @@ func (o *options) defaults() {
 	}
 	pick(&o.rounds, 5, 2)
 	pick(&o.benchCount, 5, 2)
+	pick(&o.tlsLatRounds, 2, 1)
+	o.tlsDepth = max(o.tlsDepth, 1)
 	pickD(&o.duration, 4*time.Second, 2*time.Second)
 	pickD(&o.latDur, 5*time.Second, 2*time.Second)
 	if o.benchTime == "" {
@@ -196,7 +207,11 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 	if o.has('5') && tools.nutcracker == "" {
 		return errors.New("nutcracker (twemproxy) not found, needed for section 5 (`make deps` installs Debian's nutcracker; -sections 1234 leaves it out)")
 	}
-	nofile, err := raiseNofile(uint64(o.idleConns) + 10000)
+	var wantNofile uint64 // section 6 fits its connections in whatever limit there is
+	if o.has('4') {
+		wantNofile = uint64(o.idleConns) + 10000
+	}
+	nofile, err := raiseNofile(wantNofile)
 	if err != nil {
 		return err
 	}
@@ -208,7 +223,8 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 	}
 	cl.add(func() { _ = os.RemoveAll(tmp) })
 
-	rep := &report{opts: o, began: began, nofile: nofile, machine: describeMachine(), tools: tools}
+	rep := &report{opts: o, began: began, nofile: nofile, machine: describeMachine(), tools: tools,
+		tls: &tlsBench{depth: o.tlsDepth, latRounds: o.tlsLatRounds}}
 	rep.version = commandOutput(ctx, o.bin, "version")
 	rep.mcVersion = commandOutput(ctx, tools.memcached, "-V")
 	rep.maslapVersion = commandOutput(ctx, tools.memaslap, "-V")
@@ -223,7 +239,7 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 	rep.startLoad = loadBetween(idle, takeCPU())
 	logf("CPU used by other processes over the last second: %s", rep.startLoad)
 
-	if o.has('1') || o.has('2') || o.has('4') || o.has('5') {
+	if o.has('1') || o.has('2') || o.has('4') || o.has('5') || o.has('6') {
 		mc, err := startMemcached(ctx, cl, tools.memcached)
 		if err != nil {
 			return err
@@ -231,7 +247,7 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 		rep.mcArgs = mc.args
 		if o.has('1') || o.has('2') || o.has('5') {
 			// A proxy in front of memcached for sections 1, 2 and 5.
-			px, err := startProxy(ctx, cl, o.bin, tmp, "throughput", mc.addr)
+			px, err := startProxy(ctx, cl, o.bin, tmp, "throughput", mc.addr, nil)
 			if err != nil {
 				return err
 			}
@@ -281,7 +297,7 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 		if o.has('4') {
 			// A fresh proxy, so the memory it reports is that of idle
 			// connections and not of buffers grown under load.
-			px, err := startProxy(ctx, cl, o.bin, tmp, "memory", mc.addr)
+			px, err := startProxy(ctx, cl, o.bin, tmp, "memory", mc.addr, nil)
 			if err != nil {
 				return err
 			}
@@ -290,6 +306,11 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 				return err
 			}
 			px.stop()
+		}
+		if o.has('6') {
+			if err := runTLSSection(ctx, o, mc, tmp, cl, rep); err != nil {
+				return err
+			}
 		}
 		mc.stop()
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -54,9 +56,31 @@ func roundTrip(c net.Conn, r *bufio.Reader, req []byte) (uint16, error) {
 	return st, err
 }
 
+// dialer opens one client connection (TCP, or TLS with the handshake
+// done) within its timeout.
+type dialer func() (net.Conn, error)
+
+// tcpDialer dials addr over TCP.
+func tcpDialer(addr string) dialer {
+	return func() (net.Conn, error) { return net.DialTimeout("tcp", addr, 5*time.Second) }
+}
+
+// tlsDialer dials addr over TCP and completes a TLS handshake with conf.
+func tlsDialer(addr string, conf *tls.Config) dialer {
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second}, Config: conf}
+	return func() (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return d.DialContext(ctx, "tcp", addr)
+	}
+}
+
 // smokeTest does a SET and a GET on addr.
-func smokeTest(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+func smokeTest(addr string) error { return smokeVia(tcpDialer(addr)) }
+
+// smokeVia does a SET and a GET on a connection dial opens.
+func smokeVia(dial dialer) error {
+	c, err := dial()
 	if err != nil {
 		return err
 	}

@@ -255,8 +255,9 @@ func startMemcached(ctx context.Context, cl *cleaner, path string) (*memcached, 
 
 type proxyProc struct {
 	*proc
-	addr   string
-	config string
+	addr    string
+	tlsAddr string // its [tls] listener; "" when it has none
+	config  string
 }
 
 // proxyConfig is the generated configuration: throttling on, limits far
@@ -291,13 +292,24 @@ hard_limit = "unlimited"
 `, listen, upstream, stateFile)
 }
 
-func startProxy(ctx context.Context, cl *cleaner, bin, dir, tag, upstream string) (*proxyProc, error) {
+// startProxy starts kvthrottle in front of upstream with proxyConfig and,
+// when certs is not nil, a [tls] listener too, and checks that a SET and a
+// GET go through each listener.
+func startProxy(ctx context.Context, cl *cleaner, bin, dir, tag, upstream string, certs *benchCerts) (*proxyProc, error) {
 	port, err := testmc.PickPort()
 	if err != nil {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	cfg := proxyConfig(addr, upstream, "state-"+tag+".json")
+	tlsAddr := ""
+	if certs != nil {
+		if port, err = testmc.PickPort(); err != nil {
+			return nil, err
+		}
+		tlsAddr = "127.0.0.1:" + strconv.Itoa(port)
+		cfg += certs.toml(tlsAddr)
+	}
 	path := filepath.Join(dir, "kvthrottle-"+tag+".toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return nil, err
@@ -306,13 +318,23 @@ func startProxy(ctx context.Context, cl *cleaner, bin, dir, tag, upstream string
 	if err != nil {
 		return nil, err
 	}
-	px := &proxyProc{proc: p, addr: addr, config: cfg}
+	px := &proxyProc{proc: p, addr: addr, tlsAddr: tlsAddr, config: cfg}
 	if err := waitListening(ctx, p, addr, 10*time.Second); err != nil {
 		return nil, err
 	}
 	// One SET and one GET through it: the proxy reaches memcached.
 	if err := smokeTest(addr); err != nil {
 		return nil, fmt.Errorf("%s on %s: %v; its output:\n%s", p.name, addr, err, p.out.String())
+	}
+	if tlsAddr != "" {
+		if err := waitListening(ctx, p, tlsAddr, 10*time.Second); err != nil {
+			return nil, err
+		}
+		if err := smokeVia(tlsDialer(tlsAddr, certs.client)); err != nil {
+			return nil, fmt.Errorf("%s on %s (TLS): %v; its output:\n%s", p.name, tlsAddr, err, p.out.String())
+		}
+		logf("kvthrottle (%s) listening on %s and %s (TLS) (pid %d), upstream %s", tag, addr, tlsAddr, p.pid(), upstream)
+		return px, nil
 	}
 	logf("kvthrottle (%s) listening on %s (pid %d), upstream %s", tag, addr, p.pid(), upstream)
 	return px, nil

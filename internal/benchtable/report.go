@@ -32,6 +32,7 @@ type report struct {
 	gobench             *goBench
 	mem                 *memResult
 	text                []*tpResult // section 5; sideTwem is nutcracker
+	tls                 *tlsBench   // section 6
 
 	startLoad, tpLoad, latLoad, benchLoad, textLoad cpuLoad
 
@@ -158,14 +159,14 @@ func (r *report) markdown() string {
 	for _, l := range []struct {
 		section byte
 		load    cpuLoad
-	}{{'1', r.tpLoad}, {'2', r.latLoad}, {'3', r.benchLoad}, {'5', r.textLoad}} {
+	}{{'1', r.tpLoad}, {'2', r.latLoad}, {'3', r.benchLoad}, {'5', r.textLoad}, {'6', r.tlsLoad()}} {
 		if o.has(l.section) {
 			loads = append(loads, fmt.Sprintf("%s during section %c", l.load, l.section))
 		}
 	}
 	w("- **Background load** (CPU used by processes other than this program and what it started, in %% of all %d cores): %s\n",
 		r.machine.cores, strings.Join(loads, ", "))
-	if worst := max(r.startLoad.foreignPct, r.tpLoad.foreignPct, r.latLoad.foreignPct, r.benchLoad.foreignPct, r.textLoad.foreignPct); worst >= 5 {
+	if worst := max(r.startLoad.foreignPct, r.tpLoad.foreignPct, r.latLoad.foreignPct, r.benchLoad.foreignPct, r.textLoad.foreignPct, r.tlsLoad().foreignPct); worst >= 5 {
 		w("\n> **Warning:** other processes used up to %.0f%% of the machine's CPU during this run: the side-by-side ratios are noisy. Run again on an idle machine for numbers to compare with the targets.\n", worst)
 	}
 	w("\n")
@@ -302,6 +303,9 @@ func (r *report) markdown() string {
 	// 5. Text protocol throughput.
 	r.textRows(row)
 
+	// 6. TLS against plaintext.
+	r.tlsRows(row)
+
 	w("\n**%d PASS, %d FAIL**", r.pass, r.fail)
 	if r.unreliable > 0 {
 		w(" (%d of them measured while other processes used ≥ %d%% of the CPU: unreliable)", r.unreliable, noisyPct)
@@ -328,6 +332,9 @@ func (r *report) markdown() string {
 	}
 	if o.has('5') {
 		r.captionText(w)
+	}
+	if o.has('6') {
+		r.captionTLS(w)
 	}
 	if r.proxyConfig != "" {
 		w("\n<details><summary>generated proxy configuration</summary>\n\n```toml\n%s```\n</details>\n", r.proxyConfig)
