@@ -18,6 +18,7 @@ type loop struct {
 	el      gnet.EventLoop
 	pool    *upstream.LoopPool // this loop's connections to the servers in force
 	dirty   []*session         // sessions with output to write
+	tlsBuf  tlsBuffers         // scratch for its TLS clients' records (tlsconn.go)
 	slots   []*slot            // free slots
 	scratch []byte             // a buffer sessions may use for the moment (the body of an answer)
 

@@ -467,10 +467,15 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	ss := newSession(lp, c, listenerBucket)
 	ss.src = src
 	if cl != nil {
-		ss.openTLS(cl, s.ten.Load())
+		ss.openTLS(c, cl, s.ten.Load())
 	}
 	lp.openSession(ss, needAuth)
 	c.SetContext(ss)
+	if cl != nil {
+		// The end of the handshake may have brought the first requests
+		// with it, which no readiness of the socket will announce.
+		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(ss.tlsKick))
+	}
 	return nil, gnet.None
 }
 
@@ -495,6 +500,9 @@ func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
 	case *upstream.Conn:
 		return x.HandleTraffic(c)
 	case *session:
+		if x.tls != nil {
+			return x.onTLSTraffic()
+		}
 		return x.onTraffic()
 	}
 	return gnet.Close

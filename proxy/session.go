@@ -33,7 +33,8 @@ import (
 // in request order. Only its loop touches it.
 type session struct {
 	lp    *loop
-	c     gnet.Conn
+	c     clientConn     // the client: its gnet.Conn, or tls over it
+	tls   *tlsClientConn // the client's TLS, decrypted on the loop (tlsconn.go); nil: plaintext
 	codec codec   // the client's protocol (codec.go)
 	req   request // the request being dispatched (onTraffic)
 
@@ -87,6 +88,20 @@ type session struct {
 	holding    bool          // in lp.holding
 	released   bool          // closing: no longer counted in Server.unsentBytes
 	evicted    bool          // closed to make room: no longer counted in Server.conns
+}
+
+// clientConn is what a session uses of its client's connection: a
+// gnet.Conn, or a *tlsClientConn over one, whose methods behave as
+// gnet.Conn's (Peek and Discard with n <= 0 meaning everything). Only the
+// session's loop calls them.
+type clientConn interface {
+	Peek(n int) ([]byte, error)
+	Discard(n int) (int, error)
+	InboundBuffered() int
+	OutboundBuffered() int
+	Write(b []byte) (int, error)
+	Close() error
+	Fd() int
 }
 
 func newSession(lp *loop, c gnet.Conn, listenerBucket string) *session {

@@ -88,7 +88,7 @@ func startNonReader(t *testing.T, p *testProxy, n int, smallBuffers bool) *mccli
 		_ = c.Conn().(*net.TCPConn).SetReadBuffer(4096)
 		onLoop(t, p, func(lp *loop) {
 			if s := sessionOf(lp, c.Conn().LocalAddr()); s != nil {
-				_ = s.c.SetWriteBuffer(4096)
+				_ = s.c.(gnet.Conn).SetWriteBuffer(4096)
 			}
 		})
 	}

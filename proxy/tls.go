@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -16,21 +17,20 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
-	"github.com/kvthrottle/kvthrottle/internal/connbridge"
 )
 
 // The TLS listener (DESIGN.md section 11). gnet has no TLS, so TLS clients
-// are accepted by a Go listener, their handshakes run on goroutines, and
-// each established connection is bridged (internal/connbridge) to a unix
-// socketpair whose loop side is enrolled in a gnet event loop: from there
-// on it is an ordinary client session (OnOpen learns from the connection's
-// context, a *tlsClient, that it came over TLS, from where, and as which
-// user). Every goroutine here belongs to the tlsFront, which Serve stops
-// once the engine has stopped.
+// are accepted by a Go listener and their handshakes run on goroutines,
+// off the event loops; each established connection, its TCP socket with
+// its *tls.Conn, is then enrolled in a gnet event loop, which reads and
+// writes its records from there on (tlsconn.go). It is an ordinary client
+// session: OnOpen learns from the connection's context, a *tlsClient, that
+// it came over TLS, from where, and as which user. Every goroutine here
+// belongs to the tlsFront, which Serve stops once the engine has stopped.
 //
-// Costs: a TLS connection holds three file descriptors (its socket and the
-// two ends of the socketpair) and two parked goroutines, but no buffer
-// while idle.
+// Costs: an established TLS connection holds one file descriptor, as a
+// plaintext one does, and no goroutine; a handshake in progress holds a
+// goroutine.
 
 // Handshake bounds: a handshake that has not completed in
 // tlsHandshakeTimeout is dropped; at most tlsMaxHandshakes run at once
@@ -48,8 +48,10 @@ const (
 // tlsClient is the gnet context of a TLS client connection's loop side,
 // read by OnOpen.
 type tlsClient struct {
-	remote string          // the client's address (the socketpair's says nothing)
+	remote string          // the client's address
 	user   *bucketcfg.User // named by its verified client certificate; nil: none
+	tc     *tls.Conn       // its TLS, handshake done
+	rec    *tlsRecords     // under tc
 }
 
 // tlsState is the TLS configuration in force; a reload replaces it whole.
@@ -68,7 +70,7 @@ type tlsFront struct {
 	ln     net.Listener
 	ctx    context.Context // cancelled by shutdown: handshakes in progress end
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the accept loop, handshakes, bridges
+	wg     sync.WaitGroup // the accept loop and the handshakes
 
 	slots chan struct{} // one per handshake in progress
 
@@ -79,7 +81,6 @@ type tlsFront struct {
 	mu      sync.Mutex
 	closed  bool
 	sources map[string]int // handshakes in progress per source
-	bridges map[*trackedBridge]struct{}
 
 	logFail    logSample // failed handshakes
 	logRefused logSample // connections closed: their source at its handshake limit
@@ -104,7 +105,6 @@ func newTLSFront(srv *Server, cfg *bucketcfg.Config) (*tlsFront, error) {
 		running:  make(chan struct{}),
 		stopping: make(chan struct{}),
 		sources:  make(map[string]int),
-		bridges:  make(map[*trackedBridge]struct{}),
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.cur.Store(st)
@@ -125,6 +125,10 @@ func loadTLSState(t *bucketcfg.TLSConfig) (*tlsState, error) {
 		// save little, and tickets would cost every handshake (each
 		// handshake's configuration is its own, so its ticket key too).
 		SessionTicketsDisabled: true,
+		// Records of 16 KiB from the first byte: the loop encrypts a
+		// pass's responses in as few records as it can (small first
+		// records help a browser render early, not a cache client).
+		DynamicRecordSizingDisabled: true,
 	}
 	if t.MinVersion == bucketcfg.TLSVersion13 {
 		conf.MinVersion = tls.VersionTLS13
@@ -203,9 +207,9 @@ func (f *tlsFront) closeListener() {
 	}
 }
 
-// stop ends everything: the listener, the handshakes and the bridges
-// still open, and waits for their goroutines. From Serve, once the engine
-// has stopped. Nil-safe.
+// stop ends everything: the listener and the handshakes, and waits for
+// their goroutines (established connections are the engine's, which has
+// closed them). From Serve, once the engine has stopped. Nil-safe.
 func (f *tlsFront) stop() {
 	if f == nil {
 		return
@@ -216,16 +220,7 @@ func (f *tlsFront) stop() {
 		close(f.stopping)
 	}
 	f.closed = true
-	open := make([]*connbridge.Bridge, 0, len(f.bridges))
-	for t := range f.bridges {
-		if t.b != nil {
-			open = append(open, t.b)
-		}
-	}
 	f.mu.Unlock()
-	for _, b := range open {
-		b.Close()
-	}
 	f.wg.Wait()
 }
 
@@ -364,7 +359,8 @@ func certUserName(c *x509.Certificate, field string) string {
 func (f *tlsFront) handshake(c net.Conn, src string) {
 	defer f.wg.Done()
 	h := &tlsHandshake{f: f}
-	tc := tls.Server(c, &tls.Config{GetConfigForClient: h.configForClient})
+	rec := &tlsRecords{raw: c}
+	tc := tls.Server(rec, &tls.Config{GetConfigForClient: h.configForClient})
 	ctx, cancel := context.WithTimeout(f.ctx, tlsHandshakeTimeout)
 	err := tc.HandshakeContext(ctx)
 	cancel()
@@ -381,25 +377,11 @@ func (f *tlsFront) handshake(c net.Conn, src string) {
 		_ = c.Close()
 		return
 	}
-	t, ok := f.track()
-	if !ok {
-		_ = c.Close()
-		return
-	}
-	b, err := connbridge.New(tc, connbridge.Options{OnDone: func() { f.untrack(t) }})
-	if err != nil {
-		_ = c.Close()
-		f.untrack(t)
-		f.srv.log.Warn().Err(err).Str("remote", remote).Msg("tls: cannot bridge the connection to an event loop; closing it")
-		return
-	}
-	if !f.attach(t, b) {
-		b.Loop().Close()
-		b.Close()
-		return
-	}
-	cl := &tlsClient{remote: remote, user: h.user}
-	ctx = gnet.NewContext(gnet.NewNetConnContext(context.Background(), b.Loop()), cl)
+	// The loop takes the TCP connection (gnet enrolls a duplicate of its
+	// descriptor and closes it) and tc, which from OnOpen on reads and
+	// writes the loop's buffers instead (newTLSClientConn).
+	cl := &tlsClient{remote: remote, user: h.user, tc: tc, rec: rec}
+	ctx = gnet.NewContext(gnet.NewNetConnContext(context.Background(), c), cl)
 	ch, err := f.srv.eng.Register(ctx)
 	if err == nil {
 		select {
@@ -412,8 +394,7 @@ func (f *tlsFront) handshake(c net.Conn, src string) {
 		}
 	}
 	if err != nil {
-		b.Loop().Close()
-		b.Close()
+		_ = c.Close()
 		if !f.srv.draining.Load() {
 			f.srv.log.Warn().Err(err).Str("remote", remote).Msg("tls: cannot enroll the connection in an event loop; closing it")
 		}
@@ -439,41 +420,6 @@ func (f *tlsFront) handshakeFailed(h *tlsHandshake, remote string, err error) {
 		ev = ev.Str("subject", subject)
 	}
 	ev.Msg("tls: handshake failed; connection closed")
-}
-
-// trackedBridge is an open bridge in tlsFront.bridges; b is nil until the
-// bridge is made.
-type trackedBridge struct{ b *connbridge.Bridge }
-
-// track counts a bridge about to be made; false once stopping.
-func (f *tlsFront) track() (*trackedBridge, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
-		return nil, false
-	}
-	t := &trackedBridge{}
-	f.wg.Add(1)
-	f.bridges[t] = struct{}{}
-	return t, true
-}
-
-// attach records the bridge made for t; false when stopping meanwhile (the
-// caller closes it).
-func (f *tlsFront) attach(t *trackedBridge, b *connbridge.Bridge) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	t.b = b
-	return !f.closed
-}
-
-// untrack forgets a bridge that has ended (connbridge.Options.OnDone), or
-// was never made. Once per track.
-func (f *tlsFront) untrack(t *trackedBridge) {
-	f.mu.Lock()
-	delete(f.bridges, t)
-	f.mu.Unlock()
-	f.wg.Done()
 }
 
 // prepareReload loads the certificates of a reloaded file, which may not
@@ -502,13 +448,16 @@ func (f *tlsFront) installReload(st *tlsState) {
 	f.srv.log.Info().Str("listen", f.addr).Msg("tls: certificates reloaded")
 }
 
-// openTLS prepares the session of a connection that came over TLS: the
-// client's real address, and its certificate's user, who is logged in
-// from the first byte with the bucket selected as after SASL. On the
-// loop, from OnOpen, before the session's limits are set.
-func (s *session) openTLS(cl *tlsClient, ten *tenants) {
+// openTLS prepares the session of a connection that came over TLS, c: its
+// records are read and written on the loop from now on, and its
+// certificate's user, if any, is logged in from the first byte with the
+// bucket selected as after SASL. On the loop, from OnOpen, before the
+// session's limits are set.
+func (s *session) openTLS(c gnet.Conn, cl *tlsClient, ten *tenants) {
 	s.remote = cl.remote
 	s.overTLS = true
+	s.tls = newTLSClientConn(c, cl.tc, cl.rec, &s.lp.tlsBuf)
+	s.c = s.tls
 	if cl.user != nil {
 		s.tlsUser = cl.user
 		s.login(ten, cl.user)
@@ -530,4 +479,34 @@ func (s *session) certLogin(ten *tenants) bool {
 	s.tlsUser = u
 	s.login(ten, u)
 	return true
+}
+
+// onTLSTraffic decrypts what a TLS client sent and runs the session on
+// the plaintext; what the session leaves buffered moves off the loop's
+// scratch buffer. A TLS error, or the client's close_notify, closes the
+// connection once the plaintext before it has been dispatched. On the
+// loop, from OnTraffic.
+func (s *session) onTLSTraffic() gnet.Action {
+	err := s.tls.fill()
+	act := gnet.None
+	if s.c.InboundBuffered() > 0 {
+		act = s.onTraffic()
+	}
+	s.tls.keep()
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			s.lp.srv.log.Debug().Err(err).Str("remote", s.remote).Msg("tls: bad input from the client; closing connection")
+		}
+		return gnet.Close
+	}
+	return act
+}
+
+// tlsKick runs the session on what the handshake left buffered, once
+// enrolled. On the loop.
+func (s *session) tlsKick(context.Context) error {
+	if !s.closed && s.onTLSTraffic() == gnet.Close {
+		_ = s.c.Close()
+	}
+	return nil
 }

@@ -596,3 +596,137 @@ func tlsTunnel(t *testing.T, addr string, conf *tls.Config) (string, *atomic.Int
 	}()
 	return ln.Addr().String(), handshakes
 }
+
+// heldConn is a client TCP connection whose writes, once it has read
+// anything (the server's first flight), are held until release: the
+// client's last handshake flight and what it writes next then arrive in
+// one segment.
+type heldConn struct {
+	net.Conn
+	mu   sync.Mutex
+	read bool
+	held []byte
+}
+
+func (h *heldConn) Read(p []byte) (int, error) {
+	n, err := h.Conn.Read(p)
+	h.mu.Lock()
+	h.read = h.read || n > 0
+	h.mu.Unlock()
+	return n, err
+}
+
+func (h *heldConn) Write(p []byte) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.read {
+		h.held = append(h.held, p...)
+		return len(p), nil
+	}
+	return h.Conn.Write(p)
+}
+
+func (h *heldConn) release() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.read = false
+	_, err := h.Conn.Write(h.held)
+	h.held = nil
+	return err
+}
+
+// TestTLSRequestWithHandshake: a request that arrives with the end of the
+// handshake, which the handshake goroutine reads along with it, is
+// answered although no more bytes come (the loop decrypts what the
+// *tls.Conn holds when it takes the connection). TLS 1.3, where the
+// client's Finished is its last word before its requests, with and
+// without a client certificate. (In TLS 1.2 the server's Finished comes
+// last, so its handshake is over before a request can arrive.)
+func TestTLSRequestWithHandshake(t *testing.T) {
+	for _, mutual := range []bool{false, true} {
+		s := startTLSProxy(t, mutual, "")
+		var cert *tls.Certificate
+		if mutual {
+			cert = s.clientCert(t, "alice")
+		}
+		for _, ver := range []uint16{tls.VersionTLS13} {
+			raw, err := net.DialTimeout("tcp", s.p.TLSAddr(), 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { raw.Close() })
+			h := &heldConn{Conn: raw}
+			conf := &tls.Config{RootCAs: s.ca.Pool(), ServerName: "localhost", MinVersion: ver, MaxVersion: ver}
+			if cert != nil {
+				conf.Certificates = []tls.Certificate{*cert}
+			}
+			tc := tls.Client(h, conf)
+			if err := tc.Handshake(); err != nil {
+				t.Fatalf("mutual %v, version %x: handshake: %v", mutual, ver, err)
+			}
+			c := mcclient.New(tc)
+			c.Send(mcclient.Request{Opcode: mc.OpVersion})
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.release(); err != nil {
+				t.Fatal(err)
+			}
+			_ = raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+			r, err := c.Read()
+			if err != nil || r.Opcode != mc.OpVersion || r.Status() != mc.StatusSuccess {
+				t.Fatalf("mutual %v, version %x: request sent with the handshake's end: %v %+v", mutual, ver, err, r)
+			}
+		}
+	}
+}
+
+// TestTLSBadRecord: a record that does not decrypt gets an alert and the
+// connection closes; a client that says close_notify is closed too; the
+// proxy goes on serving other TLS clients.
+func TestTLSBadRecord(t *testing.T) {
+	s := startTLSProxy(t, false, "")
+	good := s.client(t, nil)
+	for _, ver := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
+		raw, err := net.DialTimeout("tcp", s.p.TLSAddr(), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { raw.Close() })
+		tc := tls.Client(raw, &tls.Config{RootCAs: s.ca.Pool(), ServerName: "localhost", MinVersion: ver, MaxVersion: ver})
+		if err := tc.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+		// An application-data record whose ciphertext is garbage.
+		rec := append([]byte{23, 3, 3, 0, 64}, bytes.Repeat([]byte{0xA5}, 64)...)
+		if _, err := raw.Write(rec); err != nil {
+			t.Fatal(err)
+		}
+		_ = raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, err := io.ReadAll(raw) // an alert record, then the close
+		if err != nil {
+			t.Fatalf("version %x: after a bad record: %v (want the connection closed)", ver, err)
+		}
+		// An alert: in TLS 1.3 it is encrypted, in an application-data
+		// record of its own.
+		if len(got) < 1 || got[0] != 21 && (ver != tls.VersionTLS13 || got[0] != 23 || len(got) > 5+2+1+16) {
+			t.Fatalf("version %x: after a bad record got %x, want an alert then EOF", ver, got)
+		}
+	}
+	// close_notify: the proxy closes its side too.
+	c, err := s.dialTLS(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatalf("after close_notify: %v (want EOF)", err)
+	}
+	if r, err := good.Do(mcclient.Request{Opcode: mc.OpVersion}); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("another TLS client after the bad ones: %v %+v", err, r)
+	}
+	eventually(t, 5*time.Second, "the closed connections to be gone", func() bool { return s.p.Connections() == 1 })
+}

@@ -441,9 +441,9 @@ func parseNofileLimits(text string) (soft, hard int64, err error) {
 }
 
 // Each TLS client connection costs the proxy this many file descriptors:
-// its socket and the two ends of the socketpair to its event loop (README,
-// "TLS"). The measurement checks it.
-const tlsFDsPerConn = 3
+// its socket, enrolled in an event loop once the handshake is done
+// (README, "TLS"). The measurement checks it.
+const tlsFDsPerConn = 1
 
 // tlsMemPlan decides at how many connections to measure: the requested
 // count and half of it when they fit in the proxy's descriptor limit,

@@ -150,7 +150,7 @@ func (r *report) captionTLS(w func(string, ...any)) {
 		fdLimit := fmt.Sprintf("soft %s, hard %s", thousands(float64(m.fdSoft)), thousands(float64(m.fdHard)))
 		w("   Memory: a third kvthrottle process, started fresh with the same configuration; %s TLS connections opened to it from this program (%d handshakes at a time: the proxy allows 32 in progress per source), each completing its handshake, sending one NOOP and reading its response, then left idle; "+
 			"VmRSS of the proxy from /proc/PID/status 1 s after the last connection of each step (before: 0.5 s after start; peak VmHWM %.1f MB). "+
-			"The proxy's RLIMIT_NOFILE (/proc/PID/limits): %s; a TLS connection holds %.2f of its descriptors (measured: its socket and the two ends of the socketpair to its event loop). ",
+			"The proxy's RLIMIT_NOFILE (/proc/PID/limits): %s; a TLS connection holds %.2f of its descriptors (measured; its socket, which its event loop reads). ",
 			strings.Join(pointCounts(m.points), " then "), dialWorkers, mb(m.hwmKB), fdLimit, m.fdsPerConn)
 		if m.extrapolated {
 			w("%s connections did not fit (%s), so the table gives RSS measured at the largest round count that fits with a margin of 5%% of the limit (at least 1,000) and at half of it, and **extrapolates** linearly through those two points to %s: an estimate, not a measurement.\n",
