@@ -35,8 +35,8 @@ type session struct {
 	lp    *loop
 	c     clientConn     // the client: its gnet.Conn, or tls over it
 	tls   *tlsClientConn // the client's TLS, decrypted on the loop (tlsconn.go); nil: plaintext
-	codec codec   // the client's protocol (codec.go)
-	req   request // the request being dispatched (onTraffic)
+	codec codec          // the client's protocol (codec.go)
+	req   request        // the request being dispatched (onTraffic)
 
 	text   textCodec // the text protocol's codec, when the client speaks it (codec points here)
 	picked bool      // the protocol is chosen (by the first byte)
