@@ -79,6 +79,17 @@ func BenchmarkProxyPipelined(b *testing.B) {
 	benchPipelined(b, p.Addr)
 }
 
+// BenchmarkProxyTLSPipelined is BenchmarkProxyPipelined over the TLS
+// listener (TLS 1.3, AES-128-GCM): what the records cost on the loop.
+func BenchmarkProxyTLSPipelined(b *testing.B) {
+	s := startTLSProxyWith(b, false, testConfig{throttle: "capacity = 100000000", loops: 1, tail: "[[bucket]]\nname = \"default\"\n"})
+	c, err := s.dialTLS(b, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchPipelinedOn(b, c)
+}
+
 // BenchmarkFleetProxyPipelined is BenchmarkProxyPipelined in fleet mode
 // (a real redis-server, grant period 100 ms): admission reads only local
 // gauges, so the request path should cost the same.
@@ -98,12 +109,17 @@ func BenchmarkDirectPipelined(b *testing.B) {
 }
 
 func benchPipelined(b *testing.B, addr string) {
-	const batch = 64
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer conn.Close()
+	benchPipelinedOn(b, conn)
+}
+
+// benchPipelinedOn runs batches of 32 SETs and 32 GETs over conn.
+func benchPipelinedOn(b *testing.B, conn net.Conn) {
+	const batch = 64
 	var req []byte
 	val := bytes.Repeat([]byte("v"), 100)
 	for i := 0; i < batch; i++ {

@@ -41,13 +41,20 @@ type tlsSetup struct {
 // startTLSProxy starts a proxy with tenantTail's users and a [tls] table;
 // mutual requires client certificates signed by the test CA. proxy holds
 // lines for [proxy].
-func startTLSProxy(t *testing.T, mutual bool, proxy string) *tlsSetup {
+func startTLSProxy(t testing.TB, mutual bool, proxy string) *tlsSetup {
 	t.Helper()
 	return startTLSProxyTail(t, mutual, proxy, tenantTail(t))
 }
 
 // startTLSProxyTail is startTLSProxy with tail's buckets and users.
-func startTLSProxyTail(t *testing.T, mutual bool, proxy, tail string) *tlsSetup {
+func startTLSProxyTail(t testing.TB, mutual bool, proxy, tail string) *tlsSetup {
+	t.Helper()
+	return startTLSProxyWith(t, mutual, testConfig{proxy: proxy, tail: tail})
+}
+
+// startTLSProxyWith is startTLSProxy with tc, to which it adds the [tls]
+// table.
+func startTLSProxyWith(t testing.TB, mutual bool, tc testConfig) *tlsSetup {
 	t.Helper()
 	s := &tlsSetup{ca: testcerts.NewCA(t, "kvthrottle test CA"), dir: t.TempDir()}
 	s.certFile, s.keyFile = s.ca.Server(t).Write(t, s.dir, "server")
@@ -59,7 +66,8 @@ func startTLSProxyTail(t *testing.T, mutual bool, proxy, tail string) *tlsSetup 
 		}
 		tlsTable += fmt.Sprintf("client_ca_file = %q\n", caFile)
 	}
-	s.tc = testConfig{proxy: proxy, tail: tail + tlsTable}
+	tc.tail += tlsTable
+	s.tc = tc
 	s.p = startProxy(t, s.tc)
 	if s.p.TLSAddr() == "" {
 		t.Fatal("no TLS listener")
@@ -75,7 +83,7 @@ func (s *tlsSetup) clientCert(t *testing.T, cn string) *tls.Certificate {
 
 // dialTLS connects over TLS (presenting cert when not nil) and completes
 // the handshake.
-func (s *tlsSetup) dialTLS(t *testing.T, cert *tls.Certificate) (*tls.Conn, error) {
+func (s *tlsSetup) dialTLS(t testing.TB, cert *tls.Certificate) (*tls.Conn, error) {
 	t.Helper()
 	conf := &tls.Config{RootCAs: s.ca.Pool(), ServerName: "localhost"}
 	if cert != nil {
