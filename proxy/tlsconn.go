@@ -126,7 +126,7 @@ const tlsScratchMax = 1 << 20
 
 // tlsOwnedMax: a session's own plaintext buffer that grew past this is
 // dropped once emptied, so that an idle connection pins little.
-const tlsOwnedMax = 16 << 10
+const tlsOwnedMax = 4 << 10
 
 // tlsClientConn is a TLS client's connection as its session sees it
 // (clientConn): plaintext, decrypted and encrypted on the loop. Input is
