@@ -21,6 +21,7 @@ const MaxAdminBodyBytes = 1024
 const (
 	fieldReserved         = "reserved"
 	fieldHardLimit        = "hard_limit"
+	fieldWeight           = "weight"
 	fieldCapacity         = "capacity"
 	fieldDefaultReserved  = "default_throttle_reserved_units"
 	fieldDefaultHardLimit = "default_throttle_hard_limit"
@@ -74,6 +75,66 @@ func ParseBucketThrottle(body []byte) (BucketThrottle, error) {
 	if err != nil {
 		return BucketThrottle{}, err
 	}
+	return bucketThrottleFields(fields)
+}
+
+// BucketProperties is the body of admin opcode 0x2a as the proxy reads it
+// (see [ParseBucketProperties]): the limits, and the weight when given.
+type BucketProperties struct {
+	// Throttle is the bucket's new reservation and hard limit (a missing
+	// field is "unlimited", as for [ParseBucketThrottle]); always valid.
+	Throttle BucketThrottle
+	// Weight is the bucket's new weight, 1..MaxBucketWeight, or 0 when the
+	// body has no "weight": the bucket then keeps the weight it has.
+	Weight int
+}
+
+// ParseBucketProperties parses the value of admin opcode 0x2a
+// (SetBucketThrottleProperties) with the weight of DESIGN.md section 13:
+//
+//	{"reserved": N|"unlimited", "hard_limit": N|"unlimited", "weight": W}
+//
+// reserved and hard_limit follow the rules of [ParseBucketThrottle] (a
+// missing one is "unlimited"). weight is optional, an integer from 1 to
+// [MaxBucketWeight] written without fraction or exponent; when it is
+// missing, Weight is 0 and the bucket keeps its weight (unlike the limits:
+// clients that predate weights must not reset them). Errors are short
+// reasons for the 0x04 Einval body, for example
+// `weight: must be an integer from 1 to 10000, got 0`.
+func ParseBucketProperties(body []byte) (BucketProperties, error) {
+	fields, err := scanObject(body, fieldReserved, fieldHardLimit, fieldWeight)
+	if err != nil {
+		return BucketProperties{}, err
+	}
+	var bp BucketProperties
+	if raw, ok := fields[fieldWeight]; ok {
+		if bp.Weight, err = weightField(raw); err != nil {
+			return BucketProperties{}, err
+		}
+	}
+	if bp.Throttle, err = bucketThrottleFields(fields); err != nil {
+		return BucketProperties{}, err
+	}
+	return bp, nil
+}
+
+// weightField decodes the JSON "weight" value: an integer literal from 1 to
+// MaxBucketWeight.
+func weightField(raw json.RawMessage) (int, error) {
+	text := string(bytes.TrimSpace(raw))
+	if n, err := strconv.Atoi(text); err == nil && n >= 1 && n <= MaxBucketWeight {
+		return n, nil
+	}
+	if len(text) > 40 {
+		text, _ = echo.Cut(text, 40)
+		text += "..."
+	}
+	return 0, fmt.Errorf("%s: must be an integer from 1 to %d, got %s", fieldWeight, MaxBucketWeight, text)
+}
+
+// bucketThrottleFields builds the limits of a 0x2a body from its fields.
+func bucketThrottleFields(fields map[string]json.RawMessage) (BucketThrottle, error) {
+	var err error
 	bt := BucketThrottle{Reserved: throttle.Unlimited, HardLimit: throttle.Unlimited}
 	if raw, ok := fields[fieldReserved]; ok {
 		if bt.Reserved, err = limitField(fieldReserved, raw); err != nil {

@@ -39,7 +39,22 @@ const (
 	MinUnsentBytes = 1 << 20
 	// MaxUnsentBytesLimit is the largest accepted proxy.max_unsent_bytes (1 TiB).
 	MaxUnsentBytesLimit = 1 << 40
+	// MaxBucketWeight is the largest accepted [[bucket]] weight and 0x2a
+	// "weight" (the smallest is 1).
+	MaxBucketWeight = throttle.MaxWeight
 )
+
+// freePoolModes are the throttle.free_pool values this build accepts, the
+// first being the default. "fair" is known but refused until the fair
+// sharing of the free pool is implemented (issue 16): accepting it is
+// adding throttle.FreePoolFair here.
+var freePoolModes = []throttle.FreePoolMode{throttle.FreePoolFCFS}
+
+// FreePoolModes returns the throttle.free_pool modes this build accepts, the
+// default first (a fresh slice).
+func FreePoolModes() []throttle.FreePoolMode {
+	return append([]throttle.FreePoolMode(nil), freePoolModes...)
+}
 
 // Default values of every optional key; they are the example values of
 // DESIGN.md section 6 (plus the documented defaults of the added keys).
@@ -231,6 +246,12 @@ type ThrottleConfig struct {
 	// whose wait would exceed it is answered Etmpfail at once. 0 holds as
 	// long as needed.
 	MaxHold time.Duration
+	// FreePool is how the free pool is shared among the buckets that want
+	// more than their reservation (key free_pool, "fcfs" or "fair", default
+	// "fcfs"; DESIGN.md section 13). Only the modes of FreePoolModes are
+	// accepted: "fair" is refused until the engine implements it. A reload
+	// may change it; it applies at once.
+	FreePool throttle.FreePoolMode
 	// MaxItemBytes is the largest value the memcached servers store
 	// (memcached -I; key max_item_bytes, default 1048576,
 	// 1..MaxFrameBytesLimit): a read of unknown size is budgeted as this
@@ -310,8 +331,17 @@ type Bucket struct {
 	// hard_limit explicitly for this bucket; unset ones follow the node
 	// defaults.
 	ReservedSet, HardLimitSet bool
+	// Weight is the weight of the bucket's share of the free pool in fair
+	// mode (no effect in fcfs mode), an integer from 1 to MaxBucketWeight:
+	// for a Config from Load or Parse the file's (key weight, default 1);
+	// for a Config from Effective the state file's when it has one for
+	// this bucket (set with 0x2a "weight"), else the file's.
+	Weight int
+	// WeightSet reports whether the file set weight for this bucket.
+	WeightSet bool
 
-	file BucketThrottle // the file's values (meaningful where *Set)
+	file       BucketThrottle // the file's values (meaningful where *Set)
+	fileWeight int            // the file's weight (1 when not set)
 }
 
 // Path returns the file the Config was loaded from ("" after [Parse]).

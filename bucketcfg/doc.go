@@ -7,7 +7,8 @@
 //     are rejected with an error naming the key);
 //   - [User] and password verification ([Config.Authenticate], [HashPassword]),
 //     and [AuthCache], which remembers recently verified passwords (as keyed MACs);
-//   - the JSON bodies of the admin opcodes 0x2a ([ParseBucketThrottle]) and
+//   - the JSON bodies of the admin opcodes 0x2a ([ParseBucketProperties], with
+//     the weight; [ParseBucketThrottle], the limits alone) and
 //     0x2c ([ParseNodeThrottle]);
 //   - the persisted runtime state ([State], [LoadState], [State.Save]) and how
 //     it overrides the file ([Effective]).

@@ -10,6 +10,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/kvthrottle/kvthrottle/internal/echo"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // ConfigError reports every problem found in a configuration file. Each
@@ -131,6 +132,7 @@ type tomlThrottle struct {
 	BurstMS          *int64  `toml:"burst_ms"`
 	MaxHold          *string `toml:"max_hold"`
 	MaxItemBytes     *int64  `toml:"max_item_bytes"`
+	FreePool         *string `toml:"free_pool"`
 }
 
 type tomlMetrics struct {
@@ -160,6 +162,7 @@ type tomlBucket struct {
 	Reserved     any     `toml:"reserved"`
 	HardLimit    any     `toml:"hard_limit"`
 	FlushEnabled *bool   `toml:"flush_enabled"`
+	Weight       any     `toml:"weight"`
 }
 
 type tomlUser struct {
@@ -186,11 +189,12 @@ var knownKeys = func() map[string]bool {
 		"throttle", "throttle.capacity", "throttle.default_throttle_reserved_units",
 		"throttle.default_throttle_hard_limit", "throttle.read_unit_size",
 		"throttle.write_unit_size", "throttle.state_file", "throttle.burst_ms", "throttle.max_hold", "throttle.max_item_bytes",
+		"throttle.free_pool",
 		"metrics", "metrics.listen",
 		"log", "log.level", "log.format",
 		"listener", "listener.listen", "listener.bucket",
 		"fleet", "fleet.redis_url", "fleet.name", "fleet.instance", "fleet.grant_period", "fleet.on_store_loss",
-		"bucket", "bucket.name", "bucket.reserved", "bucket.hard_limit", "bucket.flush_enabled",
+		"bucket", "bucket.name", "bucket.reserved", "bucket.hard_limit", "bucket.flush_enabled", "bucket.weight",
 		"user", "user.name", "user.password_hash", "user.scram_sha256", "user.scram_sha512", "user.buckets", "user.privileges",
 	} {
 		m[k] = true
@@ -258,7 +262,7 @@ func parse(data []byte) (*Config, error) {
 	if md.IsDefined("bucket") {
 		buildBuckets(cfg, raw.Bucket, &probs)
 	} else {
-		cfg.Buckets = []Bucket{{Name: defaultDefaultBucket, Throttle: cfg.Throttle.Defaults}}
+		cfg.Buckets = []Bucket{{Name: defaultDefaultBucket, Throttle: cfg.Throttle.Defaults, Weight: throttle.DefaultWeight, fileWeight: throttle.DefaultWeight}}
 	}
 	cfg.bucketIndex = make(map[string]int, len(cfg.Buckets))
 	for i, b := range cfg.Buckets {

@@ -42,6 +42,7 @@ const maxStateBytes = 64 << 20
 //	  "default_throttle_reserved_units": 0,
 //	  "default_throttle_hard_limit": "unlimited",
 //	  "buckets": {"b1": {"reserved": 100, "hard_limit": 1000}},
+//	  "weights": {"b1": 3},
 //	  "epochs": {"b1": 0, "b2": 3, "old": 1},
 //	  "retired": ["old"]
 //	}
@@ -49,7 +50,12 @@ const maxStateBytes = 64 << 20
 // where capacity and the two defaults are optional (the defaults go
 // together) and null means absent; epochs and retired are the key
 // namespaces (see Epochs, Retired), written by the proxy, absent in files
-// written before they existed.
+// written before they existed; weights (see Weights) is absent when empty,
+// and in files written before weights existed.
+//
+// Only a State with weights is unreadable by a proxy that predates them
+// (it refuses unknown fields), as in a fleet upgraded one instance at a
+// time: set weights once every instance reads them.
 type State struct {
 	// Capacity overrides throttle.capacity when not nil.
 	Capacity *throttle.Limit
@@ -59,6 +65,11 @@ type State struct {
 	// Buckets overrides the limits of the named buckets. Never nil in a
 	// State from this package.
 	Buckets map[string]BucketThrottle
+	// Weights overrides the weights of the named buckets (0x2a "weight";
+	// DESIGN.md section 13), each 1..MaxBucketWeight. It is independent of
+	// Buckets: a bucket without an entry here has the file's weight. Never
+	// nil in a State from this package.
+	Weights map[string]int
 	// Epochs are the buckets' key-namespace generations: a FLUSH, or a
 	// bucket removed and created again, moves the bucket to a fresh, empty
 	// namespace by raising its epoch. Every bucket that has been in service
@@ -73,7 +84,7 @@ type State struct {
 
 // NewState returns an empty State: nothing overridden.
 func NewState() *State {
-	return &State{Buckets: map[string]BucketThrottle{}, Epochs: map[string]uint64{}, Retired: map[string]bool{}}
+	return &State{Buckets: map[string]BucketThrottle{}, Weights: map[string]int{}, Epochs: map[string]uint64{}, Retired: map[string]bool{}}
 }
 
 // TrackBuckets records that exactly the buckets named inService are in
@@ -140,6 +151,9 @@ func (s *State) Clone() *State {
 	for k, v := range s.Buckets {
 		n.Buckets[k] = v
 	}
+	for k, v := range s.Weights {
+		n.Weights[k] = v
+	}
 	for k, v := range s.Epochs {
 		n.Epochs[k] = v
 	}
@@ -163,6 +177,32 @@ func (s *State) SetBucket(name string, bt BucketThrottle) error {
 		s.Buckets = map[string]BucketThrottle{}
 	}
 	s.Buckets[name] = bt
+	return nil
+}
+
+// SetWeight records the weight of bucket name (admin opcode 0x2a
+// "weight"). It returns an error, changing nothing, when name is not a
+// valid bucket name or w is not in 1..MaxBucketWeight. Whether the bucket
+// exists is the caller's check.
+func (s *State) SetWeight(name string, w int) error {
+	if err := CheckBucketName(name); err != nil {
+		return err
+	}
+	if err := checkWeight(w); err != nil {
+		return err
+	}
+	if s.Weights == nil {
+		s.Weights = map[string]int{}
+	}
+	s.Weights[name] = w
+	return nil
+}
+
+// checkWeight returns an error when w is not a bucket weight.
+func checkWeight(w int) error {
+	if w < 1 || w > MaxBucketWeight {
+		return fmt.Errorf("weight must be an integer from 1 to %d, got %d", MaxBucketWeight, w)
+	}
 	return nil
 }
 
@@ -205,8 +245,9 @@ func (s *State) SetNode(nt NodeThrottle, current *Config) error {
 	return nil
 }
 
-// Validate checks every value of s: the defaults and each bucket entry
-// (valid name, Reserved <= HardLimit).
+// Validate checks every value of s: the defaults, each bucket entry
+// (valid name, Reserved <= HardLimit) and each weight (valid name,
+// 1..MaxBucketWeight).
 func (s *State) Validate() error {
 	if s.Defaults != nil {
 		if err := s.Defaults.Validate(); err != nil {
@@ -221,6 +262,14 @@ func (s *State) Validate() error {
 			return fmt.Errorf("bucket %q: %w", name, err)
 		}
 	}
+	for name, w := range s.Weights {
+		if err := CheckBucketName(name); err != nil {
+			return fmt.Errorf("weights: %w", err)
+		}
+		if err := checkWeight(w); err != nil {
+			return fmt.Errorf("bucket %q: %w", name, err)
+		}
+	}
 	return nil
 }
 
@@ -231,6 +280,7 @@ type stateJSON struct {
 	DefaultReserved  *throttle.Limit            `json:"default_throttle_reserved_units,omitempty"`
 	DefaultHardLimit *throttle.Limit            `json:"default_throttle_hard_limit,omitempty"`
 	Buckets          map[string]stateBucketJSON `json:"buckets"`
+	Weights          map[string]int             `json:"weights,omitempty"`
 	Epochs           map[string]uint64          `json:"epochs,omitempty"`
 	Retired          []string                   `json:"retired,omitempty"`
 }
@@ -243,7 +293,7 @@ type stateBucketJSON struct {
 // MarshalJSON encodes s in the state file format (map keys sorted, so the
 // output is deterministic).
 func (s State) MarshalJSON() ([]byte, error) {
-	j := stateJSON{Version: StateVersion, Capacity: s.Capacity, Buckets: make(map[string]stateBucketJSON, len(s.Buckets)), Epochs: s.Epochs}
+	j := stateJSON{Version: StateVersion, Capacity: s.Capacity, Buckets: make(map[string]stateBucketJSON, len(s.Buckets)), Weights: s.Weights, Epochs: s.Epochs}
 	if s.Defaults != nil {
 		r, h := s.Defaults.Reserved, s.Defaults.HardLimit
 		j.DefaultReserved, j.DefaultHardLimit = &r, &h
@@ -290,6 +340,9 @@ func (s *State) UnmarshalJSON(data []byte) error {
 			return fmt.Errorf("bucket %q: reserved and hard_limit are both required", name)
 		}
 		n.Buckets[name] = BucketThrottle{Reserved: *b.Reserved, HardLimit: *b.HardLimit}
+	}
+	for name, w := range j.Weights {
+		n.Weights[name] = w
 	}
 	for name, e := range j.Epochs {
 		if err := CheckBucketName(name); err != nil {
@@ -442,7 +495,9 @@ func syncDir(dir string) error {
 //   - st.Defaults, when set, replaces the two throttle defaults;
 //   - a bucket of cfg with an entry in st.Buckets takes that entry;
 //   - any other bucket takes the limits it sets in the file, and the
-//     effective defaults for those it does not set.
+//     effective defaults for those it does not set;
+//   - a bucket of cfg with an entry in st.Weights takes that weight, any
+//     other the file's (1 when the file does not set one).
 //
 // State entries of buckets not in cfg are ignored. The error (a
 // *ConfigError naming cfg's file) reports buckets whose file values no
@@ -467,7 +522,15 @@ func Effective(cfg *Config, st *State) (*Config, error) {
 	}
 	for i := range n.Buckets {
 		b := &n.Buckets[i]
+		b.Weight = max(b.fileWeight, throttle.DefaultWeight)
 		if st != nil {
+			if w, ok := st.Weights[b.Name]; ok {
+				if err := checkWeight(w); err != nil {
+					probs.addf(fmt.Sprintf("state bucket %q", b.Name), "%s", err)
+				} else {
+					b.Weight = w
+				}
+			}
 			if e, ok := st.Buckets[b.Name]; ok {
 				if err := e.Validate(); err != nil {
 					probs.addf(fmt.Sprintf("state bucket %q", b.Name), "%s", err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -182,6 +183,66 @@ func buildThrottle(t *ThrottleConfig, raw *tomlThrottle, probs *problems) {
 		}
 	}
 	t.MaxItemBytes = intIn("throttle.max_item_bytes", raw.MaxItemBytes, defaultMaxItemBytes, 1, MaxFrameBytesLimit, probs)
+	t.FreePool = freePoolModes[0]
+	if raw.FreePool != nil {
+		m, err := parseFreePool(*raw.FreePool)
+		if err != nil {
+			probs.addf("throttle.free_pool", "%s", err)
+		} else {
+			t.FreePool = m
+		}
+	}
+}
+
+// parseFreePool returns the mode spelt s, one of freePoolModes. A mode this
+// build knows but does not accept yet ("fair") gets an error saying so.
+func parseFreePool(s string) (throttle.FreePoolMode, error) {
+	for _, m := range []throttle.FreePoolMode{throttle.FreePoolFCFS, throttle.FreePoolFair} {
+		if s != m.String() {
+			continue
+		}
+		if !slices.Contains(freePoolModes, m) {
+			return 0, fmt.Errorf("free_pool = %q is not available yet (fair sharing of the free pool is not implemented); use %s", s, quotedModes())
+		}
+		return m, nil
+	}
+	return 0, fmt.Errorf("unknown value %s (known: %s)", echo.Quote(s), quotedModes())
+}
+
+// quotedModes lists the accepted free pool modes, quoted, for errors.
+func quotedModes() string {
+	q := make([]string, len(freePoolModes))
+	for i, m := range freePoolModes {
+		q[i] = strconv.Quote(m.String())
+	}
+	return strings.Join(q, " or ")
+}
+
+// weightIn returns the bucket weight of a TOML value (DefaultWeight when v
+// is nil), reporting a problem naming key when it is not an integer from 1
+// to MaxBucketWeight.
+func weightIn(key string, v any, probs *problems) (int, bool) {
+	if v == nil {
+		return throttle.DefaultWeight, false
+	}
+	if n, ok := v.(int64); ok && n >= 1 && n <= MaxBucketWeight {
+		return int(n), true
+	}
+	var got string
+	switch x := v.(type) {
+	case int64:
+		got = strconv.FormatInt(x, 10)
+	case float64:
+		got = strconv.FormatFloat(x, 'g', -1, 64)
+	case string:
+		got = echo.Quote(x)
+	case bool:
+		got = strconv.FormatBool(x)
+	default:
+		got = fmt.Sprintf("a %T", v)
+	}
+	probs.addf(key, "must be an integer from 1 to %d, got %s", MaxBucketWeight, got)
+	return throttle.DefaultWeight, false
 }
 
 const (
@@ -212,6 +273,8 @@ func buildBuckets(cfg *Config, raws []tomlBucket, probs *problems) {
 		b.file.Reserved, okR = limitIn(label+": reserved", rb.Reserved, 0, probs)
 		b.file.HardLimit, okH = limitIn(label+": hard_limit", rb.HardLimit, 0, probs)
 		b.ReservedSet, b.HardLimitSet = okR, okH
+		b.fileWeight, b.WeightSet = weightIn(label+": weight", rb.Weight, probs)
+		b.Weight = b.fileWeight
 		if rb.FlushEnabled != nil {
 			b.FlushEnabled = *rb.FlushEnabled
 		}

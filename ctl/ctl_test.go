@@ -187,11 +187,11 @@ func TestCtlStatsThrottle(t *testing.T) {
 	err := Stats(opts(f.addr, "viewer", fakeViewerPW), "throttle", &out)
 	want := "" +
 		"node capacity:  25000 units/s\n" +
-		"node free pool: 15000 units/s\n" +
+		"node free pool: 15000 units/s (fcfs)\n" +
 		"\n" +
-		"BUCKET                   RESERVED  HARD_LIMIT  UNITS/S         UNITS          READ   WRITE  COMMANDS  THROTTLED  REJECTED  HELD  CONNS\n" +
-		"analytics-batch-nightly         0   unlimited     2100  123456789012  123456000000  789012  98765432          0         0     0     12\n" +
-		"web                         10000       20000    14500       5400000       5000000  400000   5300000       1050         7     3    250\n"
+		"BUCKET                   RESERVED  HARD_LIMIT  WEIGHT  UNITS/S         UNITS          READ   WRITE  COMMANDS  THROTTLED  REJECTED  HELD  CONNS\n" +
+		"analytics-batch-nightly         0   unlimited       1     2100  123456789012  123456000000  789012  98765432          0         0     0     12\n" +
+		"web                         10000       20000     250    14500       5400000       5000000  400000   5300000       1050         7     3    250\n"
 	if err != nil || out.String() != want {
 		t.Fatalf("error %v, output:\n%s\nwant:\n%s", err, out.String(), want)
 	}
@@ -202,11 +202,11 @@ func TestCtlParseThrottleStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ts.Node.Capacity != 25000 || ts.Node.FreePool != 15000 || len(ts.Buckets) != 2 {
+	if ts.Node.Capacity != 25000 || ts.Node.FreePool != 15000 || ts.Node.FreePoolMode != "fcfs" || len(ts.Buckets) != 2 {
 		t.Fatalf("%+v", ts)
 	}
 	web, ok := ts.Bucket("web")
-	want := mcclient.BucketStats{Name: "web", Reserved: 10000, HardLimit: 20000,
+	want := mcclient.BucketStats{Name: "web", Reserved: 10000, HardLimit: 20000, Weight: 250, HasWeight: true,
 		UnitsPerSec: 14500, UnitsTotal: 5400000, ReadUnitsTotal: 5000000, WriteUnitsTotal: 400000, CommandsTotal: 5300000,
 		ThrottledTotal: 1050, RejectedTotal: 7, HeldSessions: 3, Connections: 250}
 	if !ok || web != want {
@@ -223,11 +223,46 @@ func TestCtlParseThrottleStats(t *testing.T) {
 		"bad name":         {{"node:capacity", "1"}, {"node:free_pool", "1"}, {"bucket:b c:reserved", "1"}},
 		"no field":         {{"node:capacity", "1"}, {"node:free_pool", "1"}, {"bucket:b", "1"}},
 		"unlimited count":  append(fakeThrottleStats(1)[:2], [2]string{"bucket:web:units_total", "unlimited"}),
+		"zero weight":      withValue(fakeThrottleStats(1), "bucket:web:weight", "0"),
+		"unlimited weight": withValue(fakeThrottleStats(1), "bucket:web:weight", "unlimited"),
+		"empty pool mode":  withValue(fakeThrottleStats(1), "node:free_pool_mode", ""),
 	} {
 		if _, err := mcclient.ParseThrottleStats(kv); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
+}
+
+// A proxy that predates weights and free pool modes: the answer parses,
+// without them.
+func TestCtlParseThrottleStatsWithoutWeights(t *testing.T) {
+	var kv [][2]string
+	for _, p := range fakeThrottleStats(1) {
+		if p[0] != "node:free_pool_mode" && !strings.HasSuffix(p[0], ":weight") {
+			kv = append(kv, p)
+		}
+	}
+	ts, err := mcclient.ParseThrottleStats(kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if web, _ := ts.Bucket("web"); ts.Node.FreePoolMode != "" || web.HasWeight || web.Weight != 0 || formatThrottleTable(ts) == "" {
+		t.Fatalf("%+v", ts)
+	}
+	if out := formatThrottleTable(ts); !strings.Contains(out, "node free pool: 15000 units/s\n") || !strings.Contains(out, "   unlimited       -     2100") {
+		t.Fatalf("table:\n%s", out)
+	}
+}
+
+// withValue returns kv with the value of key replaced.
+func withValue(kv [][2]string, key, val string) [][2]string {
+	out := append([][2]string(nil), kv...)
+	for i := range out {
+		if out[i][0] == key {
+			out[i][1] = val
+		}
+	}
+	return out
 }
 
 // A reason sent by the server cannot drive the terminal.
@@ -244,13 +279,13 @@ func TestCtlStatsThrottleFleet(t *testing.T) {
 	err := Stats(opts(f.addr, "viewer", fakeViewerPW), "throttle", &out)
 	want := "" +
 		"node capacity:  25000 units/s\n" +
-		"node free pool: 15000 units/s\n" +
+		"node free pool: 15000 units/s (fcfs)\n" +
 		"fleet:          3 instances, store up\n" +
 		"this instance:  proxy-a:11211, capacity 18000 units/s, free pool 10000 units/s\n" +
 		"\n" +
-		"BUCKET                   RESERVED  HARD_LIMIT  LOCAL_RES  LOCAL_HARD  UNITS/S  FLEET/S         UNITS          READ   WRITE  COMMANDS  THROTTLED  REJECTED  HELD  CONNS\n" +
-		"analytics-batch-nightly         0   unlimited          0   unlimited     2100        -  123456789012  123456000000  789012  98765432          0         0     0     12\n" +
-		"web                         10000       20000       6000       15000    14500    19800       5400000       5000000  400000   5300000       1050         7     3    250\n"
+		"BUCKET                   RESERVED  HARD_LIMIT  LOCAL_RES  LOCAL_HARD  WEIGHT  UNITS/S  FLEET/S         UNITS          READ   WRITE  COMMANDS  THROTTLED  REJECTED  HELD  CONNS\n" +
+		"analytics-batch-nightly         0   unlimited          0   unlimited       1     2100        -  123456789012  123456000000  789012  98765432          0         0     0     12\n" +
+		"web                         10000       20000       6000       15000     250    14500    19800       5400000       5000000  400000   5300000       1050         7     3    250\n"
 	if err != nil || out.String() != want {
 		t.Fatalf("error %v, output:\n%s\nwant:\n%s", err, out.String(), want)
 	}

@@ -34,30 +34,30 @@ func formatThrottleTable(ts mcclient.ThrottleStats) string {
 	fl := ts.Fleet
 	fmt.Fprintf(&b, "node capacity:  %s units/s\n", ts.Node.Capacity)
 	if fl == nil {
-		fmt.Fprintf(&b, "node free pool: %s units/s\n\n", ts.Node.FreePool)
+		fmt.Fprintf(&b, "node free pool: %s units/s%s\n\n", ts.Node.FreePool, poolMode(ts.Node.FreePoolMode))
 	} else {
-		fmt.Fprintf(&b, "node free pool: %s units/s\n", ts.Node.FreePool)
+		fmt.Fprintf(&b, "node free pool: %s units/s%s\n", ts.Node.FreePool, poolMode(ts.Node.FreePoolMode))
 		fmt.Fprintf(&b, "fleet:          %s\n", fleetStatus(fl))
 		fmt.Fprintf(&b, "this instance:  %s, capacity %s units/s, free pool %s units/s\n\n",
 			sanitize(fl.Instance), fl.LocalCapacity, fl.LocalFreePool)
 	}
 	buckets := slices.Clone(ts.Buckets)
 	sort.Slice(buckets, func(i, j int) bool { return buckets[i].Name < buckets[j].Name })
-	rows := [][]string{{"BUCKET", "RESERVED", "HARD_LIMIT", "UNITS/S", "UNITS", "READ", "WRITE", "COMMANDS", "THROTTLED", "REJECTED", "HELD", "CONNS"}}
+	rows := [][]string{{"BUCKET", "RESERVED", "HARD_LIMIT", "WEIGHT", "UNITS/S", "UNITS", "READ", "WRITE", "COMMANDS", "THROTTLED", "REJECTED", "HELD", "CONNS"}}
 	if fl != nil {
 		rows[0] = slices.Insert(rows[0], 3, "LOCAL_RES", "LOCAL_HARD")
-		rows[0] = slices.Insert(rows[0], 6, "FLEET/S")
+		rows[0] = slices.Insert(rows[0], 7, "FLEET/S")
 	}
 	for _, bs := range buckets {
 		row := []string{
-			bs.Name, bs.Reserved.String(), bs.HardLimit.String(),
+			bs.Name, bs.Reserved.String(), bs.HardLimit.String(), weightText(bs),
 			u64(bs.UnitsPerSec), u64(bs.UnitsTotal), u64(bs.ReadUnitsTotal), u64(bs.WriteUnitsTotal),
 			u64(bs.CommandsTotal), u64(bs.ThrottledTotal), u64(bs.RejectedTotal),
 			u64(bs.HeldSessions), u64(bs.Connections),
 		}
 		if fl != nil {
 			row = slices.Insert(row, 3, bs.LocalReserved.String(), bs.LocalHardLimit.String())
-			row = slices.Insert(row, 6, fleetUnits(bs))
+			row = slices.Insert(row, 7, fleetUnits(bs))
 		}
 		rows = append(rows, row)
 	}
@@ -67,6 +67,15 @@ func formatThrottleTable(ts mcclient.ThrottleStats) string {
 	}
 	b.WriteString(alignTable(rows))
 	return b.String()
+}
+
+// weightText is a bucket's weight, "-" when the server does not report it
+// (a proxy that predates weights).
+func weightText(bs mcclient.BucketStats) string {
+	if !bs.HasWeight {
+		return "-"
+	}
+	return u64(bs.Weight)
 }
 
 // alignTable lays out rows as columns separated by two spaces: the first

@@ -190,19 +190,19 @@ func (f *fakeProxy) serve(c net.Conn) {
 // fakeThrottleStats is the STAT throttle answer number n: two buckets, the
 // busier one listed last, web's throttled_total growing by 50 a call.
 func fakeThrottleStats(n int) [][2]string {
-	kv := [][2]string{{"node:capacity", "25000"}, {"node:free_pool", "15000"}}
+	kv := [][2]string{{"node:capacity", "25000"}, {"node:free_pool", "15000"}, {"node:free_pool_mode", "fcfs"}}
 	add := func(b string, fields ...string) {
 		for i := 0; i < len(fields); i += 2 {
 			kv = append(kv, [2]string{"bucket:" + b + ":" + fields[i], fields[i+1]})
 		}
 	}
 	add("analytics-batch-nightly",
-		"reserved", "0", "hard_limit", "unlimited", "units_per_sec", "2100",
+		"reserved", "0", "hard_limit", "unlimited", "weight", "1", "units_per_sec", "2100",
 		"units_total", "123456789012", "read_units_total", "123456000000", "write_units_total", "789012",
 		"commands_total", "98765432", "throttled_total", "0", "rejected_total", "0",
 		"held_sessions", "0", "connections", "12")
 	add("web",
-		"reserved", "10000", "hard_limit", "20000", "units_per_sec", "14500",
+		"reserved", "10000", "hard_limit", "20000", "weight", "250", "units_per_sec", "14500",
 		"units_total", "5400000", "read_units_total", "5000000", "write_units_total", "400000",
 		"commands_total", "5300000", "throttled_total", fmt.Sprint(1000+50*n), "rejected_total", "7",
 		"held_sessions", "3", "connections", "250")
@@ -226,12 +226,12 @@ func startFleetFake(t *testing.T) *fakeProxy {
 // known; that of analytics-batch-nightly only from the second answer on.
 func fakeFleetThrottleStats(n int) [][2]string {
 	base := fakeThrottleStats(n)
-	kv := append([][2]string{}, base[:2]...)
+	kv := append([][2]string{}, base[:3]...)
 	kv = append(kv, [][2]string{
 		{"fleet:instance", "proxy-a:11211"}, {"fleet:store_up", "true"}, {"fleet:fallback", "false"},
 		{"fleet:instances", "3"}, {"node:local_capacity", "18000"}, {"node:local_free_pool", "10000"},
 	}...)
-	for _, p := range base[2:] {
+	for _, p := range base[3:] {
 		kv = append(kv, p)
 		switch p[0] {
 		case "bucket:analytics-batch-nightly:connections":

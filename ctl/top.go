@@ -25,7 +25,8 @@ type TopOptions struct {
 // Top shows the live view of the proxy's buckets on w: every
 // t.Interval it reads the STAT group "throttle" and redraws a node summary
 // and one line per bucket (its use against its reservation and hard limit,
-// held commands per second, held sessions, connections), busiest first.
+// held commands per second, held sessions, connections, weight), busiest
+// first; the header names the free pool mode.
 // In fleet mode it adds the fleet's state and each bucket's usage by the
 // whole fleet beside this instance's (see topView.lines).
 // It stops, returning nil, when ctx is done (the caller cancels it on

@@ -62,13 +62,25 @@ func TestCtlTop(t *testing.T) {
 				if web < 0 || batch < 0 || web > batch {
 					t.Errorf("frame %d: web at line %d, analytics at line %d; want both, web (busier) first", i+1, web, batch)
 				}
-				if all := strings.Join(fr, "\n"); !strings.Contains(all, "capacity 25000/s  free pool 15000/s") || !strings.Contains(all, "used 16600/s (66%)") {
+				if all := strings.Join(fr, "\n"); !strings.Contains(all, "capacity 25000/s  free pool 15000/s (fcfs)") || !strings.Contains(all, "used 16600/s (66%)") {
 					t.Errorf("frame %d lacks the node header", i+1)
+				}
+				// The weights, in the last column, at 80 columns and more.
+				for _, l := range fr {
+					fs := strings.Fields(l)
+					if cols < 80 || len(fs) < 3 {
+						continue
+					}
+					last := fs[len(fs)-1]
+					switch {
+					case fs[0] == "BUCKET" && last != "WEIGHT", fs[0] == "web" && last != "250", strings.HasPrefix(fs[0], "analy") && last != "1":
+						t.Errorf("frame %d: no weight at the end of %q", i+1, l)
+					}
 				}
 			}
 			// The second frame has a rate of held commands for web.
 			for _, l := range frames[1] {
-				if fs := strings.Fields(l); cols >= 80 && strings.HasPrefix(l, "web ") && fs[len(fs)-3] == "-" {
+				if fs := strings.Fields(l); cols >= 80 && strings.HasPrefix(l, "web ") && fs[len(fs)-4] == "-" { // THR/S HELD CONNS WEIGHT
 					t.Errorf("no throttled/s in the second frame: %q", l)
 				}
 			}
@@ -152,13 +164,13 @@ func TestTopFleetFrame(t *testing.T) {
 	got := strings.Join(v.lines("", now), "\n")
 	want := strings.Join([]string{
 		"kvthrottle top  127.0.0.1:11211                          10:00:00  Ctrl-C quits",
-		"capacity 25000/s  free pool 15000/s  fleet used 23300/s (93%)  buckets 2",
+		"capacity 25000/s  free pool 15000/s (fcfs)  fleet used 23300/s (93%)  buckets 2",
 		"fleet: 3 instances, store up  local capacity 18000/s  local used 16600/s (92%)",
 		"bar: # local use  | local reserved  : local hard limit  (full bar = 15000/s)",
 		"",
-		"BUCKET       USE            UNITS/S FLEET/S RESERVED    HARD  THR/S  HELD CONNS",
-		"web          [####|######:]   14500   19800    10000   20000     50     3   250",
-		"analytics-b~ [##..........]    2100    3500        0   unlim      0     0    12",
+		"BUCKET    USE        UNITS/S FLEET/S RESERVED    HARD  THR/S  HELD CONNS WEIGHT",
+		"web       [##|####:]   14500   19800    10000   20000     50     3   250    250",
+		"analytic~ [#.......]    2100    3500        0   unlim      0     0    12      1",
 	}, "\n")
 	if got != want {
 		t.Fatalf("frame:\n%s\nwant:\n%s", got, want)
@@ -174,8 +186,8 @@ func TestCtlTopFleet(t *testing.T) {
 		cols int
 		hdr  []string // the number columns
 	}{
-		{132, []string{"UNITS/S", "FLEET/S", "RESERVED", "HARD", "THR/S", "HELD", "CONNS"}},
-		{80, []string{"UNITS/S", "FLEET/S", "RESERVED", "HARD", "THR/S", "HELD", "CONNS"}},
+		{132, []string{"UNITS/S", "FLEET/S", "RESERVED", "HARD", "THR/S", "HELD", "CONNS", "WEIGHT"}},
+		{80, []string{"UNITS/S", "FLEET/S", "RESERVED", "HARD", "THR/S", "HELD", "CONNS", "WEIGHT"}},
 		{50, []string{"UNITS/S", "FLEET/S", "RESERVED"}},
 		{40, []string{"UNITS/S", "FLEET/S"}},
 		{30, []string{"UNITS/S"}},

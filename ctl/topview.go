@@ -63,9 +63,11 @@ type topColumn struct {
 }
 
 // topColumns are the number columns, most important first: a narrow
-// terminal drops them from the right.
+// terminal drops them from the right. WEIGHT (of the bucket's share of the
+// free pool in fair mode, "-" when the server does not report it) is a
+// setting, not live, so it goes first.
 var topColumns = []topColumn{
-	{"UNITS/S", 7}, {"RESERVED", 8}, {"HARD", 7}, {"THR/S", 6}, {"HELD", 5}, {"CONNS", 5},
+	{"UNITS/S", 7}, {"RESERVED", 8}, {"HARD", 7}, {"THR/S", 6}, {"HELD", 5}, {"CONNS", 5}, {"WEIGHT", 6},
 }
 
 // topFleetColumns are the number columns in fleet mode: FLEET/S (the
@@ -161,7 +163,7 @@ func (v *topView) lines(status string, now time.Time) []string {
 	out = append(out, title)
 	parts := []string{
 		"capacity " + ts.Node.Capacity.String() + "/s",
-		"free pool " + ts.Node.FreePool.String() + "/s",
+		"free pool " + ts.Node.FreePool.String() + "/s" + poolMode(ts.Node.FreePoolMode),
 		"used " + strconv.FormatUint(used, 10) + "/s",
 	}
 	legend := []string{"bar: # units/s", "| reserved", ": hard limit"}
@@ -217,10 +219,14 @@ func (v *topView) lines(status string, now time.Time) []string {
 		}
 		res, hard := marks(b)
 		row := fmt.Sprintf("%-*s %s", nameW, truncName(b.Name, nameW), renderBar(barW, b.UnitsPerSec, res, hard, scale))
+		weight := "-"
+		if b.HasWeight {
+			weight = fitNumber(b.Weight, topColumns[6].width)
+		}
 		vals := []string{
 			fitNumber(b.UnitsPerSec, topColumns[0].width), fitLimit(b.Reserved, topColumns[1].width),
 			fitLimit(b.HardLimit, topColumns[2].width), thr,
-			fitNumber(b.HeldSessions, topColumns[4].width), fitNumber(b.Connections, topColumns[5].width),
+			fitNumber(b.HeldSessions, topColumns[4].width), fitNumber(b.Connections, topColumns[5].width), weight,
 		}
 		if fl != nil {
 			fleet := "-"
@@ -241,6 +247,15 @@ func (v *topView) lines(status string, now time.Time) []string {
 		out[i] = clip(l, usable)
 	}
 	return out
+}
+
+// poolMode returns " (MODE)" for the free pool's sharing mode, "" when the
+// server does not say (a proxy that predates it).
+func poolMode(mode string) string {
+	if mode == "" {
+		return ""
+	}
+	return " (" + sanitize(mode) + ")"
 }
 
 // render returns the bytes of one frame: with ANSI, drawn over the

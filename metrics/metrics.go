@@ -17,6 +17,7 @@
 //	kvthrottle_throttle_wait_seconds{bucket}                  histogram
 //	kvthrottle_bucket_reserved_units{bucket}                  gauge
 //	kvthrottle_bucket_hard_limit_units{bucket}                gauge
+//	kvthrottle_bucket_weight{bucket}                          gauge
 //	kvthrottle_node_capacity_units                            gauge
 //	kvthrottle_free_pool_units                                gauge
 //	kvthrottle_connections{bucket}                            gauge
@@ -56,6 +57,7 @@ const (
 	NameThrottleWait    = "kvthrottle_throttle_wait_seconds"
 	NameReserved        = "kvthrottle_bucket_reserved_units"
 	NameHardLimit       = "kvthrottle_bucket_hard_limit_units"
+	NameWeight          = "kvthrottle_bucket_weight"
 	NameNodeCapacity    = "kvthrottle_node_capacity_units"
 	NameFreePool        = "kvthrottle_free_pool_units"
 	NameConnections     = "kvthrottle_connections"
@@ -116,6 +118,10 @@ type BucketSnapshot struct {
 	// math.Inf(1) when unlimited (a negative value, such as a converted
 	// throttle.Unlimited, is exported as +Inf too).
 	Reserved, HardLimit float64
+	// Weight is the weight of the bucket's share of the free pool in fair
+	// mode (DESIGN.md section 13), 1 and up; 0 is exported as 1, the
+	// default.
+	Weight int
 	// Commands counts metered commands executed (admitted and charged).
 	Commands uint64
 	// ReadUnits and WriteUnits count units charged (DESIGN.md section 4).
@@ -341,6 +347,9 @@ var (
 	descHardLimit = prometheus.NewDesc(NameHardLimit,
 		"Hard limit of the bucket in units per second; +Inf when unlimited.",
 		[]string{LabelBucket}, nil)
+	descWeight = prometheus.NewDesc(NameWeight,
+		"Weight of the bucket's share of the free pool when throttle.free_pool is \"fair\", relative to the other buckets' weights (a ratio, no unit; 1 by default; no effect in \"fcfs\" mode).",
+		[]string{LabelBucket}, nil)
 	descNodeCapacity = prometheus.NewDesc(NameNodeCapacity,
 		"Node capacity in units per second; +Inf when unlimited.",
 		nil, nil)
@@ -365,7 +374,7 @@ func newSourceCollector(src Source) *sourceCollector { return &sourceCollector{s
 func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descCommands, descUnits, descThrottled, descRejected,
-		descReserved, descHardLimit, descNodeCapacity, descFreePool,
+		descReserved, descHardLimit, descWeight, descNodeCapacity, descFreePool,
 		descConnections, descUpstreamUp, descUpstreamEjected,
 	} {
 		ch <- d
@@ -395,6 +404,7 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 		send(descRejected, prometheus.CounterValue, float64(b.Rejected), b.Name)
 		send(descReserved, prometheus.GaugeValue, limit(b.Reserved), b.Name)
 		send(descHardLimit, prometheus.GaugeValue, limit(b.HardLimit), b.Name)
+		send(descWeight, prometheus.GaugeValue, float64(max(b.Weight, 1)), b.Name)
 		send(descConnections, prometheus.GaugeValue, float64(b.Connections), b.Name)
 	}
 	clear(c.buckets) // do not pin names of removed buckets

@@ -58,7 +58,7 @@ func (f *fakeSource) FreePool() float64 {
 func newFake() *fakeSource {
 	return &fakeSource{
 		buckets: []BucketSnapshot{
-			{Name: "alpha", Reserved: 1000, HardLimit: 5000, Commands: 42, ReadUnits: 30, WriteUnits: 17,
+			{Name: "alpha", Reserved: 1000, HardLimit: 5000, Weight: 3, Commands: 42, ReadUnits: 30, WriteUnits: 17,
 				Throttled: 5, Rejected: 2, Connections: 3},
 			{Name: "beta.b-2%", Reserved: 0, HardLimit: math.Inf(1), Commands: 1 << 40, ReadUnits: 7,
 				WriteUnits: 0, Throttled: 0, Rejected: 0, Connections: 0},
@@ -83,6 +83,7 @@ var contract = map[string]wantFamily{
 	NameThrottleWait:    {dto.MetricType_HISTOGRAM, []string{"bucket"}},
 	NameReserved:        {dto.MetricType_GAUGE, []string{"bucket"}},
 	NameHardLimit:       {dto.MetricType_GAUGE, []string{"bucket"}},
+	NameWeight:          {dto.MetricType_GAUGE, []string{"bucket"}},
 	NameNodeCapacity:    {dto.MetricType_GAUGE, nil},
 	NameFreePool:        {dto.MetricType_GAUGE, nil},
 	NameConnections:     {dto.MetricType_GAUGE, []string{"bucket"}},
@@ -122,7 +123,7 @@ func TestScrapeContract(t *testing.T) {
 		}
 		if help := mf.GetHelp(); strings.HasPrefix(name, "kvthrottle_") && !strings.Contains(help, "seconds") &&
 			!strings.Contains(help, "units per second") && !strings.Contains(help, "count of") &&
-			!strings.Contains(help, "boolean") {
+			!strings.Contains(help, "boolean") && !strings.Contains(help, "no unit") {
 			t.Errorf("%s: HELP does not state the unit: %q", name, help)
 		}
 		for _, m := range mf.GetMetric() {
@@ -158,6 +159,7 @@ func TestScrapeContract(t *testing.T) {
 		eq(NameRejected, float64(b.Rejected))
 		eq(NameReserved, b.Reserved)
 		eq(NameHardLimit, b.HardLimit)
+		eq(NameWeight, float64(max(b.Weight, 1))) // beta's 0: the default, 1
 		eq(NameConnections, float64(b.Connections))
 	}
 	if got := testmc.SeriesValue(t, mfs, NameNodeCapacity); got != 25000 {

@@ -41,7 +41,7 @@ func (s *session) admin(r *request) {
 	switch r.op {
 	case binary.OpSetBucketThrottleProperties:
 		name := string(r.key)
-		bt, err := bucketcfg.ParseBucketThrottle(r.value)
+		bp, err := bucketcfg.ParseBucketProperties(r.value)
 		if err != nil {
 			s.localStatus(r, binary.StatusEinval, err.Error())
 			return
@@ -50,7 +50,7 @@ func (s *session) admin(r *request) {
 			s.localStatus(r, binary.StatusKeyEnoent, "no such bucket")
 			return
 		}
-		apply = func() error { return srv.SetBucketThrottle(name, bt, who) }
+		apply = func() error { return srv.SetBucketThrottle(name, bp, who) }
 	default:
 		if len(r.key) != 0 {
 			s.localStatus(r, binary.StatusEinval, "SetNodeThrottleProperties takes no key")
@@ -80,12 +80,15 @@ func (s *session) admin(r *request) {
 	})
 }
 
-// SetBucketThrottle changes a bucket's limits: it writes the state file
-// atomically, then applies the change on every event loop at once. who
-// names the caller in the log. Errors: an *adminError-like refusal for an
-// unknown bucket or invalid limits, or the state file write's error (the
-// change is then not applied). Safe from any goroutine; may block on I/O.
-func (srv *Server) SetBucketThrottle(name string, bt bucketcfg.BucketThrottle, who string) error {
+// SetBucketThrottle changes a bucket's limits, and its weight when
+// bp.Weight is not 0 (else the bucket keeps its weight): it writes the
+// state file atomically, then applies the change on every event loop at
+// once. who names the caller in the log. Errors: an *adminError-like
+// refusal for an unknown bucket or invalid limits or weight, or the state
+// file write's error (the change is then not applied). Safe from any
+// goroutine; may block on I/O.
+func (srv *Server) SetBucketThrottle(name string, bp bucketcfg.BucketProperties, who string) error {
+	bt := bp.Throttle
 	srv.adminMu.Lock()
 	defer srv.adminMu.Unlock()
 	before := srv.ten.Load().cfg.Bucket(name)
@@ -96,13 +99,23 @@ func (srv *Server) SetBucketThrottle(name string, bt bucketcfg.BucketThrottle, w
 		if err := next.SetBucket(name, bt); err != nil {
 			return &adminError{binary.StatusEinval, err.Error()}
 		}
+		if bp.Weight != 0 {
+			if err := next.SetWeight(name, bp.Weight); err != nil {
+				return &adminError{binary.StatusEinval, err.Error()}
+			}
+		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	srv.log.Info().Str("user", who).Str("bucket", name).Str("before", before.Throttle.String()).
-		Str("after", bt.String()).Msg("bucket throttle properties changed")
+	after := srv.ten.Load().cfg.Bucket(name)
+	ev := srv.log.Info().Str("user", who).Str("bucket", name).Str("before", before.Throttle.String()).
+		Str("after", bt.String())
+	if after != nil && after.Weight != before.Weight {
+		ev = ev.Int("weight_before", before.Weight).Int("weight_after", after.Weight)
+	}
+	ev.Msg("bucket throttle properties changed")
 	srv.warnOvercommit(srv.ten.Load().cfg)
 	return nil
 }
@@ -167,6 +180,9 @@ func (srv *Server) commit(next *bucketcfg.State) error {
 func (srv *Server) apply(eff *bucketcfg.Config) error {
 	if err := srv.throttle.SetCapacity(srv.localCapacity(eff)); err != nil {
 		return fmt.Errorf("capacity: %w", err)
+	}
+	if err := srv.throttle.SetFreePoolMode(eff.Throttle.FreePool); err != nil {
+		return fmt.Errorf("free_pool: %w", err)
 	}
 	ten, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs, srv.localLimits)
 	srv.ten.Store(ten)
@@ -534,8 +550,9 @@ var testHookFlushSave func()
 var flushEpochBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // fileLimitChanges returns a change that writes the throttle values that
-// differ between two configuration files (capacity, defaults, limits a
-// bucket sets itself) into a state as overrides; nil when none differ.
+// differ between two configuration files (capacity, defaults, limits and
+// weights a bucket sets itself) into a state as overrides; nil when none
+// differ.
 func fileLimitChanges(prev, next *bucketcfg.Config) func(*bucketcfg.State) error {
 	var set []func(*bucketcfg.State)
 	if c := next.Throttle.Capacity; c != prev.Throttle.Capacity {
@@ -546,7 +563,14 @@ func fileLimitChanges(prev, next *bucketcfg.Config) func(*bucketcfg.State) error
 	}
 	for _, b := range next.Buckets {
 		old := prev.Bucket(b.Name)
-		if old == nil || !(b.ReservedSet || b.HardLimitSet) || old.Throttle == b.Throttle {
+		if old == nil {
+			continue
+		}
+		if b.WeightSet && old.Weight != b.Weight {
+			name, w := b.Name, b.Weight
+			set = append(set, func(st *bucketcfg.State) { st.Weights[name] = w })
+		}
+		if !(b.ReservedSet || b.HardLimitSet) || old.Throttle == b.Throttle {
 			continue
 		}
 		name, bt := b.Name, b.Throttle

@@ -162,6 +162,7 @@ func New(opts Options) (*Server, error) {
 		Capacity: eff.Throttle.Capacity,
 		Burst:    engineBurst(eff.Throttle.Burst),
 		Clock:    opts.Clock,
+		FreePool: eff.Throttle.FreePool,
 		// A read of unknown size may return the largest item with its
 		// key.
 		MaxReadUnits: throttle.ReadUnits(int64(cfg.Throttle.MaxItemBytes)+binary.MaxKeyLen, int64(cfg.Throttle.ReadUnitSize)),

@@ -25,6 +25,7 @@ func (srv *Server) AppendBuckets(dst []metrics.BucketSnapshot) []metrics.BucketS
 			Name:        name,
 			Reserved:    res.Float64(),
 			HardLimit:   hard.Float64(),
+			Weight:      b.tb.Weight(),
 			Commands:    st.Commands,
 			ReadUnits:   b.readUnits.Load(),
 			WriteUnits:  b.writeUnits.Load(),

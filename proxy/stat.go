@@ -107,6 +107,7 @@ func (s *session) throttleStats() [][2]string {
 	kv := [][2]string{
 		{"node:capacity", ten.cfg.Throttle.Capacity.String()},
 		{"node:free_pool", freePool(ten.cfg).String()},
+		{"node:free_pool_mode", srv.throttle.FreePoolMode().String()},
 	}
 	var grants *fleet.Grants
 	if fs, ok := srv.Fleet(); ok {
@@ -142,6 +143,7 @@ func (s *session) throttleStats() [][2]string {
 		kv = append(kv,
 			[2]string{p + "reserved", res.String()},
 			[2]string{p + "hard_limit", hard.String()},
+			[2]string{p + "weight", strconv.Itoa(b.tb.Weight())},
 			[2]string{p + "units_per_sec", strconv.FormatInt(int64(st.UnitsPerSecond+0.5), 10)},
 			[2]string{p + "units_total", u(st.Units)},
 			[2]string{p + "read_units_total", u(b.readUnits.Load())},

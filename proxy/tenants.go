@@ -94,6 +94,9 @@ func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m 
 				if err := old.tb.SetLimits(res, hard); err != nil {
 					errs = append(errs, fmt.Errorf("bucket %s: %w", bc.Name, err))
 				}
+				if err := old.tb.SetWeight(bc.Weight); err != nil {
+					errs = append(errs, fmt.Errorf("bucket %s: weight: %w", bc.Name, err))
+				}
 				old.flushEnabled.Store(bc.FlushEnabled)
 				t.buckets[bc.Name] = old
 				continue
@@ -108,6 +111,9 @@ func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m 
 			}
 		} else if err := tb.SetLimits(res, hard); err != nil {
 			errs = append(errs, fmt.Errorf("bucket %s: %w", bc.Name, err))
+		}
+		if err := tb.SetWeight(bc.Weight); err != nil {
+			errs = append(errs, fmt.Errorf("bucket %s: weight: %w", bc.Name, err))
 		}
 		nb := newBucket(bc.Name, bc.FlushEnabled, tb, epochs[bc.Name])
 		if m != nil {

@@ -9,7 +9,10 @@ type Bucket struct {
 	name string
 	lim  atomic.Pointer[bucketLimits]
 	slot atomic.Int64 // the last window slot snapshotted
-	_    [cacheLine]byte
+	// weight of the bucket's share of the free pool in fair mode; has no
+	// effect in fcfs mode (1..MaxWeight, see SetWeight)
+	weight atomic.Uint32
+	_      [cacheLine]byte
 
 	// written by every admission (and charge of more than one unit)
 	res, hard gauge

@@ -37,6 +37,9 @@ type Config struct {
 	// each read at (see [Bucket.AdmitCost]). Zero selects
 	// DefaultMaxReadUnits; it is clamped to [1, 1<<30].
 	MaxReadUnits int64
+	// FreePool is the free pool mode (the zero value is FreePoolFCFS); see
+	// [Engine.SetFreePoolMode].
+	FreePool FreePoolMode
 }
 
 // DefaultMaxReadUnits is Config.MaxReadUnits when it is zero: memcached's
@@ -50,6 +53,7 @@ type Engine struct {
 	burst   int64
 	maxRead int64 // Config.MaxReadUnits
 	node    atomic.Pointer[nodeLimits]
+	mode    atomic.Uint32 // FreePoolMode
 	_       [cacheLine]byte
 	pool    gauge
 	_       [cacheLine]byte
@@ -65,10 +69,14 @@ type nodeLimits struct {
 }
 
 // New returns an Engine without buckets. It fails with ErrInvalidLimit when
-// cfg.Capacity is not valid.
+// cfg.Capacity is not valid, ErrInvalidFreePoolMode when cfg.FreePool is
+// not.
 func New(cfg Config) (*Engine, error) {
 	if !cfg.Capacity.Valid() {
 		return nil, ErrInvalidLimit
+	}
+	if !cfg.FreePool.Valid() {
+		return nil, ErrInvalidFreePoolMode
 	}
 	e := &Engine{clock: cfg.Clock, burst: int64(cfg.Burst), buckets: map[string]*Bucket{}}
 	e.maxRead = min(max(cfg.MaxReadUnits, 0), 1<<30)
@@ -85,6 +93,7 @@ func New(cfg Config) (*Engine, error) {
 		e.burst = 0
 	}
 	e.capacity = cfg.Capacity
+	e.mode.Store(uint32(cfg.FreePool))
 	e.publishNode(e.now())
 	return e, nil
 }
@@ -147,8 +156,8 @@ func validate(reserved, hard Limit) error {
 	return nil
 }
 
-// AddBucket creates a bucket with the given reservation and hard limit and
-// takes its reservation out of the free pool at once. It fails with
+// AddBucket creates a bucket with the given reservation and hard limit (and
+// weight DefaultWeight) and takes its reservation out of the free pool at once. It fails with
 // ErrInvalidLimit, ErrReservedOverHard or ErrBucketExists.
 func (e *Engine) AddBucket(name string, reserved, hard Limit) (*Bucket, error) {
 	if err := validate(reserved, hard); err != nil {
@@ -161,6 +170,7 @@ func (e *Engine) AddBucket(name string, reserved, hard Limit) (*Bucket, error) {
 	}
 	b := &Bucket{e: e, name: name}
 	b.est.Store(-1) // no read settled yet
+	b.weight.Store(DefaultWeight)
 	b.lim.Store(newBucketLimits(reserved, hard, false))
 	e.buckets[name] = b
 	e.publishNode(e.now())

@@ -137,7 +137,7 @@ func logEffective(log zerolog.Logger, eff *bucketcfg.Config) {
 	buckets := zerolog.Arr()
 	for _, b := range eff.Buckets {
 		buckets.Dict(zerolog.Dict().Str("name", b.Name).Str("reserved", b.Throttle.Reserved.String()).
-			Str("hard_limit", b.Throttle.HardLimit.String()).Bool("flush_enabled", b.FlushEnabled))
+			Str("hard_limit", b.Throttle.HardLimit.String()).Int("weight", b.Weight).Bool("flush_enabled", b.FlushEnabled))
 	}
 	users := zerolog.Arr()
 	for _, u := range eff.Users {
@@ -156,7 +156,7 @@ func logEffective(log zerolog.Logger, eff *bucketcfg.Config) {
 		Str("capacity", eff.Throttle.Capacity.String()).Str("defaults", eff.Throttle.Defaults.String()).
 		Int("read_unit_size", eff.Throttle.ReadUnitSize).Int("write_unit_size", eff.Throttle.WriteUnitSize).
 		Dur("burst", eff.Throttle.Burst).Dur("max_hold", eff.Throttle.MaxHold).Int("max_item_bytes", eff.Throttle.MaxItemBytes).
-		Str("state_file", eff.Throttle.StateFile).
+		Str("state_file", eff.Throttle.StateFile).Str("free_pool", eff.Throttle.FreePool.String()).
 		Str("metrics_listen", eff.Metrics.Listen).Array("buckets", buckets).Array("users", users).
 		Msg("kvthrottle starting")
 }

@@ -135,6 +135,9 @@ func (c *Client) admin(r Request) ([]byte, error) {
 type NodeStats struct {
 	Capacity throttle.Limit // node:capacity
 	FreePool throttle.Limit // node:free_pool
+	// FreePoolMode is node:free_pool_mode, how the free pool is shared:
+	// "fcfs" or "fair" ("" when absent: proxies that predate it omit it).
+	FreePoolMode string
 }
 
 // FleetStats is the fleet part of the STAT group "throttle", present only
@@ -155,6 +158,8 @@ type BucketStats struct {
 	Name            string
 	Reserved        throttle.Limit // reserved
 	HardLimit       throttle.Limit // hard_limit
+	Weight          uint64         // weight: of the bucket's share of the free pool in fair mode (0 when absent)
+	HasWeight       bool           // whether weight was present (proxies that predate weights omit it)
 	UnitsPerSec     uint64         // units_per_sec: units charged over the last second
 	UnitsTotal      uint64         // units_total
 	ReadUnitsTotal  uint64         // read_units_total
@@ -193,8 +198,9 @@ func (t *ThrottleStats) Bucket(name string) (BucketStats, bool) {
 }
 
 // bucketFields lists the fields a bucket reports, with where each one is
-// stored. Every bucket must report the fields that are not fleet; in fleet
-// mode also the fleet ones that are not optional; outside it no fleet one.
+// stored. Every bucket must report the fields that are neither fleet nor
+// optional; in fleet mode also the fleet ones that are not optional;
+// outside it no fleet one.
 var bucketFields = []struct {
 	name     string
 	limit    func(*BucketStats) *throttle.Limit
@@ -204,6 +210,7 @@ var bucketFields = []struct {
 }{
 	{name: "reserved", limit: func(b *BucketStats) *throttle.Limit { return &b.Reserved }},
 	{name: "hard_limit", limit: func(b *BucketStats) *throttle.Limit { return &b.HardLimit }},
+	{name: "weight", count: func(b *BucketStats) *uint64 { return &b.Weight }, optional: true},
 	{name: "units_per_sec", count: func(b *BucketStats) *uint64 { return &b.UnitsPerSec }},
 	{name: "units_total", count: func(b *BucketStats) *uint64 { return &b.UnitsTotal }},
 	{name: "read_units_total", count: func(b *BucketStats) *uint64 { return &b.ReadUnitsTotal }},
@@ -230,8 +237,10 @@ var fleetNodeKeys = []string{
 //
 //	node:capacity              N | "unlimited"
 //	node:free_pool             N | "unlimited"
+//	node:free_pool_mode        "fcfs" | "fair" | another word (optional)
 //	bucket:B:reserved          N | "unlimited"
 //	bucket:B:hard_limit        N | "unlimited"
+//	bucket:B:weight            N   (optional: 1..10000, absent from older proxies)
 //	bucket:B:units_per_sec     N   (units over the last second)
 //	bucket:B:units_total       N
 //	bucket:B:read_units_total  N
@@ -293,6 +302,11 @@ func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 			} else {
 				ts.Node.FreePool, haveFree = l, true
 			}
+		case key == "node:free_pool_mode":
+			if val == "" {
+				return ThrottleStats{}, fmt.Errorf("throttle stats: %s is empty", key)
+			}
+			ts.Node.FreePoolMode = val
 		case key == "node:local_capacity" || key == "node:local_free_pool":
 			l, err := throttle.ParseLimit(val)
 			if err != nil {
@@ -367,8 +381,14 @@ func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 					return ThrottleStats{}, fmt.Errorf("throttle stats: %s: want a decimal number, got %q", key, val)
 				}
 				*f.count(b) = n
-				if field == "fleet_units_per_sec" {
+				switch field {
+				case "fleet_units_per_sec":
 					b.HasFleetUnits = true
+				case "weight":
+					if n == 0 {
+						return ThrottleStats{}, fmt.Errorf("throttle stats: %s: a weight is at least 1, got 0", key)
+					}
+					b.HasWeight = true
 				}
 			}
 			counts[bi][fi]++
@@ -399,7 +419,7 @@ func ParseThrottleStats(kv [][2]string) (ThrottleStats, error) {
 			switch {
 			case f.fleet && !fleetMode && counts[bi][fi] > 0:
 				return ThrottleStats{}, fmt.Errorf("throttle stats: bucket %q has the fleet field %s without the fleet:* node keys", b.Name, f.name)
-			case counts[bi][fi] == 0 && (!f.fleet || (fleetMode && !f.optional)):
+			case counts[bi][fi] == 0 && !f.optional && (!f.fleet || fleetMode):
 				missing = append(missing, f.name)
 			}
 		}
