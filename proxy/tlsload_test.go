@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -306,4 +308,131 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d rotations; %d round trips on %d connections, %d connections opened meanwhile, none failed",
 		rotations, total, len(workers), churned.Load())
+}
+
+// TestHandshakeConnBoundsComputing: handshakes hold a cpu slot only
+// between their reads and writes, so however many are in progress, no
+// more than the slots compute at once; one waiting for its client holds
+// none; once released, the connection passes reads and writes through
+// without slots, and a handshake whose context ends stops waiting for one.
+func TestHandshakeConnBoundsComputing(t *testing.T) {
+	const n = 8
+	cpu := make(chan struct{}, 1)
+	ctx := context.Background()
+
+	// One whose client never speaks: blocked in Read, it holds no slot.
+	silentSrv, silentCli := net.Pipe()
+	defer silentCli.Close()
+	silent := &handshakeConn{Conn: silentSrv, cpu: cpu, ctx: ctx}
+	silentDone := make(chan struct{})
+	go func() {
+		defer close(silentDone)
+		_, _ = silent.Read(make([]byte, 1))
+		silent.release()
+	}()
+
+	var computing, most atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		srv, cli := net.Pipe()
+		hc := &handshakeConn{Conn: srv, cpu: cpu, ctx: ctx}
+		wg.Add(2)
+		go func() { // the client: hello, then read the answer
+			defer wg.Done()
+			defer cli.Close()
+			if _, err := cli.Write([]byte("hello")); err != nil {
+				errs <- err
+				return
+			}
+			if _, err := io.ReadFull(cli, make([]byte, 6)); err != nil {
+				errs <- err
+			}
+		}()
+		go func() { // the server: read, compute, write, compute, done
+			defer wg.Done()
+			defer srv.Close()
+			compute := func() {
+				c := computing.Add(1)
+				for m := most.Load(); c > m && !most.CompareAndSwap(m, c); m = most.Load() {
+				}
+				time.Sleep(time.Millisecond) // work, with the slot held
+				computing.Add(-1)
+			}
+			if _, err := io.ReadFull(hc, make([]byte, 5)); err != nil {
+				errs <- err
+				return
+			}
+			compute()
+			if _, err := hc.Write([]byte("answer")); err != nil {
+				errs <- err
+				return
+			}
+			compute()
+			hc.release()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if m := most.Load(); m != 1 {
+		t.Fatalf("%d handshakes computed at once, want 1 (the slots)", m)
+	}
+	if len(cpu) != 0 {
+		t.Fatalf("%d slots held after every handshake ended (the silent one waits for its client)", len(cpu))
+	}
+	silentCli.Close()
+	<-silentDone
+
+	// Released: no slot taken or needed, even with every slot held.
+	srv, cli := net.Pipe()
+	defer cli.Close()
+	hc := &handshakeConn{Conn: srv, cpu: cpu, ctx: ctx}
+	hc.release()
+	cpu <- struct{}{}
+	go func() { _, _ = cli.Write([]byte("x")) }()
+	if _, err := hc.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	// Waiting for a slot ends with the handshake's context.
+	cctx, cancel := context.WithCancel(ctx)
+	srv2, cli2 := net.Pipe()
+	defer cli2.Close()
+	waiting := &handshakeConn{Conn: srv2, cpu: cpu, ctx: cctx}
+	go func() { _, _ = cli2.Write([]byte("x")) }()
+	read := make(chan error, 1)
+	go func() { _, err := waiting.Read(make([]byte, 1)); read <- err }()
+	cancel()
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a handshake whose context ended still waits for a slot")
+	}
+	if waiting.holding {
+		t.Fatal("took a slot that was never free")
+	}
+	<-cpu
+
+	// connbridge waits for input on the socket under it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	tcp, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	var sc net.Conn = &handshakeConn{Conn: tcp, cpu: cpu, ctx: ctx}
+	if s, ok := sc.(syscall.Conn); !ok {
+		t.Fatal("handshakeConn is not a syscall.Conn")
+	} else if _, err := s.SyscallConn(); err != nil {
+		t.Fatal(err)
+	}
 }
