@@ -35,12 +35,15 @@ fleet: build
 
 ## test: install what the tests need, then vet, gofmt and every test with -race;
 ## then a subset of the proxy's integration tests again with TLS between the
-## proxy and memcached (memcached -Z; about 75 s on 2 cores).
+## proxy and memcached (memcached -Z; about 75 s on 2 cores); then, without
+## the race detector (it distorts latencies), the latency target of the TLS
+## handshake flood (proxy/tlsflood_test.go; 10 to 25 s).
 UPSTREAM_TLS_TESTS := Text|Clients|Memccapable|Isolation|Pymemcache|Gomemcache|Meta|Stat|Flush|SASL|Reload|UpstreamTLS
 UPSTREAM_TLS_SKIP  := TestConcurrentClientsNoCrossTalk
 test: deps vet
 	$(GO) test -race -count=1 -timeout 20m ./...
 	KVTHROTTLE_TEST_UPSTREAM_TLS=1 $(GO) test -race -count=1 -timeout 10m -run '$(UPSTREAM_TLS_TESTS)' -skip '$(UPSTREAM_TLS_SKIP)' ./proxy
+	$(GO) test -count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy
 
 ## vet: gofmt, go vet and staticcheck (its default checks).
 vet:
