@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,12 +39,82 @@ import (
 // tlsMaxHandshakesPerSource of them for one source (authSource: an IPv4
 // address or an IPv6 /64; more are closed at once). A flood of slow or
 // bogus handshakes thus costs a bounded number of goroutines and cannot
-// keep out another source's clients for long.
+// keep out another source's clients for long. Their computing is bounded
+// too (handshakeConn): a flood of full handshakes takes at most
+// handshakeCPUs processors from the event loops.
 const (
 	tlsHandshakeTimeout       = 10 * time.Second
 	tlsMaxHandshakes          = 256
 	tlsMaxHandshakesPerSource = 32
 )
+
+// handshakeCPUs is how many handshakes may compute at once: all the
+// processors the runtime has but one, which stays free for the event
+// loops, which serve established connections (at least one).
+func handshakeCPUs() int { return max(1, runtime.GOMAXPROCS(0)-1) }
+
+// handshakeConn is a TLS connection's socket during its handshake: the
+// handshake holds one of the front's cpu slots while it computes, and
+// gives it back whenever it waits for the client (a Read or a Write), so
+// that handshakes, however many are in progress, compute on at most
+// handshakeCPUs processors at once and cannot starve the event loops (a
+// flood of handshakes only queues for the slots). Once the handshake has
+// ended (release), it is a plain pass-through. Used by one goroutine at a
+// time; after release, nobody uses it (the loop reads the socket).
+type handshakeConn struct {
+	net.Conn
+	cpu     chan struct{}
+	ctx     context.Context // the handshake's: waiting for a slot ends with it
+	holding bool            // a slot is held
+	done    bool            // released: no more slots
+}
+
+// acquire waits for a cpu slot (not when ctx is done: the handshake is
+// failing anyway).
+func (c *handshakeConn) acquire() {
+	if c.done || c.holding {
+		return
+	}
+	select {
+	case c.cpu <- struct{}{}:
+		c.holding = true
+	case <-c.ctx.Done():
+	}
+}
+
+func (c *handshakeConn) yield() {
+	if c.holding {
+		<-c.cpu
+		c.holding = false
+	}
+}
+
+// release gives the slot back for good; from the handshake's goroutine
+// once the handshake has ended, before anyone else uses the connection.
+func (c *handshakeConn) release() {
+	c.yield()
+	c.done = true
+}
+
+func (c *handshakeConn) Read(b []byte) (int, error) {
+	if c.done {
+		return c.Conn.Read(b)
+	}
+	c.yield()
+	n, err := c.Conn.Read(b)
+	c.acquire()
+	return n, err
+}
+
+func (c *handshakeConn) Write(b []byte) (int, error) {
+	if c.done {
+		return c.Conn.Write(b)
+	}
+	c.yield()
+	n, err := c.Conn.Write(b)
+	c.acquire()
+	return n, err
+}
 
 // tlsClient is the gnet context of a TLS client connection's loop side,
 // read by OnOpen.
@@ -73,6 +144,7 @@ type tlsFront struct {
 	wg     sync.WaitGroup // the accept loop and the handshakes
 
 	slots chan struct{} // one per handshake in progress
+	cpu   chan struct{} // one per handshake computing (handshakeConn)
 
 	running     chan struct{} // closed once the event loops run (the first OnTick)
 	runningOnce sync.Once
@@ -102,6 +174,7 @@ func newTLSFront(srv *Server, cfg *bucketcfg.Config) (*tlsFront, error) {
 		srv:      srv,
 		addr:     cfg.TLS.Listen,
 		slots:    make(chan struct{}, tlsMaxHandshakes),
+		cpu:      make(chan struct{}, handshakeCPUs()),
 		running:  make(chan struct{}),
 		stopping: make(chan struct{}),
 		sources:  make(map[string]int),
@@ -359,10 +432,12 @@ func certUserName(c *x509.Certificate, field string) string {
 func (f *tlsFront) handshake(c net.Conn, src string) {
 	defer f.wg.Done()
 	h := &tlsHandshake{f: f}
-	rec := &tlsRecords{raw: c}
-	tc := tls.Server(rec, &tls.Config{GetConfigForClient: h.configForClient})
 	ctx, cancel := context.WithTimeout(f.ctx, tlsHandshakeTimeout)
+	hc := &handshakeConn{Conn: c, cpu: f.cpu, ctx: ctx}
+	rec := &tlsRecords{raw: hc}
+	tc := tls.Server(rec, &tls.Config{GetConfigForClient: h.configForClient})
 	err := tc.HandshakeContext(ctx)
+	hc.release()
 	cancel()
 	<-f.slots
 	f.releaseSource(src)
