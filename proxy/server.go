@@ -421,9 +421,16 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	remote := c.RemoteAddr().String()
 	if cl != nil {
 		remote = cl.remote
-		if cl.user != nil && s.ten.Load().cfg.User(cl.user.Name) == nil {
-			s.log.Info().Str("user", cl.user.Name).Str("remote", remote).Msg("tls: certificate user removed by a reload during the handshake; closing connection")
-			return nil, gnet.Close
+		if cl.user != nil {
+			// The user as configured now: a reload during the
+			// handshake may have changed their buckets or privileges,
+			// or removed them.
+			u := s.ten.Load().cfg.User(cl.user.Name)
+			if u == nil {
+				s.log.Info().Str("user", cl.user.Name).Str("remote", remote).Msg("tls: certificate user removed by a reload during the handshake; closing connection")
+				return nil, gnet.Close
+			}
+			cl.user = u
 		}
 	}
 	lp := s.loopOf(c.EventLoop())

@@ -402,8 +402,15 @@ func (h *tlsHandshake) verify(cs tls.ConnectionState) error {
 		return fmt.Errorf("%w: %s %q is not a [[user]]", errNoCertUser, h.st.field, name)
 	}
 	h.user = u
+	if hook := testHookTLSVerified.Load(); hook != nil {
+		(*hook)()
+	}
 	return nil
 }
+
+// testHookTLSVerified, when set (by tests), runs on the handshake's
+// goroutine once a client certificate has been found to name a user.
+var testHookTLSVerified atomic.Pointer[func()]
 
 // certUserName returns the value of a certificate's field (a
 // tls.client_cert_user value) that names its user; "" when it has none.

@@ -738,3 +738,66 @@ func TestTLSBadRecord(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "the closed connections to be gone", func() bool { return s.p.Connections() == 1 })
 }
+
+// TestTLSCertUserReloadDuringHandshake: a reload that takes a bucket away
+// from a certificate's user while the user's handshake is in progress
+// (after the certificate was verified) applies to that connection too:
+// the session logs in as the user is configured when it opens, not as
+// they were when the certificate was checked.
+func TestTLSCertUserReloadDuringHandshake(t *testing.T) {
+	h := hashes(t)
+	tail := func(aliceBuckets string) string {
+		return fmt.Sprintf("[[bucket]]\nname = \"alice\"\n[[bucket]]\nname = \"bob\"\n"+
+			"[[user]]\nname = \"alice\"\npassword_hash = %q\nbuckets = [%s]\n", h["alice"], aliceBuckets)
+	}
+	s := startTLSProxyTail(t, true, "default_bucket = \"\"", tail(`"alice", "bob"`))
+	verified, proceed := make(chan struct{}), make(chan struct{})
+	hook := func() {
+		close(verified)
+		<-proceed
+	}
+	testHookTLSVerified.Store(&hook)
+	t.Cleanup(func() { testHookTLSVerified.Store(nil) })
+
+	type dialed struct {
+		c   *tls.Conn
+		err error
+	}
+	done := make(chan dialed, 1)
+	go func() {
+		c, err := s.dialTLS(t, s.clientCert(t, "alice"))
+		done <- dialed{c, err}
+	}()
+	select {
+	case <-verified:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the certificate was not verified")
+	}
+	testHookTLSVerified.Store(nil)
+	// alice loses bucket bob while her handshake is in progress.
+	s.tc.tail = strings.Replace(s.tc.tail, tail(`"alice", "bob"`), tail(`"alice"`), 1)
+	cfg, err := bucketcfg.Parse([]byte(s.tc.render(s.p.Addr, []string{s.p.Upstream}, s.p.StatePath)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.p.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	close(proceed)
+	d := <-done
+	if d.err != nil {
+		t.Fatalf("handshake: %v", d.err)
+	}
+	c := mcclient.New(d.c)
+	r, err := c.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("bob")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status() == mc.StatusSuccess {
+		t.Fatal("SelectBucket bob succeeded for a user whose access to it a reload removed during the handshake")
+	}
+	r, err = c.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("alice")})
+	if err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("SelectBucket alice: %v %+v", err, r)
+	}
+}
