@@ -324,8 +324,8 @@ func (s *session) flush() {
 	}
 	if len(s.out) > 0 {
 		_, _ = s.c.Write(s.out)
-		if cap(s.out) > 1<<20 {
-			s.out = nil
+		if cap(s.out) > outKeepBusy || cap(s.out) > outKeepIdle && s.pending() == 0 {
+			s.out = nil // a large response's buffer is not kept by an idle session
 		} else {
 			s.out = s.out[:0]
 		}
@@ -334,6 +334,15 @@ func (s *session) flush() {
 		_ = s.c.Close()
 	}
 }
+
+// The output buffer a session keeps once written: up to outKeepBusy while
+// it has commands in flight (the next responses are coming), up to
+// outKeepIdle when it has none, so that a connection that once read a
+// large value does not pin its buffer while idle.
+const (
+	outKeepBusy = 1 << 20
+	outKeepIdle = 16 << 10
+)
 
 // drained reports whether the client has nothing more to say for now: no
 // input buffered by gnet, nor any still in the socket (sent while this

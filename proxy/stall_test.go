@@ -416,3 +416,31 @@ func TestStalledWaiterGivesUpItsTurn(t *testing.T) {
 		t.Fatal("the stalled session still holds its turn in the lane")
 	}
 }
+
+// TestIdleSessionKeepsNoLargeBuffer: a client that read a large value and
+// went idle does not pin the response buffer (on either listener).
+func TestIdleSessionKeepsNoLargeBuffer(t *testing.T) {
+	s := startTLSProxyTail(t, false, "", "[[bucket]]\nname = \"default\"\n")
+	big := bytes.Repeat([]byte("x"), 900<<10)
+	plain := dial(t, s.p.Addr)
+	if r, err := plain.Set([]byte("big"), big); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	for _, c := range []*mcclient.Client{plain, s.client(t, nil)} {
+		if r, err := c.Get([]byte("big")); err != nil || len(r.Value) != len(big) {
+			t.Fatal(err, len(r.Value))
+		}
+		found := false
+		onLoop(t, s.p, func(lp *loop) {
+			if ss := sessionOf(lp, c.Conn().LocalAddr()); ss != nil {
+				found = true
+				if cap(ss.out) > 64<<10 {
+					t.Errorf("an idle session keeps a %d-byte output buffer", cap(ss.out))
+				}
+			}
+		})
+		if !found {
+			t.Fatal("session not found")
+		}
+	}
+}
