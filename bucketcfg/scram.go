@@ -6,11 +6,12 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/xdg-go/scram"
 )
@@ -184,11 +185,13 @@ func parseSCRAM(h SCRAMHash, v string) (scramCred, error) {
 // github.com/xdg-go/scram's CredentialLookup: the user's stored credential
 // and the user when it exists and has one for h. Otherwise it returns a
 // decoy and nil, so that the conversation goes on and fails at the proof,
-// as a wrong password does: the salt is derived from the name with a key
-// drawn when the process started (the same name always gets the same
-// salt), the iteration count is the one most users of c have for h, and
-// the keys are random, so no proof matches. Cheap (no PBKDF2), safe for
-// concurrent use; the result must not be modified.
+// as a wrong password does: the salt is derived from h and the name with
+// a key derived from the users' credentials (see decoyKeyOf: the same name
+// gets the same salt for as long as the [[user]] credentials stay the
+// same, across restarts and reloads too, as a real user's does), the
+// iteration count is the one most users of c have for h, and the keys are
+// random, so no proof matches. Cheap (no PBKDF2), safe for concurrent
+// use; the result must not be modified.
 func (c *Config) SCRAMCredentials(h SCRAMHash, user string) (scram.StoredCredentials, *User) {
 	if u := c.User(user); u != nil {
 		if sc := u.scram(h); sc != nil {
@@ -202,7 +205,13 @@ func (c *Config) SCRAMCredentials(h SCRAMHash, user string) (scram.StoredCredent
 	if c.auth != nil && c.auth.scramIters[h] != 0 {
 		iters = c.auth.scramIters[h]
 	}
-	m := hmac.New(sha256.New, decoyKey())
+	var key []byte
+	if c.auth != nil {
+		key = c.auth.decoyKey
+	} else { // not a Config from Load, Parse or Effective
+		key = decoyKeyOf(c.Users)
+	}
+	m := hmac.New(sha256.New, key)
 	fmt.Fprintf(m, "%d\x00%s", int(h), user)
 	salt := m.Sum(nil)[:scramSaltBytes]
 	keys := make([]byte, 2*h.size())
@@ -242,12 +251,52 @@ func (u *User) scram(h SCRAMHash) *scramCred {
 	return nil
 }
 
-// decoyKey is the process's key for decoy salts (see SCRAMCredentials).
-var decoyKey = sync.OnceValue(func() []byte {
-	k := make([]byte, 32)
-	_, _ = rand.Read(k)
-	return k
-})
+// decoyDomain separates decoyKeyOf's hash from any other use of the same
+// credentials.
+const decoyDomain = "kvthrottle SCRAM decoy salt key v1"
+
+// decoyKeyOf returns the key of the decoy salts (SCRAMCredentials) for
+// users: SHA-256 over decoyDomain and every user's name and credentials
+// (password_hash, and both SCRAM credentials with their secret StoredKey
+// and ServerKey), in name order, each field length-prefixed. It needs no
+// secret of its own, yet is secret (it covers keys that never leave the
+// proxy) and stable: every process that loads the same users computes the
+// same key, so a name's decoy salt does not change across restarts, while
+// a real user's salt never changes either. Changing the users' credentials
+// (a user added, removed, renamed or given a new credential) changes
+// every decoy salt at once; an unknown name then gets a new salt while an
+// unchanged real user keeps its own, so someone who asked for the same
+// names before and after such a change can tell them apart (they cannot
+// across a restart or a reload that keeps the credentials). With no users
+// the key is that of the empty list: constant, and nobody can log in.
+func decoyKeyOf(users []User) []byte {
+	order := make([]*User, len(users))
+	for i := range users {
+		order[i] = &users[i]
+	}
+	slices.SortFunc(order, func(a, b *User) int { return strings.Compare(a.Name, b.Name) })
+	h := sha256.New()
+	field := func(b []byte) {
+		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(b))))
+		h.Write(b)
+	}
+	field([]byte(decoyDomain))
+	for _, u := range order {
+		field([]byte(u.Name))
+		field(u.passwordHash)
+		for _, sc := range []*scramCred{u.scram256, u.scram512} {
+			if sc == nil {
+				field(nil)
+				continue
+			}
+			field(binary.BigEndian.AppendUint64(nil, uint64(sc.iters)))
+			field(sc.salt)
+			field(sc.storedKey)
+			field(sc.serverKey)
+		}
+	}
+	return h.Sum(nil)
+}
 
 // commonSCRAMIters returns, for each hash, the iteration count most users
 // have (the higher on a tie), 0 when none has a credential.

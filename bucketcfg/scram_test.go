@@ -2,7 +2,12 @@ package bucketcfg
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -131,6 +136,130 @@ func TestSCRAMDecoy(t *testing.T) {
 	}
 	if len(a.StoredKey) != 64 || len(d.StoredKey) != 32 || bytes.Equal(a.StoredKey, b.StoredKey) {
 		t.Errorf("decoy keys: wrong sizes or not random")
+	}
+}
+
+// decoyUsers returns [[user]] tables: a with a password_hash and both
+// SCRAM credentials, b with scram512 only; reversed lists b first.
+func decoyUsers(hash, s256, s512 string, reversed bool) string {
+	a := "[[user]]\nname=\"a\"\npassword_hash=\"" + hash + "\"\nscram_sha256=\"" + s256 + "\"\nscram_sha512=\"" + s512 + "\"\n"
+	b := "[[user]]\nname=\"b\"\nscram_sha512=\"" + s512 + "\"\n"
+	if reversed {
+		return b + a
+	}
+	return a + b
+}
+
+// decoyChildEnv names the file of the configuration a child process of
+// TestSCRAMDecoyAcrossRestart loads (see there).
+const decoyChildEnv = "KVTHROTTLE_TEST_DECOY_CONFIG"
+
+// TestSCRAMDecoyStable: the decoy salts depend on the users' credentials
+// only: a configuration loaded again with the same users (in another
+// order, with other buckets: a restart, or a reload that keeps the users)
+// gives an unknown name the same salt, while a change of a secret part of
+// a credential (StoredKey, which never leaves the proxy; the salt and the
+// iterations, which anyone may ask for, kept) changes it, so it cannot be
+// computed from what the proxy discloses. Real users get their own
+// credentials, untouched.
+func TestSCRAMDecoyStable(t *testing.T) {
+	s256, err := HashSCRAM(SCRAMSHA256, "secret", MinSCRAMIterations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s512, err := HashSCRAM(SCRAMSHA512, "secret", 5000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other256, err := HashSCRAM(SCRAMSHA256, "other", MinSCRAMIterations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// s256 with other256's keys: the same public factors, other secrets.
+	factors, _, _ := strings.Cut(s256[strings.Index(s256, "$")+1:], "$")
+	_, otherKeys, _ := strings.Cut(other256[strings.Index(other256, "$")+1:], "$")
+	rekeyed := "SCRAM-SHA-256$" + factors + "$" + otherKeys
+
+	first := mustParse(t, "[[bucket]]\nname=\"default\"\n"+decoyUsers(fastHash(t), s256, s512, false))
+	again := mustParse(t, "[[bucket]]\nname=\"default\"\n[[bucket]]\nname=\"x\"\n"+decoyUsers(fastHash(t), s256, s512, true))
+	changed := mustParse(t, "[[bucket]]\nname=\"default\"\n"+decoyUsers(fastHash(t), rekeyed, s512, false))
+	for _, h := range []SCRAMHash{SCRAMSHA256, SCRAMSHA512} {
+		d1, u1 := first.SCRAMCredentials(h, "mallory")
+		d2, u2 := again.SCRAMCredentials(h, "mallory")
+		d3, _ := changed.SCRAMCredentials(h, "mallory")
+		if u1 != nil || u2 != nil {
+			t.Fatalf("%s: a decoy with a user", h)
+		}
+		if d1.Salt != d2.Salt || d1.Iters != d2.Iters {
+			t.Errorf("%s: the same users loaded again give mallory another decoy (salt equal %v, iterations %d, %d)", h, d1.Salt == d2.Salt, d1.Iters, d2.Iters)
+		}
+		if d1.Salt == d3.Salt {
+			t.Errorf("%s: a StoredKey changed, mallory's decoy salt did not: it does not depend on the secret keys", h)
+		}
+		// Real users: the salt and iterations of their credentials.
+		for _, cfg := range []*Config{first, again, changed} {
+			r, u := cfg.SCRAMCredentials(h, "a")
+			want, _ := parseSCRAM(h, map[SCRAMHash]string{SCRAMSHA256: s256, SCRAMSHA512: s512}[h])
+			if u == nil || r.Salt != string(want.salt) || r.Iters != want.iters {
+				t.Errorf("%s: user a gets salt %x, %d iterations, user %v; want its own %x, %d", h, r.Salt, r.Iters, u, want.salt, want.iters)
+			}
+		}
+	}
+	// b has no SCRAM-SHA-256 credential: a decoy, stable, of its name.
+	b1, u := first.SCRAMCredentials(SCRAMSHA256, "b")
+	b2, _ := again.SCRAMCredentials(SCRAMSHA256, "b")
+	m, _ := first.SCRAMCredentials(SCRAMSHA256, "mallory")
+	if u != nil || b1.Salt != b2.Salt || b1.Salt == m.Salt {
+		t.Errorf("user b without scram_sha256: user %v, decoy salt stable %v, distinct from mallory's %v", u, b1.Salt == b2.Salt, b1.Salt != m.Salt)
+	}
+	// No users: a constant key, the same for every such configuration.
+	e1, _ := mustParse(t, "[[bucket]]\nname=\"default\"\n").SCRAMCredentials(SCRAMSHA512, "mallory")
+	e2, _ := mustParse(t, "[[bucket]]\nname=\"other\"\n[proxy]\ndefault_bucket=\"other\"\n").SCRAMCredentials(SCRAMSHA512, "mallory")
+	if e1.Salt != e2.Salt || len(e1.Salt) != scramSaltBytes {
+		t.Error("without users, decoy salts differ between configurations")
+	}
+}
+
+// TestSCRAMDecoyAcrossRestart: a new process that loads the same
+// configuration gives an unknown name the same decoy salt, as a real
+// user's salt stays the same: comparing salts before and after a restart
+// does not tell which names exist. The test runs itself as the child.
+func TestSCRAMDecoyAcrossRestart(t *testing.T) {
+	if path := os.Getenv(decoyChildEnv); path != "" {
+		cfg, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := cfg.SCRAMCredentials(SCRAMSHA512, "mallory")
+		fmt.Printf("decoy=%s\n", base64.StdEncoding.EncodeToString([]byte(d.Salt)))
+		return
+	}
+	s256, err := HashSCRAM(SCRAMSHA256, "secret", MinSCRAMIterations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s512, err := HashSCRAM(SCRAMSHA512, "secret", MinSCRAMIterations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kvthrottle.toml")
+	if err := os.WriteFile(path, []byte("[[bucket]]\nname=\"default\"\n"+decoyUsers(fastHash(t), s256, s512, false)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := cfg.SCRAMCredentials(SCRAMSHA512, "mallory")
+	want := "decoy=" + base64.StdEncoding.EncodeToString([]byte(d.Salt))
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSCRAMDecoyAcrossRestart$", "-test.count=1")
+	cmd.Env = append(os.Environ(), decoyChildEnv+"="+path)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), want+"\n") {
+		t.Errorf("another process gives mallory another decoy salt: it printed\n%s\nthis one has %s", out, want)
 	}
 }
 

@@ -256,6 +256,7 @@ type authState struct {
 	dummy []byte
 
 	scramIters map[SCRAMHash]int // the decoys' iteration counts (SCRAMCredentials)
+	decoyKey   []byte            // the decoys' salt key (decoyKeyOf)
 }
 
 func newAuthState(users []User) *authState {
@@ -268,7 +269,7 @@ func newAuthState(users []User) *authState {
 	if cost == 0 {
 		cost = DefaultHashCost
 	}
-	return &authState{cost: cost, scramIters: commonSCRAMIters(users)}
+	return &authState{cost: cost, scramIters: commonSCRAMIters(users), decoyKey: decoyKeyOf(users)}
 }
 
 func (a *authState) dummyHash() []byte {

@@ -6,10 +6,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
@@ -171,7 +173,7 @@ func (o Options) dial() (net.Conn, error) {
 		return nil, &dialError{err}
 	}
 	if conf == nil {
-		return raw, nil
+		return &plainConn{Conn: raw}, nil
 	}
 	tc := tls.Client(raw, conf)
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
@@ -196,10 +198,75 @@ func (o Options) connect() (*mcclient.Client, error) {
 	if o.User != "" {
 		if err := o.authenticate(c); err != nil {
 			c.Close()
-			return nil, err
+			return nil, noAnswer(conn, err)
 		}
 	}
 	return c, nil
+}
+
+// plainConn is a plaintext connection to the proxy that keeps the first
+// bytes the server sent on it (see noAnswer). Its Reads must not run
+// concurrently with each other or with noAnswer (mcclient reads from one
+// goroutine at a time).
+type plainConn struct {
+	net.Conn
+	head  [3]byte // the first bytes received
+	nhead int     // how many of head are set
+	any   bool    // a byte arrived
+}
+
+// Read is net.Conn's Read, keeping the first bytes that arrive.
+func (c *plainConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.any = true
+		c.nhead += copy(c.head[c.nhead:], p[:n])
+	}
+	return n, err
+}
+
+// tlsRecord reports whether the server's first bytes are a TLS record
+// header (an alert or a handshake, TLS 1.0 to 1.3 framing): a TLS server
+// answering, typically with a protocol_version alert, the memcached
+// request it could not parse.
+func (c *plainConn) tlsRecord() bool {
+	return c.nhead == len(c.head) && (c.head[0] == 0x15 || c.head[0] == 0x16) && c.head[1] == 0x03 && c.head[2] <= 0x04
+}
+
+// noAnswerError is a plaintext connection on which no memcached answer
+// came: the server answered in TLS (tls), or closed or reset the
+// connection before it sent a byte. The former is what the proxy's [tls]
+// listener does with a client that does not speak TLS; the latter what
+// another TLS server may do, and, rarely, a plaintext listener (e.g. to an
+// unauthenticated connection pushed out by newer ones).
+type noAnswerError struct {
+	tls   bool // the server answered with a TLS record
+	reset bool // reset (ECONNRESET, EPIPE) rather than closed (EOF)
+	err   error
+}
+
+func (e *noAnswerError) Error() string { return e.err.Error() }
+func (e *noAnswerError) Unwrap() error { return e.err }
+
+// noAnswer returns err, a failure on conn (a connection from dial), as a
+// *noAnswerError when conn is plaintext and either the server's first
+// bytes on it were TLS, or it sent none and err is the server closing or
+// resetting the connection; otherwise it returns err itself.
+func noAnswer(conn net.Conn, err error) error {
+	pc, ok := conn.(*plainConn)
+	switch {
+	case err == nil || !ok:
+		return err
+	case pc.tlsRecord():
+		return &noAnswerError{tls: true, err: err}
+	case pc.any:
+		return err
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return &noAnswerError{err: err}
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return &noAnswerError{reset: true, err: err}
+	}
+	return err
 }
 
 // authenticate runs SASL as o.User with the mechanism o.Mech chooses (see

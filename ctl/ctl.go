@@ -176,7 +176,7 @@ func Stats(o Options, group string, w io.Writer) error {
 func (o Options) run(req request, do func(*mcclient.Client) error) error {
 	c, err := o.connect()
 	if err == nil {
-		err = do(c)
+		err = noAnswer(c.Conn(), do(c))
 		c.Close()
 	}
 	if err != nil {

@@ -69,9 +69,18 @@ func (o Options) generalMessage(req request, err error) string {
 	var se *mcclient.StatusError
 	var ne net.Error
 	var oe *net.OpError
+	var na *noAnswerError
 	switch {
 	case errors.As(err, &oe) && oe.Op == "remote error":
 		return o.tlsRefusedMessage(oe.Err)
+	case errors.As(err, &na) && na.tls:
+		return fmt.Sprintf("%s answered in TLS (is it the proxy's [tls] listen address?): add --tls", o.Addr)
+	case errors.As(err, &na):
+		verb := "closed"
+		if na.reset {
+			verb = "reset"
+		}
+		return fmt.Sprintf("%s %s the connection before answering (if that is the proxy's [tls] listen address, add --tls)", o.Addr, verb)
 	case errors.As(err, &de):
 		return fmt.Sprintf("cannot connect to %s: %s", o.Addr, netCause(de.err))
 	case errors.As(err, &se):

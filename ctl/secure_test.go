@@ -3,6 +3,7 @@ package ctl
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -332,4 +333,66 @@ func TestChooseMech(t *testing.T) {
 	if _, err := ParseMech("scram-md5"); err == nil || !strings.Contains(err.Error(), "auto, plain, scram-sha256, scram-sha512") {
 		t.Errorf("ParseMech(scram-md5): %v", err)
 	}
+}
+
+// TestCtlPlainToTLSListener: ctl without --tls to the proxy's [tls]
+// listener, which answers with a TLS alert and closes, says so and
+// suggests --tls, with or without a user, for every command.
+func TestCtlPlainToTLSListener(t *testing.T) {
+	p := startRealProxy(t, false)
+	admin := Options{Addr: p.tlsAddr, User: "admin", Password: adminPW, Timeout: 5 * time.Second}
+	hint := []string{p.tlsAddr + " answered in TLS", "add --tls"}
+	mustFail(t, "stats as admin", admin, stats(""), hint...)
+	mustFail(t, "set-node as admin", admin, setNode(`{"capacity": 1}`), hint...)
+	mustFail(t, "top as admin", admin, top, hint...)
+	anon := admin
+	anon.User, anon.Password = "", ""
+	mustFail(t, "stats without a user", anon, stats(""), hint...)
+	mustFail(t, "top without a user", anon, top, hint...)
+}
+
+// TestCtlClosedBeforeAnswer: a plaintext server that closes the
+// connection before it sends a byte gets a hint at --tls; one that closes
+// after it began to answer, or TLS to a TLS listener, does not.
+func TestCtlClosedBeforeAnswer(t *testing.T) {
+	// reply is what the server writes after the first request's header,
+	// before it closes.
+	serve := func(reply []byte) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		t.Cleanup(func() { ln.Close(); <-done })
+		go func() {
+			defer close(done)
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				_, _ = io.ReadFull(c, make([]byte, 24))
+				_, _ = c.Write(reply)
+				c.Close()
+			}
+		}()
+		return ln.Addr().String()
+	}
+	silent := serve(nil)
+	for _, user := range []string{"admin", ""} {
+		o := Options{Addr: silent, User: user, Password: adminPW, Timeout: 5 * time.Second}
+		mustFail(t, "closed at once, user "+user, o, stats(""),
+			silent+" closed the connection before answering", "if that is the proxy's [tls] listen address, add --tls")
+	}
+	half := serve([]byte{0x81, 0x20, 0, 0}) // half a response header
+	for _, user := range []string{"admin", ""} {
+		o := Options{Addr: half, User: user, Password: adminPW, Timeout: 5 * time.Second}
+		var out bytes.Buffer
+		err := Stats(o, "", &out)
+		if err == nil || err.Error() != half+" closed the connection" {
+			t.Errorf("closed mid-answer, user %q: %v; want %q", user, err, half+" closed the connection")
+		}
+	}
+	p := startRealProxy(t, false)
+	mustOK(t, "TLS to the TLS listener", Options{Addr: p.tlsAddr, User: "admin", Password: adminPW, CAFile: p.caFile}, stats(""), "uptime")
 }

@@ -51,7 +51,9 @@ func Top(ctx context.Context, o Options, t TopOptions, w io.Writer) error {
 		return o.describe(req, err)
 	}
 	if err := runTop(ctx, o, t, c, w); err != nil {
-		return o.describe(req, err)
+		// A plaintext connection closed before the first answer: the
+		// error is the first STAT's (later ones are retried).
+		return o.describe(req, noAnswer(c.Conn(), err))
 	}
 	return nil
 }
