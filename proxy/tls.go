@@ -565,20 +565,26 @@ func (s *session) certLogin(ten *tenants) bool {
 
 // onTLSTraffic decrypts what a TLS client sent and runs the session on
 // the plaintext; what the session leaves buffered moves off the loop's
-// scratch buffer. A TLS error, or the client's close_notify, closes the
-// connection once the plaintext before it has been dispatched. On the
-// loop, from OnTraffic.
+// scratch buffer. A TLS error (a record that does not decrypt, an alert)
+// closes the connection at once: the TLS layer has sent its alert and can
+// encrypt nothing more, so commands before the bad record are not run
+// (their answers could not be sent). After the client's close_notify the
+// plaintext before it is dispatched, then the connection closes, as a
+// plaintext connection closes when its client does. On the loop, from
+// OnTraffic.
 func (s *session) onTLSTraffic() gnet.Action {
 	err := s.tls.fill()
+	if err != nil && !errors.Is(err, io.EOF) {
+		s.tls.keep()
+		s.lp.srv.log.Debug().Err(err).Str("remote", s.remote).Msg("tls: bad input from the client; closing connection")
+		return gnet.Close
+	}
 	act := gnet.None
 	if s.c.InboundBuffered() > 0 {
 		act = s.onTraffic()
 	}
 	s.tls.keep()
 	if err != nil {
-		if !errors.Is(err, io.EOF) {
-			s.lp.srv.log.Debug().Err(err).Str("remote", s.remote).Msg("tls: bad input from the client; closing connection")
-		}
 		return gnet.Close
 	}
 	return act
