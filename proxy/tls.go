@@ -34,12 +34,14 @@ import (
 // goroutine.
 
 // Handshake bounds: a handshake that has not completed in
-// tlsHandshakeTimeout is dropped; at most tlsMaxHandshakes run at once
-// (further connections wait in the listen backlog), at most
-// tlsMaxHandshakesPerSource of them for one source (authSource: an IPv4
-// address or an IPv6 /64; more are closed at once). A flood of slow or
-// bogus handshakes thus costs a bounded number of goroutines and cannot
-// keep out another source's clients for long. Their computing is bounded
+// tlsHandshakeTimeout is dropped; at most tlsMaxHandshakesPerSource run
+// at once for one source (authSource: an IPv4 address or an IPv6 /64;
+// more are closed at once), and at most tlsMaxHandshakes in all: a
+// connection that finds them all taken ends the oldest handshake of the
+// source with the most in progress (takeSlot). A flood of slow or bogus
+// handshakes thus costs a bounded number of goroutines, and silent
+// connections cannot keep out another source's clients: they lose their
+// slots as soon as others need them. Their computing is bounded
 // too (handshakeConn): a flood of full handshakes takes at most
 // handshakeCPUs processors from the event loops.
 const (
@@ -152,10 +154,13 @@ type tlsFront struct {
 
 	mu      sync.Mutex
 	closed  bool
-	sources map[string]int // handshakes in progress per source
+	sources map[string]int        // handshakes in progress per source
+	active  map[string][]*hsEntry // the same handshakes, oldest first, for eviction
 
 	logFail    logSample // failed handshakes
 	logRefused logSample // connections closed: their source at its handshake limit
+	logEvicted logSample // handshakes ended to make room
+	evicted    atomic.Uint64
 	handshakes atomic.Uint64
 	failures   atomic.Uint64
 }
@@ -178,6 +183,7 @@ func newTLSFront(srv *Server, cfg *bucketcfg.Config) (*tlsFront, error) {
 		running:  make(chan struct{}),
 		stopping: make(chan struct{}),
 		sources:  make(map[string]int),
+		active:   make(map[string][]*hsEntry),
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.cur.Store(st)
@@ -306,14 +312,8 @@ func (f *tlsFront) acceptLoop() {
 	}
 	var backoff time.Duration
 	for {
-		select {
-		case f.slots <- struct{}{}:
-		case <-f.ctx.Done():
-			return
-		}
 		c, err := f.ln.Accept()
 		if err != nil {
-			<-f.slots
 			if f.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -329,35 +329,107 @@ func (f *tlsFront) acceptLoop() {
 		}
 		backoff = 0
 		src := authSource(c.RemoteAddr().String())
-		if !f.takeSource(src) {
-			<-f.slots
+		e, ok := f.takeSource(src)
+		if !ok {
 			_ = c.Close()
 			f.logRefused.event(&f.srv.log, zerolog.WarnLevel).Str("source", src).Int("per_source_limit", tlsMaxHandshakesPerSource).
 				Msg("tls: handshakes from one source at their limit; closing new connection")
 			continue
 		}
+		if !f.takeSlot() {
+			f.releaseSource(e)
+			_ = c.Close()
+			return
+		}
 		f.wg.Add(1)
-		go f.handshake(c, src)
+		go f.handshake(c, e)
 	}
 }
 
-func (f *tlsFront) takeSource(src string) bool {
+// hsEntry is a handshake in progress, as its source's list holds it.
+type hsEntry struct {
+	src    string
+	ctx    context.Context // ends the handshake: its timeout, shutdown, or eviction
+	cancel context.CancelFunc
+}
+
+// takeSlot takes one of the tlsMaxHandshakes slots. When all are taken,
+// it makes room: the oldest handshake of the source with the most in
+// progress is ended (a source that opens connections and stays silent
+// can thus hold slots only until others need them, and never keeps
+// another source's clients out for the handshake timeout). False when the
+// front is shutting down.
+func (f *tlsFront) takeSlot() bool {
+	select {
+	case f.slots <- struct{}{}:
+		return true
+	default:
+	}
+	f.evictOne()
+	select {
+	case f.slots <- struct{}{}:
+		return true
+	case <-f.ctx.Done():
+		return false
+	}
+}
+
+// evictOne ends the oldest handshake of the source with the most in
+// progress.
+func (f *tlsFront) evictOne() {
+	f.mu.Lock()
+	var victim *hsEntry
+	most := 0
+	for _, list := range f.active {
+		if len(list) > most {
+			most, victim = len(list), list[0]
+		}
+	}
+	f.mu.Unlock()
+	if victim != nil {
+		f.evicted.Add(1)
+		f.logEvicted.event(&f.srv.log, zerolog.InfoLevel).Str("source", victim.src).Int("in_progress", most).
+			Msg("tls: handshake slots full; ending the oldest handshake of the busiest source")
+		victim.cancel()
+	}
+}
+
+// takeSource counts a handshake of src, false when src is at its limit;
+// the entry's context ends at the handshake timeout.
+func (f *tlsFront) takeSource(src string) (*hsEntry, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.sources[src] >= tlsMaxHandshakesPerSource {
-		return false
+		return nil, false
 	}
 	f.sources[src]++
-	return true
+	e := &hsEntry{src: src}
+	e.ctx, e.cancel = context.WithTimeout(f.ctx, tlsHandshakeTimeout)
+	f.active[src] = append(f.active[src], e)
+	return e, true
 }
 
-func (f *tlsFront) releaseSource(src string) {
+// releaseSource forgets a handshake that has ended.
+func (f *tlsFront) releaseSource(e *hsEntry) {
+	e.cancel()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.sources[src] <= 1 {
-		delete(f.sources, src)
+	if f.sources[e.src] <= 1 {
+		delete(f.sources, e.src)
 	} else {
-		f.sources[src]--
+		f.sources[e.src]--
+	}
+	list := f.active[e.src]
+	for i, x := range list {
+		if x == e {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(f.active, e.src)
+	} else {
+		f.active[e.src] = list
 	}
 }
 
@@ -436,18 +508,16 @@ func certUserName(c *x509.Certificate, field string) string {
 
 // handshake runs one connection's handshake and hands the connection to
 // an event loop.
-func (f *tlsFront) handshake(c net.Conn, src string) {
+func (f *tlsFront) handshake(c net.Conn, e *hsEntry) {
 	defer f.wg.Done()
 	h := &tlsHandshake{f: f}
-	ctx, cancel := context.WithTimeout(f.ctx, tlsHandshakeTimeout)
-	hc := &handshakeConn{Conn: c, cpu: f.cpu, ctx: ctx}
+	hc := &handshakeConn{Conn: c, cpu: f.cpu, ctx: e.ctx}
 	rec := &tlsRecords{raw: hc}
 	tc := tls.Server(rec, &tls.Config{GetConfigForClient: h.configForClient})
-	err := tc.HandshakeContext(ctx)
+	err := tc.HandshakeContext(e.ctx)
 	hc.release()
-	cancel()
+	f.releaseSource(e)
 	<-f.slots
-	f.releaseSource(src)
 	remote := c.RemoteAddr().String()
 	if err != nil {
 		_ = c.Close()
@@ -463,7 +533,7 @@ func (f *tlsFront) handshake(c net.Conn, src string) {
 	// descriptor and closes it) and tc, which from OnOpen on reads and
 	// writes the loop's buffers instead (newTLSClientConn).
 	cl := &tlsClient{remote: remote, user: h.user, tc: tc, rec: rec}
-	ctx = gnet.NewContext(gnet.NewNetConnContext(context.Background(), c), cl)
+	ctx := gnet.NewContext(gnet.NewNetConnContext(context.Background(), c), cl)
 	ch, err := f.srv.eng.Register(ctx)
 	if err == nil {
 		select {

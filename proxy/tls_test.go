@@ -801,3 +801,50 @@ func TestTLSCertUserReloadDuringHandshake(t *testing.T) {
 		t.Fatalf("SelectBucket alice: %v %+v", err, r)
 	}
 }
+
+// TestTLSSilentSourcesDoNotBlockHandshakes: eight sources holding every
+// handshake slot with connections that never say hello do not keep a
+// ninth source's client waiting: it evicts the oldest of the busiest
+// source's handshakes and completes at once, not after the handshake
+// timeout.
+func TestTLSSilentSourcesDoNotBlockHandshakes(t *testing.T) {
+	s := startTLSProxy(t, false, "")
+	per := tlsMaxHandshakesPerSource
+	sources := tlsMaxHandshakes / per
+	for i := 0; i < sources; i++ {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(10+i))}, Timeout: 5 * time.Second}
+		for j := 0; j < per; j++ {
+			c, err := d.Dial("tcp", s.p.TLSAddr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}
+	eventually(t, 5*time.Second, "every handshake slot to be taken", func() bool { return handshakesInProgress(s.p.Server) == tlsMaxHandshakes })
+	start := time.Now()
+	c, err := s.dialTLS(t, nil)
+	if err != nil {
+		t.Fatalf("TLS dial while silent connections hold every slot: %v", err)
+	}
+	if r, err := mcclient.New(c).Do(mcclient.Request{Opcode: mc.OpVersion}); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("VERSION: %v %+v", err, r)
+	}
+	if d := time.Since(start); d > tlsHandshakeTimeout/4 {
+		t.Fatalf("the handshake took %v with every slot held by silent connections", d)
+	}
+	if s.p.tls.evicted.Load() == 0 {
+		t.Fatal("no handshake evicted")
+	}
+}
+
+// handshakesInProgress counts the TLS handshakes srv is running.
+func handshakesInProgress(srv *Server) int {
+	srv.tls.mu.Lock()
+	defer srv.tls.mu.Unlock()
+	n := 0
+	for _, k := range srv.tls.sources {
+		n += k
+	}
+	return n
+}

@@ -306,17 +306,6 @@ func tenantLatencies(t *testing.T, c *mcclient.Client, interval, d time.Duration
 	return into
 }
 
-// handshakesInProgress counts the TLS handshakes srv is running.
-func handshakesInProgress(srv *Server) int {
-	srv.tls.mu.Lock()
-	defer srv.tls.mu.Unlock()
-	n := 0
-	for _, k := range srv.tls.sources {
-		n += k
-	}
-	return n
-}
-
 // floodComparison is one comparison of TestTLSHandshakeFlood.
 type floodComparison struct {
 	alone, flooded []time.Duration
