@@ -62,7 +62,10 @@ func scramServer(t *testing.T, f scram.HashGeneratorFcn, mech, pw string, tamper
 	if err != nil {
 		t.Fatal(err)
 	}
-	cred := kc.GetStoredCredentials(scram.KeyFactors{Salt: "0123456789abcdef", Iters: 4096})
+	cred, err := kc.GetStoredCredentialsWithError(scram.KeyFactors{Salt: "0123456789abcdef", Iters: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if tamper {
 		cred.ServerKey = append([]byte(nil), cred.ServerKey...)
 		cred.ServerKey[0] ^= 1
