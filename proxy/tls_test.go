@@ -848,3 +848,30 @@ func handshakesInProgress(srv *Server) int {
 	}
 	return n
 }
+
+// TestTLSSCRAM: SASL SCRAM-SHA256 and SCRAM-SHA512 over TLS (a Go TLS
+// client with mcclient's SCRAM, which checks the server's signature),
+// landing in the user's bucket; a wrong password is refused.
+func TestTLSSCRAM(t *testing.T) {
+	s := startTLSProxyTail(t, false, "", scramTail(t))
+	for _, mech := range []string{mcclient.MechSCRAMSHA256, mcclient.MechSCRAMSHA512} {
+		c := s.client(t, nil)
+		if err := c.AuthSCRAM(mech, "alice", "alice-pw"); err != nil {
+			t.Fatalf("%s over TLS: %v", mech, err)
+		}
+		if r, err := c.Set([]byte("k"), []byte(mech)); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("SET after %s: %v %+v", mech, err, r)
+		}
+		// alice's bucket, seen from the plaintext listener as alice.
+		p := dial(t, s.p.Addr)
+		if err := p.AuthPlain("alice", "alice-pw"); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := p.Get([]byte("k")); err != nil || string(r.Value) != mech {
+			t.Fatalf("GET in alice's bucket: %v %+v", err, r)
+		}
+		if err := s.client(t, nil).AuthSCRAM(mech, "alice", "wrong"); err == nil {
+			t.Fatalf("%s with a wrong password over TLS succeeded", mech)
+		}
+	}
+}
