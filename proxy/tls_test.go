@@ -757,7 +757,15 @@ func TestTLSCertUserReloadDuringHandshake(t *testing.T) {
 		<-proceed
 	}
 	testHookTLSVerified.Store(&hook)
-	t.Cleanup(func() { testHookTLSVerified.Store(nil) })
+	var once sync.Once
+	release := func() { once.Do(func() { close(proceed) }) }
+	// Registered after startTLSProxy's cleanups, so run before them: a
+	// failing test does not leave the handshake waiting, which would keep
+	// the proxy from shutting down.
+	t.Cleanup(func() {
+		testHookTLSVerified.Store(nil)
+		release()
+	})
 
 	type dialed struct {
 		c   *tls.Conn
@@ -776,14 +784,14 @@ func TestTLSCertUserReloadDuringHandshake(t *testing.T) {
 	testHookTLSVerified.Store(nil)
 	// alice loses bucket bob while her handshake is in progress.
 	s.tc.tail = strings.Replace(s.tc.tail, tail(`"alice", "bob"`), tail(`"alice"`), 1)
-	cfg, err := bucketcfg.Parse([]byte(s.tc.render(s.p.Addr, []string{s.p.Upstream}, s.p.StatePath)))
+	cfg, err := bucketcfg.Parse([]byte(s.tc.render(s.p.Addr, []string{s.p.MC.Addr}, s.p.StatePath)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.p.Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
-	close(proceed)
+	release()
 	d := <-done
 	if d.err != nil {
 		t.Fatalf("handshake: %v", d.err)
