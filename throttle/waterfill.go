@@ -57,8 +57,11 @@ type Claim struct {
 // overflow, which costs precision but not feasibility.
 //
 // WaterFill does not allocate and takes expected O(n log n) time for n
-// claims (a randomized search over the claimants' saturation levels, each
-// step a pass over the claims); it is deterministic. It holds no lock and
+// claims: a randomized binary search over the claimants' saturation levels,
+// each step a pass over the claims, sped up by the classic step (saturate,
+// recompute the level, repeat); a dozen passes for 10000 claimants with
+// random demands, one when nobody saturates. It is deterministic: the same
+// input gives the same output. It holds no lock and
 // writes only claims' Share fields: callers sharing a []Claim between
 // goroutines must synchronise.
 func WaterFill(pool float64, claims []Claim) (level, leftover float64) {
@@ -88,35 +91,44 @@ func WaterFill(pool float64, claims []Claim) (level, leftover float64) {
 	// levels. Find the greatest saturation level a with fill(a) <= pool
 	// (-Inf if there is none) by a randomized binary search: the candidates
 	// are the saturation levels in claims[:k].Share, all above a and below
-	// every level already known to overshoot. Each step tests one of them
-	// and keeps those on the side where the crossing is; the values only
+	// every level already known to overshoot. Each step tests one of them,
+	// p, and keeps those on the side where the crossing is; the values only
 	// need to be kept as a multiset, so the ones dropped are overwritten.
+	//
+	// The same pass also bounds the level from below: with used and wsum
+	// the sums of m_i and w_i of the claimants saturated and unsaturated at
+	// p, fill(x) <= used + x*wsum for every x, so the level is at least
+	// (pool-used)/wsum. Candidates up to that bound are saturated too. This
+	// is the classic step (saturate, recompute, repeat), which mostly ends
+	// the search in a few passes; the binary search bounds its worst case.
 	a := math.Inf(-1)
 	k := len(claims)
 	rng := uint64(k)*0x9e3779b97f4a7c15 + 1
 	for k > 0 {
 		var p float64
 		p, rng = pivot(claims[:k], rng)
-		f := fill(claims, p)
+		used, wsum := split(claims, p)
+		f := used + p*wsum
 		if f == pool {
 			a = p
 			break
 		}
-		j := 0
+		lo, hi := math.Inf(-1), p // keep the candidates in (lo, hi)
+		if wsum > 0 {
+			lo = (pool - used) / wsum
+		}
 		if f < pool {
-			a = p
-			for i := 0; i < k; i++ {
-				if v := claims[i].Share; v > p {
-					claims[j].Share = v
-					j++
-				}
-			}
-		} else {
-			for i := 0; i < k; i++ {
-				if v := claims[i].Share; v < p {
-					claims[j].Share = v
-					j++
-				}
+			lo, hi = max(lo, p), math.Inf(1)
+			a = max(a, p)
+		}
+		j := 0
+		for i := 0; i < k; i++ {
+			v := claims[i].Share
+			if v <= lo {
+				a = max(a, v)
+			} else if v < hi {
+				claims[j].Share = v
+				j++
 			}
 		}
 		k = j
@@ -126,16 +138,7 @@ func WaterFill(pool float64, claims []Claim) (level, leftover float64) {
 	// by weight. Some claimant has e_i > a (else fill(a) = total > pool),
 	// so wsum >= 1; and used <= fill(a) <= pool, as a sum of a subset of
 	// the same non-negative terms in the same order.
-	used, wsum := 0.0, 0.0
-	for i := range claims {
-		c := &claims[i]
-		m, w := c.usable(), c.weight()
-		if m/w <= a {
-			used += m
-		} else {
-			wsum += w
-		}
-	}
+	used, wsum := split(claims, a)
 	level = max((pool-used)/wsum, a, 0)
 	for i := range claims {
 		c := &claims[i]
@@ -149,20 +152,20 @@ func WaterFill(pool float64, claims []Claim) (level, leftover float64) {
 	return level, 0
 }
 
-// fill returns the sum of the shares of claims at water level x >= 0: m_i
-// for a claimant with m_i/w_i <= x, else x*w_i.
-func fill(claims []Claim, x float64) float64 {
-	sum := 0.0
+// split returns the sums of m_i over the claimants saturated at water level
+// x (m_i/w_i <= x) and of w_i over the others: the shares at level x add up
+// to used + x*wsum.
+func split(claims []Claim, x float64) (used, wsum float64) {
 	for i := range claims {
 		c := &claims[i]
 		m, w := c.usable(), c.weight()
 		if m/w <= x {
-			sum += m
+			used += m
 		} else {
-			sum += x * w
+			wsum += w
 		}
 	}
-	return sum
+	return used, wsum
 }
 
 // pivot returns the median of the Share values of three pseudo-randomly
