@@ -324,11 +324,10 @@ func (s *session) flush() {
 	}
 	if len(s.out) > 0 {
 		_, _ = s.c.Write(s.out)
-		if cap(s.out) > outKeepBusy || cap(s.out) > outKeepIdle && s.pending() == 0 {
-			s.out = nil // a large response's buffer is not kept by an idle session
-		} else {
-			s.out = s.out[:0]
-		}
+		s.out = s.out[:0]
+	}
+	if cap(s.out) > outKeepBusy || cap(s.out) > outKeepIdle && s.pending() == 0 {
+		s.out = nil // a large response's buffer is not kept by an idle session
 	}
 	if s.pending() == 0 && (s.quitting || s.lp.srv.draining.Load() && !s.isHeld() && s.drained()) {
 		_ = s.c.Close()

@@ -443,4 +443,16 @@ func TestIdleSessionKeepsNoLargeBuffer(t *testing.T) {
 			t.Fatal("session not found")
 		}
 	}
+	// A large buffer kept while a command was in flight (a quiet SET
+	// behind the large GET, say) goes at the flush that finds nothing in
+	// flight, even with nothing to write.
+	onLoop(t, s.p, func(lp *loop) {
+		if ss := sessionOf(lp, plain.Conn().LocalAddr()); ss != nil && ss.pending() == 0 {
+			ss.out = make([]byte, 0, 1<<20)
+			ss.flush()
+			if cap(ss.out) > 64<<10 {
+				t.Errorf("a flush with nothing to write and nothing in flight keeps a %d-byte buffer", cap(ss.out))
+			}
+		}
+	})
 }

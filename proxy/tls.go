@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,11 +38,13 @@ import (
 // tlsHandshakeTimeout is dropped; at most tlsMaxHandshakesPerSource run
 // at once for one source (authSource: an IPv4 address or an IPv6 /64;
 // more are closed at once), and at most tlsMaxHandshakes in all: a
-// connection that finds them all taken ends the oldest handshake of the
-// source with the most in progress (takeSlot). A flood of slow or bogus
-// handshakes thus costs a bounded number of goroutines, and silent
-// connections cannot keep out another source's clients: they lose their
-// slots as soon as others need them. Their computing is bounded
+// connection that finds them all taken ends a handshake of the source
+// with the most in progress, its oldest silent one (no hello yet) if it
+// has one (takeSlot, evictOne). A flood of slow or bogus handshakes thus
+// costs a bounded number of goroutines, and connections that stay silent
+// from a few sources cannot keep out other sources' clients. (An attacker
+// with hundreds of addresses still ends other clients' handshakes, one
+// per connection it opens once every slot is taken.) Their computing is bounded
 // too (handshakeConn): a flood of full handshakes takes at most
 // handshakeCPUs processors from the event loops.
 const (
@@ -336,7 +339,7 @@ func (f *tlsFront) acceptLoop() {
 				Msg("tls: handshakes from one source at their limit; closing new connection")
 			continue
 		}
-		if !f.takeSlot() {
+		if !f.takeSlot(e) {
 			f.releaseSource(e)
 			_ = c.Close()
 			return
@@ -351,47 +354,80 @@ type hsEntry struct {
 	src    string
 	ctx    context.Context // ends the handshake: its timeout, shutdown, or eviction
 	cancel context.CancelFunc
+	hello  atomic.Bool // the client's hello has arrived
 }
 
-// takeSlot takes one of the tlsMaxHandshakes slots. When all are taken,
-// it makes room: the oldest handshake of the source with the most in
-// progress is ended (a source that opens connections and stays silent
-// can thus hold slots only until others need them, and never keeps
-// another source's clients out for the handshake timeout). False when the
-// front is shutting down.
-func (f *tlsFront) takeSlot() bool {
-	select {
-	case f.slots <- struct{}{}:
-		return true
-	default:
-	}
-	f.evictOne()
-	select {
-	case f.slots <- struct{}{}:
-		return true
-	case <-f.ctx.Done():
-		return false
+// takeSlot takes one of the tlsMaxHandshakes slots for e's handshake.
+// When all are taken, it makes room (evictOne, never e itself) and waits
+// for the slot to be given back. False when the front is shutting down.
+func (f *tlsFront) takeSlot(e *hsEntry) bool {
+	for {
+		select {
+		case f.slots <- struct{}{}:
+			return true
+		default:
+		}
+		evicted := f.evictOne(e)
+		wait := time.After(time.Second) // a victim about to finish on its own frees no slot of its making
+		if !evicted {
+			wait = nil // nobody to evict: a slot is on its way back
+		}
+		select {
+		case f.slots <- struct{}{}:
+			return true
+		case <-wait:
+		case <-f.ctx.Done():
+			return false
+		}
 	}
 }
 
-// evictOne ends the oldest handshake of the source with the most in
-// progress.
-func (f *tlsFront) evictOne() {
+// evictOne ends one handshake of the source with the most in progress,
+// other than self: the oldest whose client has not yet said hello (a
+// silent connection), else the oldest. It reports whether it ended one.
+// A source that opens connections and stays silent thus holds slots only
+// until others need them; one that completes handshakes slowly from many
+// addresses can still take slots from others, at most one per connection
+// it opens.
+func (f *tlsFront) evictOne(self *hsEntry) bool {
 	f.mu.Lock()
 	var victim *hsEntry
 	most := 0
 	for _, list := range f.active {
-		if len(list) > most {
-			most, victim = len(list), list[0]
+		n := len(list)
+		if n > 0 && list[0].src == self.src {
+			n-- // self does not count
 		}
+		if n <= most {
+			continue
+		}
+		var first, silent *hsEntry
+		for _, x := range list {
+			if x == self {
+				continue
+			}
+			if first == nil {
+				first = x
+			}
+			if !x.hello.Load() {
+				silent = x
+				break
+			}
+		}
+		if silent != nil {
+			first = silent
+		}
+		most, victim = n, first
 	}
 	f.mu.Unlock()
-	if victim != nil {
-		f.evicted.Add(1)
-		f.logEvicted.event(&f.srv.log, zerolog.InfoLevel).Str("source", victim.src).Int("in_progress", most).
-			Msg("tls: handshake slots full; ending the oldest handshake of the busiest source")
-		victim.cancel()
+	if victim == nil {
+		return false
 	}
+	f.evicted.Add(1)
+	f.logEvicted.event(&f.srv.log, zerolog.InfoLevel).Str("source", victim.src).Int("in_progress", most).
+		Bool("said_hello", victim.hello.Load()).Msg("tls: handshake slots full; ending a handshake of the busiest source")
+	victim.cancel()
+	return true
 }
 
 // takeSource counts a handshake of src, false when src is at its limit;
@@ -420,11 +456,8 @@ func (f *tlsFront) releaseSource(e *hsEntry) {
 		f.sources[e.src]--
 	}
 	list := f.active[e.src]
-	for i, x := range list {
-		if x == e {
-			list = append(list[:i], list[i+1:]...)
-			break
-		}
+	if i := slices.Index(list, e); i >= 0 {
+		list = slices.Delete(list, i, i+1)
 	}
 	if len(list) == 0 {
 		delete(f.active, e.src)
@@ -436,6 +469,7 @@ func (f *tlsFront) releaseSource(e *hsEntry) {
 // tlsHandshake is one connection's handshake.
 type tlsHandshake struct {
 	f       *tlsFront
+	e       *hsEntry
 	st      *tlsState // the configuration in force when the client said hello
 	user    *bucketcfg.User
 	subject string // of the client certificate, when one was verified
@@ -445,6 +479,10 @@ type tlsHandshake struct {
 // for later handshakes only); with client certificates, a copy whose
 // VerifyConnection checks that the certificate names a user.
 func (h *tlsHandshake) configForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
+	h.e.hello.Store(true)
+	if hook := testHookTLSHello.Load(); hook != nil {
+		(*hook)()
+	}
 	h.st = h.f.cur.Load()
 	if !h.st.mutual {
 		return h.st.conf, nil
@@ -480,6 +518,10 @@ func (h *tlsHandshake) verify(cs tls.ConnectionState) error {
 	return nil
 }
 
+// testHookTLSHello, when set (by tests), runs on the handshake's goroutine
+// when the client's hello has arrived.
+var testHookTLSHello atomic.Pointer[func()]
+
 // testHookTLSVerified, when set (by tests), runs on the handshake's
 // goroutine once a client certificate has been found to name a user.
 var testHookTLSVerified atomic.Pointer[func()]
@@ -510,7 +552,7 @@ func certUserName(c *x509.Certificate, field string) string {
 // an event loop.
 func (f *tlsFront) handshake(c net.Conn, e *hsEntry) {
 	defer f.wg.Done()
-	h := &tlsHandshake{f: f}
+	h := &tlsHandshake{f: f, e: e}
 	hc := &handshakeConn{Conn: c, cpu: f.cpu, ctx: e.ctx}
 	rec := &tlsRecords{raw: hc}
 	tc := tls.Server(rec, &tls.Config{GetConfigForClient: h.configForClient})
@@ -644,6 +686,10 @@ func (s *session) certLogin(ten *tenants) bool {
 // OnTraffic.
 func (s *session) onTLSTraffic() gnet.Action {
 	err := s.tls.fill()
+	if s.closed { // writing an alert or key update failed: gnet closed it
+		s.tls.keep()
+		return gnet.None
+	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		s.tls.keep()
 		s.lp.srv.log.Debug().Err(err).Str("remote", s.remote).Msg("tls: bad input from the client; closing connection")

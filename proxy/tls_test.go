@@ -883,3 +883,106 @@ func TestTLSSCRAM(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSEvictOne: making room never ends the handshake that needs the
+// room, whatever the map order (every source at one handshake is the
+// case where it could), and ends a silent handshake (no hello yet) of the
+// busiest source before one whose client has spoken.
+func TestTLSEvictOne(t *testing.T) {
+	s := startTLSProxy(t, false, "")
+	f := s.p.tls
+	entry := func(src string, hello bool) *hsEntry {
+		e := &hsEntry{src: src}
+		e.ctx, e.cancel = context.WithCancel(context.Background())
+		e.hello.Store(hello)
+		return e
+	}
+	for round := 0; round < 300; round++ {
+		self := entry("new", false)
+		f.mu.Lock()
+		f.active = map[string][]*hsEntry{"new": {self}}
+		others := make([]*hsEntry, 0, 64)
+		for i := 0; i < 64; i++ {
+			e := entry(fmt.Sprintf("s%d", i), false)
+			others = append(others, e)
+			f.active[e.src] = []*hsEntry{e}
+		}
+		f.mu.Unlock()
+		if !f.evictOne(self) {
+			t.Fatal("nothing evicted")
+		}
+		if self.ctx.Err() != nil {
+			t.Fatalf("round %d: the new handshake evicted itself", round)
+		}
+		n := 0
+		for _, e := range others {
+			if e.ctx.Err() != nil {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("round %d: %d handshakes ended, want 1", round, n)
+		}
+	}
+	self := entry("new", false)
+	spoke, silent := entry("busy", true), entry("busy", false)
+	f.mu.Lock()
+	f.active = map[string][]*hsEntry{"new": {self}, "busy": {spoke, silent}, "other": {entry("other", false)}}
+	f.mu.Unlock()
+	f.evictOne(self)
+	if silent.ctx.Err() == nil || spoke.ctx.Err() != nil {
+		t.Fatal("evicted a handshake whose client had spoken before a silent one of the same source")
+	}
+	f.mu.Lock()
+	f.active = map[string][]*hsEntry{}
+	f.mu.Unlock()
+}
+
+// TestTLSHandshakeOffLoop: a handshake whose computing takes long (held
+// here in its hello callback) does not hold up the event loop: a client
+// of the only loop gets its answers meanwhile. (Run on a loop, the
+// handshake would stall every connection of that loop for as long.)
+func TestTLSHandshakeOffLoop(t *testing.T) {
+	s := startTLSProxyWith(t, false, testConfig{loops: 1, tail: "[[bucket]]\nname = \"default\"\n"})
+	tenant := dial(t, s.p.Addr)
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hook := func() {
+		once.Do(func() { close(entered) })
+		select {
+		case <-proceed:
+		case <-time.After(10 * time.Second):
+		}
+	}
+	testHookTLSHello.Store(&hook)
+	var released sync.Once
+	release := func() { released.Do(func() { close(proceed) }) }
+	t.Cleanup(func() {
+		testHookTLSHello.Store(nil)
+		release()
+	})
+	dialed := make(chan error, 1)
+	go func() {
+		_, err := s.dialTLS(t, nil)
+		dialed <- err
+	}()
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handshake did not start")
+	}
+	start := time.Now()
+	for i := 0; i < 50; i++ {
+		if r, err := tenant.Set([]byte("k"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("SET while a handshake computes: %v %+v", err, r)
+		}
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("50 SETs took %v while a handshake computed", d)
+	}
+	testHookTLSHello.Store(nil)
+	release()
+	if err := <-dialed; err != nil {
+		t.Fatalf("the held handshake: %v", err)
+	}
+}

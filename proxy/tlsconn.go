@@ -171,8 +171,8 @@ func (t *tlsClientConn) fill() error {
 		t.in, t.inOwned = t.buf.plain[:0], false
 	case !t.inOwned:
 		t.keep() // not reached: keep follows every pass
-	default:
-		// Input left over: append to it, at the front of owned.
+	case &t.in[0] != &t.owned[0]:
+		// Input left over, not at the front of owned: move it there.
 		t.owned = append(t.owned[:0], t.in...)
 		t.in = t.owned
 	}
@@ -221,6 +221,10 @@ func (t *tlsClientConn) keep() {
 	if !t.inOwned {
 		t.owned = append(t.owned[:0], t.in...)
 		t.in, t.inOwned = t.owned, true
+	} else if cap(t.owned) > tlsOwnedMax && len(t.in) < cap(t.owned)/4 {
+		// A little left of a large input: do not pin the large buffer.
+		t.owned = append([]byte(nil), t.in...)
+		t.in = t.owned
 	}
 }
 
