@@ -24,17 +24,16 @@ type flood struct {
 	stopping atomic.Bool
 	wg       sync.WaitGroup
 
-	mu     sync.Mutex
-	conns  map[*mcclient.Client]bool
-	gate   chan struct{} // closed while the flood runs, open while paused
-	paused bool
+	pauseGate // paused: each attacker finishes the attempt it has sent, then waits
+
+	mu    sync.Mutex
+	conns map[*mcclient.Client]bool
 
 	sent, attempts, authErrors, tmpfails, closes atomic.Int64
 }
 
 func startFlood(addr string, n int, user, password string) *flood {
-	f := &flood{conns: map[*mcclient.Client]bool{}, gate: make(chan struct{})}
-	close(f.gate)
+	f := &flood{conns: map[*mcclient.Client]bool{}}
 	req := mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: []byte("\x00" + user + "\x00" + password)}
 	for i := 0; i < n; i++ {
 		f.wg.Add(1)
@@ -50,10 +49,7 @@ func startFlood(addr string, n int, user, password string) *flood {
 				f.conns[c] = true
 				f.mu.Unlock()
 				for !f.stopping.Load() {
-					f.mu.Lock()
-					gate := f.gate
-					f.mu.Unlock()
-					<-gate // blocks while paused, without polling
+					f.waitRunning()
 					f.sent.Add(1)
 					r, err := c.Do(req)
 					if err != nil {
@@ -91,20 +87,44 @@ func (f *flood) stop() {
 	f.wg.Wait()
 }
 
-// setPaused pauses or resumes the attackers (each finishes the attempt it
-// has sent).
-func (f *flood) setPaused(p bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if p == f.paused {
+// pauseGate pauses and resumes goroutines that look at it between their
+// steps (the floods of these tests). Its zero value runs. Safe for
+// concurrent use.
+type pauseGate struct {
+	gmu    sync.Mutex
+	gate   chan struct{} // while paused: closed when resumed
+	paused bool
+}
+
+// setPaused pauses (p) or resumes the goroutines.
+func (g *pauseGate) setPaused(p bool) {
+	g.gmu.Lock()
+	defer g.gmu.Unlock()
+	if p == g.paused {
 		return
 	}
 	if p {
-		f.gate = make(chan struct{})
+		g.gate = make(chan struct{})
 	} else {
-		close(f.gate)
+		close(g.gate)
 	}
-	f.paused = p
+	g.paused = p
+}
+
+// pausedGate reports whether the goroutines are paused, and if so the
+// channel closed when they resume.
+func (g *pauseGate) pausedGate() (<-chan struct{}, bool) {
+	g.gmu.Lock()
+	defer g.gmu.Unlock()
+	return g.gate, g.paused
+}
+
+// waitRunning returns at once while running; paused, it blocks until
+// resumed, without polling.
+func (g *pauseGate) waitRunning() {
+	if gate, paused := g.pausedGate(); paused {
+		<-gate
+	}
 }
 
 // floodStats are a flood's counters.

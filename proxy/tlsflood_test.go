@@ -34,9 +34,7 @@ type handshakeFlood struct {
 	stopping atomic.Bool
 	wg       sync.WaitGroup
 
-	mu     sync.Mutex
-	gate   chan struct{} // closed while the flood runs
-	paused bool
+	pauseGate
 
 	handshakes, failures atomic.Int64
 	lastErr              atomic.Pointer[error]
@@ -45,8 +43,7 @@ type handshakeFlood struct {
 const handshakeFloodSources = 4
 
 func startHandshakeFlood(addr string, n int, rate float64) *handshakeFlood {
-	f := &handshakeFlood{gate: make(chan struct{})}
-	close(f.gate)
+	f := &handshakeFlood{}
 	period := time.Duration(float64(n) / rate * float64(time.Second))
 	// An attacker does not check the certificate: that would only cost it.
 	conf := &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"}
@@ -64,10 +61,7 @@ func startHandshakeFlood(addr string, n int, rate float64) *handshakeFlood {
 				if wait := time.Until(next); wait > 0 {
 					time.Sleep(wait)
 				}
-				f.mu.Lock()
-				gate, paused := f.gate, f.paused
-				f.mu.Unlock()
-				if paused { // checked after the sleep: none starts once paused
+				if gate, paused := f.pausedGate(); paused { // checked after the sleep: none starts once paused
 					<-gate
 					next = time.Now().Add(offset) // no burst to catch up
 					continue
@@ -90,20 +84,6 @@ func startHandshakeFlood(addr string, n int, rate float64) *handshakeFlood {
 		}()
 	}
 	return f
-}
-
-func (f *handshakeFlood) setPaused(p bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if p == f.paused {
-		return
-	}
-	if p {
-		f.gate = make(chan struct{})
-	} else {
-		close(f.gate)
-	}
-	f.paused = p
 }
 
 func (f *handshakeFlood) stop() {
