@@ -90,6 +90,9 @@ func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64) (Domain, time.Dur
 		return Unmetered, 0
 	}
 	node := e.node.Load()
+	if node.fairLag != 0 && now >= e.fair.next.Load() {
+		e.fairTick(now)
+	}
 	if mode == Unthrottled {
 		open = 0 // never held: nothing to gate
 	}
@@ -132,7 +135,8 @@ const never = math.MaxInt64
 // check applies rules 2 to 5 at now, for a command that would hold open
 // units of the budget for reads of unknown cost. It returns the domain
 // (Held when there is no room) and the time at which rules 2 to 5 admit
-// (<= now when not held, never when only a change of limits can).
+// (<= now when not held, never when only a change of limits can). In fair
+// mode rule 3 also waits for the bucket's turn (see fair.go).
 func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int64) (d Domain, at int64) {
 	burst := b.e.burst
 	gate := int64(math.MinInt64) // the budget for reads of unknown cost
@@ -145,20 +149,37 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 			return Reserved, tRes
 		}
 	}
-	tFree := gate
+	tPool := gate
 	switch {
 	case node.pool.limit == Unlimited:
 	case node.pool.cost == 0:
-		tFree = never
+		tPool = never
 	default:
-		tFree = max(tFree, b.e.pool.tat.Load()-burst)
+		tPool = max(tPool, b.e.pool.tat.Load()-burst)
 	}
+	tHard := int64(math.MinInt64)
 	switch {
 	case lim.hrd.limit == Unlimited:
 	case lim.hrd.cost == 0:
-		tFree = never
+		tHard = never
 	default:
-		tFree = max(tFree, b.hard.tat.Load()-burst)
+		tHard = b.hard.tat.Load() - burst
+	}
+	tFree := max(tPool, tHard)
+	if node.fairLag != 0 && tHard <= now && gate <= now {
+		// Neither its hard limit nor its own reads hold the bucket: it
+		// takes the pool in its turn, and if held wants more of it.
+		ok, turn := b.fairTurn(now, node)
+		if !ok {
+			tFree = max(tFree, turn)
+		} else if tPool > now && tPool != never {
+			// Held by the pool: buckets further ahead wake later, so that
+			// pool room goes to the one furthest behind first.
+			tFree = max(tFree, tPool+turn)
+		}
+		if tFree > now {
+			b.fairWant(tFree)
+		}
 	}
 	if tFree <= now {
 		return FreePool, tFree
@@ -199,6 +220,9 @@ func (b *Bucket) precharge(now int64, d Domain, lim *bucketLimits, node *nodeLim
 	case FreePool:
 		if node.pool.cost != 0 {
 			b.e.pool.charge(now, node.pool.cost1(units))
+		}
+		if node.fairLag != 0 {
+			b.fairBill(units)
 		}
 	default:
 		return

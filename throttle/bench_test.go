@@ -38,13 +38,13 @@ func runGoroutines(b *testing.B, g int, body func(id, n int)) {
 // goroutines (every gauge shared, as AllowN's limiter) with 1-unit commands
 // (values up to 4 KiB); "engine-3-units" charges 3 units per command;
 // "engine-bucket-each" gives each goroutine its own bucket (only the free
-// pool shared); "engine-read" bills reads at their estimate and settles
+// pool shared); the "-fair" ones are the same with free_pool = "fair"; "engine-read" bills reads at their estimate and settles
 // them (AdmitCost and Settle, as the proxy does for a GET).
 func BenchmarkAdmitCharge(b *testing.B) {
 	const huge = Limit(1) << 40
-	engine := func(buckets int, units int64) func(b *testing.B, g int) {
+	engine := func(buckets int, units int64, mode FreePoolMode) func(b *testing.B, g int) {
 		return func(b *testing.B, g int) {
-			e, _ := New(Config{Capacity: huge})
+			e, _ := New(Config{Capacity: huge, FreePool: mode})
 			var bs []*Bucket
 			for i := 0; i < buckets; i++ {
 				bk, _ := e.AddBucket(fmt.Sprint(i), 1000, huge)
@@ -65,9 +65,11 @@ func BenchmarkAdmitCharge(b *testing.B) {
 			name string
 			run  func(b *testing.B, g int)
 		}{
-			{"engine", engine(1, 1)},
-			{"engine-3-units", engine(1, 3)},
-			{"engine-bucket-each", engine(2, 1)},
+			{"engine", engine(1, 1, FreePoolFCFS)},
+			{"engine-3-units", engine(1, 3, FreePoolFCFS)},
+			{"engine-bucket-each", engine(2, 1, FreePoolFCFS)},
+			{"engine-fair", engine(1, 1, FreePoolFair)},
+			{"engine-fair-bucket-each", engine(2, 1, FreePoolFair)},
 			{"engine-read", func(b *testing.B, g int) {
 				// A read billed at its estimate and settled at its real
 				// size: what the proxy does for every GET.
@@ -134,4 +136,30 @@ func BenchmarkAccuracy(b *testing.B) {
 		b.ReportMetric(100*short, "res_short_%")
 		b.ReportMetric(100*(got["A"]+got["B"]-10000)/10000, "total_err_%")
 	})
+}
+
+// BenchmarkFairRecompute measures one recomputation of the system's virtual
+// time in fair mode (a pass over the buckets, at most one per 2 ms), for a
+// node with 10, 1000 and 10000 buckets, half of them wanting more of the
+// pool.
+func BenchmarkFairRecompute(b *testing.B) {
+	for _, n := range []int{10, 1000, 10000} {
+		b.Run(fmt.Sprint("buckets=", n), func(b *testing.B) {
+			clk := NewFakeClock(0)
+			e, _ := New(Config{Capacity: 1 << 30, FreePool: FreePoolFair, Clock: clk})
+			for i := 0; i < n; i++ {
+				bk, _ := e.AddBucket(fmt.Sprint(i), 0, Unlimited)
+				bk.fairBill(int64(i))
+				if i%2 == 0 {
+					bk.fairWant(int64(time.Hour))
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				clk.Advance(time.Duration(fairPeriod))
+				e.fairTick(int64(clk.Now()))
+			}
+		})
+	}
 }

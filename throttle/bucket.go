@@ -26,6 +26,12 @@ type Bucket struct {
 	fullSince atomic.Int64 // when the budget for them was found full, no read settling since; 0: not
 	_         [cacheLine]byte
 
+	// fair sharing of the free pool (see fair.go), written by its bills
+	vt        atomic.Int64 // virtual time: units drawn on the pool, 1/weight each
+	vInc      atomic.Int64 // virtual time per unit: vScale / weight
+	wantUntil atomic.Int64 // wants more of the pool than it gets until then
+	_         [cacheLine]byte
+
 	// snapshots of commands+extra, written once per window slot
 	window window
 	_      [cacheLine]byte

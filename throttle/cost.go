@@ -239,8 +239,12 @@ func (b *Bucket) Settle(g Grant, units int64) {
 			b.res.add(lim.res.ns(delta))
 		}
 	case FreePool:
-		if node := b.e.node.Load(); node.pool.cost != 0 {
+		node := b.e.node.Load()
+		if node.pool.cost != 0 {
 			b.e.pool.add(node.pool.ns(delta))
+		}
+		if node.fairLag != 0 {
+			b.fairBill(delta)
 		}
 	}
 	if lim.hrd.cost != 0 {
@@ -256,8 +260,12 @@ func (b *Bucket) refund(d Domain, units int64, lim *bucketLimits) {
 			b.res.add(-lim.res.ns(units))
 		}
 	case FreePool:
-		if node := b.e.node.Load(); node.pool.cost != 0 {
+		node := b.e.node.Load()
+		if node.pool.cost != 0 {
 			b.e.pool.add(-node.pool.ns(units))
+		}
+		if node.fairLag != 0 {
+			b.fairRefund(units)
 		}
 	}
 	if lim.hrd.cost != 0 {

@@ -57,6 +57,8 @@ type Engine struct {
 	_       [cacheLine]byte
 	pool    gauge
 	_       [cacheLine]byte
+	fair    fairState
+	_       [cacheLine]byte
 
 	mu       sync.Mutex // serialises configuration changes
 	capacity Limit
@@ -66,6 +68,10 @@ type Engine struct {
 type nodeLimits struct {
 	capacity Limit
 	pool     rate
+	// fairLag is the lag bound of fair sharing in virtual time (see
+	// fair.go); 0 when the free pool is shared first come, first served,
+	// or is Unlimited or 0 (nothing to share).
+	fairLag int64
 }
 
 // New returns an Engine without buckets. It fails with ErrInvalidLimit when
@@ -141,6 +147,9 @@ func (e *Engine) publishNode(now int64) {
 		pool = max(0, e.capacity-sum)
 	}
 	n := &nodeLimits{capacity: e.capacity, pool: newRate(pool)}
+	if FreePoolMode(e.mode.Load()) == FreePoolFair {
+		n.fairLag = fairLimits(pool)
+	}
 	if old := e.node.Swap(n); old != nil {
 		e.pool.rescale(now, &old.pool, &n.pool)
 	}
@@ -171,8 +180,11 @@ func (e *Engine) AddBucket(name string, reserved, hard Limit) (*Bucket, error) {
 	b := &Bucket{e: e, name: name}
 	b.est.Store(-1) // no read settled yet
 	b.weight.Store(DefaultWeight)
+	b.vInc.Store(vIncFor(DefaultWeight))
+	b.vt.Store(e.fair.v.Load())
 	b.lim.Store(newBucketLimits(reserved, hard, false))
 	e.buckets[name] = b
+	e.publishFairList()
 	e.publishNode(e.now())
 	return b, nil
 }
@@ -208,6 +220,7 @@ func (e *Engine) RemoveBucket(name string) error {
 		return ErrUnknownBucket
 	}
 	delete(e.buckets, name)
+	e.publishFairList()
 	b.lim.Store(newBucketLimits(0, b.lim.Load().hard, true))
 	e.publishNode(e.now())
 	return nil

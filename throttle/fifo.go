@@ -194,7 +194,11 @@ func (b *Bucket) room(now int64, lim *bucketLimits, node *nodeLimits) int64 {
 	case node.pool.limit == Unlimited:
 		shared = maxRoom
 	case node.pool.cost != 0:
-		shared += max(units(b.e.pool.tat.Load(), &node.pool), 0)
+		pool := max(units(b.e.pool.tat.Load(), &node.pool), 0)
+		if node.fairLag != 0 {
+			pool = min(pool, max(b.fairRoom(node), 0))
+		}
+		shared += pool
 	}
 	switch {
 	case lim.hrd.limit == Unlimited:

@@ -34,9 +34,8 @@ const (
 	// FreePoolFCFS shares the free pool first come, first served (the
 	// seed's rule; the default, the zero value).
 	FreePoolFCFS FreePoolMode = iota
-	// FreePoolFair splits the free pool by weighted max-min. The engine
-	// records the mode, but admission does not read it yet: until the fair
-	// algorithm lands it admits first come, first served in both modes.
+	// FreePoolFair splits the free pool among the buckets that want more
+	// of it by weighted max-min (see [Engine.SetFreePoolMode]).
 	FreePoolFair
 )
 
@@ -61,11 +60,33 @@ func (e *Engine) FreePoolMode() FreePoolMode { return FreePoolMode(e.mode.Load()
 
 // SetFreePoolMode changes the engine's free pool mode at once. It fails with
 // ErrInvalidFreePoolMode. Safe from any goroutine.
+//
+// In FreePoolFair mode the free pool goes, whenever buckets want more of it
+// than it has, to the bucket that has drawn the least of it per unit of
+// weight; a bucket may run ahead of that one by 4 ms of the pool's rate (at
+// weight 1) and one command. The buckets that want more of the pool thus
+// get shares of it in proportion to their weights, a bucket that asks for
+// less gets what it asks for and one capped by its hard limit its cap, and
+// the rest goes to the others at once (weighted max-min, as [WaterFill]
+// computes it). A bucket that is idle banks nothing. The split is
+// recomputed at most every 2 ms; admission stays lock-free and
+// allocation-free. Switching to fair mode starts every bucket even.
 func (e *Engine) SetFreePoolMode(m FreePoolMode) error {
 	if !m.Valid() {
 		return ErrInvalidFreePoolMode
 	}
-	e.mode.Store(uint32(m))
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if FreePoolMode(e.mode.Swap(uint32(m))) == m {
+		return nil
+	}
+	now := e.now()
+	if m == FreePoolFair {
+		e.fair.mu.Lock()
+		e.fair.v.Store(e.fairV(now, e.fair.v.Load(), true))
+		e.fair.mu.Unlock()
+	}
+	e.publishNode(now)
 	return nil
 }
 
@@ -82,5 +103,6 @@ func (b *Bucket) SetWeight(w int) error {
 		return ErrInvalidWeight
 	}
 	b.weight.Store(uint32(w))
+	b.vInc.Store(vIncFor(w))
 	return nil
 }

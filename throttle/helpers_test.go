@@ -81,12 +81,16 @@ type simBucket struct {
 	demand         float64 // units/s over all conns; 0 saturates
 	conns          int
 	mode           Mode
-	maxUnits       int64   // command sizes are 1..maxUnits units
-	uDemand        float64 // > 0 adds an Unthrottled conn with this demand
+	maxUnits       int64         // command sizes are 1..maxUnits units
+	uDemand        float64       // > 0 adds an Unthrottled conn with this demand
+	weight         int           // 0: DefaultWeight
+	start          time.Duration // its conns issue nothing before then
 
-	b      *Bucket
-	units  int64 // charged after warm-up, by the conns
-	uUnits int64 // by the Unthrottled conn
+	b       *Bucket
+	units   int64           // charged after warm-up, by the conns
+	uUnits  int64           // by the Unthrottled conn
+	windows []int64         // units charged by the conns in each simConfig.window from 0
+	waits   []time.Duration // after warm-up: how long each held command was held
 }
 
 type simConn struct {
@@ -96,6 +100,7 @@ type simConn struct {
 	backlog float64
 	w       Waiter
 	wake    time.Duration
+	heldAt  time.Duration // when its command was first held; -1: not held
 }
 
 type simConfig struct {
@@ -104,6 +109,8 @@ type simConfig struct {
 	step       time.Duration
 	warm, span time.Duration // measure over [warm, warm+span)
 	seed       int64
+	freePool   FreePoolMode
+	window     time.Duration // > 0: also count each bucket's units per window
 }
 
 func defaultSim(capacity Limit) simConfig {
@@ -115,7 +122,7 @@ func defaultSim(capacity Limit) simConfig {
 func simulate(t testing.TB, cfg simConfig, buckets []*simBucket) map[string]float64 {
 	t.Helper()
 	clk := NewFakeClock(0)
-	e, err := New(Config{Capacity: cfg.capacity, Burst: cfg.burst, Clock: clk})
+	e, err := New(Config{Capacity: cfg.capacity, Burst: cfg.burst, Clock: clk, FreePool: cfg.freePool})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,18 +135,23 @@ func simulate(t testing.TB, cfg simConfig, buckets []*simBucket) map[string]floa
 		if sb.maxUnits == 0 {
 			sb.maxUnits = 1
 		}
+		if sb.weight != 0 {
+			if err := sb.b.SetWeight(sb.weight); err != nil {
+				t.Fatal(err)
+			}
+		}
 		for i := 0; i < sb.conns; i++ {
-			conns = append(conns, &simConn{sb: sb, mode: sb.mode, demand: sb.demand / float64(sb.conns)})
+			conns = append(conns, &simConn{sb: sb, mode: sb.mode, demand: sb.demand / float64(sb.conns), wake: sb.start, heldAt: -1})
 		}
 		if sb.uDemand > 0 {
-			conns = append(conns, &simConn{sb: sb, mode: Unthrottled, demand: sb.uDemand})
+			conns = append(conns, &simConn{sb: sb, mode: Unthrottled, demand: sb.uDemand, wake: sb.start, heldAt: -1})
 		}
 	}
 	end := cfg.warm + cfg.span
 	for now := time.Duration(0); now < end; now += cfg.step {
 		clk.Set(now)
 		for _, c := range conns {
-			if c.demand > 0 {
+			if c.demand > 0 && now >= c.sb.start {
 				c.backlog = min(c.backlog+c.demand*cfg.step.Seconds(), c.demand) // at most 1 s queued
 			}
 		}
@@ -153,11 +165,27 @@ func simulate(t testing.TB, cfg simConfig, buckets []*simBucket) map[string]floa
 				d, wait := sb.b.Admit(&c.w, c.mode)
 				if d == Held {
 					c.wake = now + min(wait, end)
+					if c.heldAt < 0 {
+						c.heldAt = now
+					}
 					break
+				}
+				if c.heldAt >= 0 {
+					if now >= cfg.warm {
+						sb.waits = append(sb.waits, now-c.heldAt)
+					}
+					c.heldAt = -1
 				}
 				u := 1 + r.Int63n(sb.maxUnits)
 				sb.b.Charge(d, u)
 				c.backlog -= float64(u)
+				if cfg.window > 0 && c.mode == sb.mode {
+					i := int(now / cfg.window)
+					for len(sb.windows) <= i {
+						sb.windows = append(sb.windows, 0)
+					}
+					sb.windows[i] += u
+				}
 				switch {
 				case now < cfg.warm:
 				case c.mode == Unthrottled && sb.mode != Unthrottled:

@@ -1,0 +1,226 @@
+package throttle
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Fair sharing of the free pool (DESIGN.md section 13), in the manner of
+// start-time fair queuing with a lag bound (Goyal's SFQ; Linux's EEVDF
+// eligibility).
+//
+// Each bucket has a virtual time, vt: the units it has drawn on the free
+// pool, each counted as 1/weight of a unit, so that buckets that are served
+// in proportion to their weights advance alike. The engine keeps the
+// system's virtual time, V: the least vt among the buckets that want more
+// of the pool than they get (held by the free pool or by their turn, not by
+// their own hard limit). A bucket may draw on the pool only while its vt is
+// at most V plus the lag bound (fairLag of the pool's rate, at weight 1):
+//
+//   - Whoever is furthest behind may always go, so whenever the pool has
+//     room somebody that wants it may take it: the split is
+//     work-conserving.
+//   - A bucket that is held (its clients push more than it gets) advances
+//     V; one that asks for less than its share is never held and does not
+//     count, so what it leaves goes to the others; a bucket held by its
+//     hard limit does not count either, so its cap (hard limit less
+//     reservation) is all it takes and the rest goes to the others. The
+//     result is the weighted max-min split of WaterFill, which the
+//     simulations check it against.
+//   - A bucket's vt is raised to V when it draws on the pool: an idle
+//     bucket banks nothing, and one that used spare capacity while nobody
+//     else wanted it is not held back for it afterwards (V follows the
+//     most advanced bucket while nobody wants more).
+//   - Held commands of different buckets are released in order of their
+//     buckets' virtual times, the virtual finish times of what each has
+//     drawn: a bucket whose vt is more than the lag bound past the
+//     smallest one among those that want more waits until the others have
+//     caught up, so over any interval the buckets that want more advance
+//     within the lag bound of each other: their shares of the pool are in
+//     proportion to their weights within the lag bound (fairLag of the
+//     pool's rate) and one command.
+//
+// V is recomputed at most every fairPeriod, by whichever admission comes
+// first after that (one pass over the buckets, no allocation); admission
+// reads V and the bucket's vt and bills vt with atomic operations, without a
+// lock. The lag bound (4 ms of the pool) exceeds what the bucket furthest
+// behind can advance between two recomputations at the pool's full rate
+// (2 ms), so a stale V does not hold it.
+//
+// Virtual times are kept in 1/vScale of a unit at weight 1 (a unit at
+// weight w adds vScale/w, rounded down: the shares of weights that do not
+// divide vScale are exact within 0.06%) and compared as differences, so
+// they may wrap around; a bucket's vt is kept within fairClamp of V.
+const (
+	fairPeriod = int64(2 * time.Millisecond)
+	fairLag    = int64(4 * time.Millisecond)
+	fairClamp  = int64(1) << 61
+	vScale     = int64(1) << 24
+	// fairMaxUnits bounds the units one bill counts, which keeps
+	// units*vScale within int64.
+	fairMaxUnits = int64(1) << 30
+)
+
+// fairState is the engine's part of fair sharing.
+type fairState struct {
+	v    atomic.Int64 // V, the system's virtual time
+	next atomic.Int64 // when V is next recomputed (engine clock, ns)
+	_    [cacheLine]byte
+	mu   sync.Mutex                // held by the recomputation
+	list atomic.Pointer[[]*Bucket] // the engine's buckets, for it
+}
+
+// fairLimits returns the lag bound, in virtual time, for a free pool of
+// rate pool (0 when the pool is Unlimited or 0: nothing to share).
+func fairLimits(pool Limit) int64 {
+	if pool <= 0 {
+		return 0
+	}
+	// pool*fairLag stays within int64 for pools up to MaxUnits; the clamp
+	// keeps a larger one (the engine takes any Limit) from overflowing.
+	units := min(max(int64(min(pool, Limit(MaxUnits)))*fairLag/int64(time.Second), 1), 1<<36)
+	return units * vScale
+}
+
+// vIncFor returns the virtual time one unit adds at weight w.
+func vIncFor(w int) int64 { return vScale / int64(min(max(w, 1), MaxWeight)) }
+
+// publishFairList records the buckets for the recomputation; e.mu must be
+// held.
+func (e *Engine) publishFairList() {
+	l := make([]*Bucket, 0, len(e.buckets))
+	for _, b := range e.buckets {
+		l = append(l, b)
+	}
+	e.fair.list.Store(&l)
+}
+
+// fairTick recomputes V if fairPeriod has passed since the last time, unless
+// another caller is at it.
+func (e *Engine) fairTick(now int64) {
+	f := &e.fair
+	if now < f.next.Load() || !f.mu.TryLock() {
+		return
+	}
+	defer f.mu.Unlock()
+	if now < f.next.Load() {
+		return
+	}
+	f.next.Store(now + fairPeriod)
+	f.v.Store(e.fairV(now, f.v.Load(), false))
+}
+
+// fairV returns V at now, from v, the one before: the least vt among the
+// buckets that want more of the pool, or while none does (or all is set)
+// the greatest vt, whichever is later than v. It keeps every bucket's vt
+// within fairClamp of V. f.mu must be held.
+func (e *Engine) fairV(now, v int64, all bool) int64 {
+	var lo, hi int64
+	var want, seen bool
+	list := e.fair.list.Load()
+	if list == nil {
+		return v
+	}
+	for _, b := range *list {
+		vt := b.vt.Load()
+		if !all && b.wantUntil.Load() > now {
+			if !want || vt-lo < 0 {
+				lo = vt
+			}
+			want = true
+		} else if !seen || vt-hi > 0 {
+			hi, seen = vt, true
+		}
+	}
+	switch {
+	case want && lo-v > 0:
+		v = lo
+	case !want && seen && hi-v > 0:
+		v = hi
+	}
+	for _, b := range *list {
+		b.clampVT(v)
+	}
+	return v
+}
+
+// clampVT keeps vt within fairClamp of v: a bucket idle for so long that it
+// lags that far would be raised to V at its next bill anyway, and one that
+// far ahead (unthrottled callers billing without limit) waits as long as
+// the clamp does.
+func (b *Bucket) clampVT(v int64) {
+	for {
+		vt := b.vt.Load()
+		d := vt - v
+		if d >= -fairClamp && d <= fairClamp {
+			return
+		}
+		n := v - fairClamp
+		if d > 0 {
+			n = v + fairClamp
+		}
+		if b.vt.CompareAndSwap(vt, n) {
+			return
+		}
+	}
+}
+
+// fairTurn reports whether the bucket may draw on the pool now (its vt at
+// most lag past V). If not, at is when to try again: the next
+// recomputation of V. If so, at is how long after the pool has room again
+// the bucket should try if the pool holds it: its lead over V at the pool's
+// rate (0 to fairLag), so that the buckets further behind go first.
+func (b *Bucket) fairTurn(now int64, node *nodeLimits) (ok bool, at int64) {
+	f := &b.e.fair
+	lead := b.vt.Load() - f.v.Load()
+	if lead > node.fairLag {
+		return false, max(f.next.Load(), now+1)
+	}
+	if lead <= 0 {
+		return true, 0
+	}
+	return true, int64(float64(lead) / float64(node.fairLag) * float64(fairLag))
+}
+
+// fairRoom returns the units the bucket may still draw on the pool before
+// its turn ends (negative past it).
+func (b *Bucket) fairRoom(node *nodeLimits) int64 {
+	lead := b.vt.Load() - b.e.fair.v.Load()
+	return (node.fairLag - lead) / b.vInc.Load()
+}
+
+// fairBill adds units drawn on the pool to the bucket's virtual time,
+// raising it to V first (an idle bucket banks nothing).
+func (b *Bucket) fairBill(units int64) {
+	add := min(units, fairMaxUnits) * b.vInc.Load()
+	v := b.e.fair.v.Load()
+	for {
+		vt := b.vt.Load()
+		if vt-v >= 0 {
+			b.vt.Add(add)
+			return
+		}
+		if b.vt.CompareAndSwap(vt, v+add) {
+			return
+		}
+	}
+}
+
+// fairRefund takes back units billed to the pool in advance and not used.
+func (b *Bucket) fairRefund(units int64) {
+	b.vt.Add(-min(units, fairMaxUnits) * b.vInc.Load())
+}
+
+// fairWant records that the bucket wants more of the pool than it gets (it
+// is held by the pool or its turn) until at least until.
+func (b *Bucket) fairWant(until int64) {
+	if until == never {
+		return
+	}
+	until = min(until, math.MaxInt64-fairPeriod) + fairPeriod
+	if b.wantUntil.Load() < until {
+		b.wantUntil.Store(until)
+	}
+}

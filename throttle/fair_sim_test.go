@@ -1,0 +1,331 @@
+package throttle
+
+import (
+	"fmt"
+	"math"
+	"math/rand"
+	"sort"
+	"testing"
+	"time"
+)
+
+// The fair sharing of the free pool (DESIGN.md section 13), on a fake
+// clock: shares by weight, work conservation, no starvation, no banking,
+// with WaterFill as the reference for what each bucket should get.
+
+func fairSim(capacity Limit) simConfig {
+	cfg := defaultSim(capacity)
+	cfg.freePool = FreePoolFair
+	return cfg
+}
+
+// shareWithin checks got against want within tol (a fraction of want).
+func shareWithin(t *testing.T, what string, got, want, tol float64) {
+	t.Helper()
+	if math.Abs(got-want) > want*tol+1 {
+		t.Errorf("%s = %.0f units/s, want %.0f ±%.1f%%", what, got, want, tol*100)
+	}
+}
+
+// The scenario: three buckets without reservation or hard limit
+// saturate a free pool of 9000 with 16, 4 and 1 connections. First come,
+// first served gives them what their clients win (this simulation wakes
+// every connection on time, so it happens to come out even; through the
+// proxy it does not, see proxy/fair_test.go); fair mode gives each a third
+// whatever the connections do.
+func TestFairSharesIgnoreConnections(t *testing.T) {
+	buckets := func() []*simBucket {
+		return []*simBucket{
+			{name: "A", hard: Unlimited, conns: 16, maxUnits: 2},
+			{name: "B", hard: Unlimited, conns: 4, maxUnits: 2},
+			{name: "C", hard: Unlimited, conns: 1, maxUnits: 2},
+		}
+	}
+	fcfs := simulate(t, defaultSim(9000), buckets())
+	t.Logf("fcfs: A %.0f B %.0f C %.0f, Jain %.3f", fcfs["A"], fcfs["B"], fcfs["C"],
+		JainIndex([]float64{fcfs["A"], fcfs["B"], fcfs["C"]}, nil))
+	got := simulate(t, fairSim(9000), buckets())
+	j := JainIndex([]float64{got["A"], got["B"], got["C"]}, nil)
+	t.Logf("fair: A %.0f B %.0f C %.0f, Jain %.4f", got["A"], got["B"], got["C"], j)
+	for _, n := range []string{"A", "B", "C"} {
+		shareWithin(t, n, got[n], 3000, 0.02)
+	}
+	if j < 0.999 {
+		t.Errorf("Jain's index %.4f, want >= 0.999", j)
+	}
+	if total := got["A"] + got["B"] + got["C"]; total < 9000*0.98 {
+		t.Errorf("pool used %.0f of 9000", total)
+	}
+}
+
+func TestFairSharesByWeight(t *testing.T) {
+	got := simulate(t, fairSim(9000), []*simBucket{
+		{name: "A", hard: Unlimited, conns: 1, weight: 1, maxUnits: 3},
+		{name: "B", hard: Unlimited, conns: 8, weight: 2, maxUnits: 1},
+		{name: "C", hard: Unlimited, conns: 3, weight: 3, maxUnits: 2},
+	})
+	t.Logf("A %.0f B %.0f C %.0f", got["A"], got["B"], got["C"])
+	shareWithin(t, "A (weight 1)", got["A"], 1500, 0.02)
+	shareWithin(t, "B (weight 2)", got["B"], 3000, 0.02)
+	shareWithin(t, "C (weight 3)", got["C"], 4500, 0.02)
+}
+
+// Reservations stay outside the pool; hard limits cap a bucket's part of
+// it, and what a capped or modest bucket leaves goes to the others.
+func TestFairCapsAndModestDemand(t *testing.T) {
+	got := simulate(t, fairSim(10000), []*simBucket{
+		{name: "res", reserved: 2000, hard: Unlimited, conns: 4}, // 2000 + its part of 8000
+		{name: "capped", hard: 1000, conns: 4},                   // 1000 of the pool
+		{name: "modest", hard: Unlimited, demand: 500, conns: 1}, // 500
+		{name: "heavy", hard: Unlimited, conns: 6, weight: 2},    // twice "res"'s part
+		{name: "idle", reserved: 0, hard: Unlimited},             // nothing
+	})
+	// The pool is 8000: capped 1000 and modest 500 leave 6500 split 1:2.
+	t.Logf("%v", got)
+	shareWithin(t, "res", got["res"], 2000+6500.0/3, 0.02)
+	shareWithin(t, "capped", got["capped"], 1000, 0.02)
+	shareWithin(t, "modest", got["modest"], 500, 0.02)
+	shareWithin(t, "heavy", got["heavy"], 6500.0*2/3, 0.02)
+}
+
+// The seed's examples 2 and 3 hold in fair mode as they do first come,
+// first served.
+func TestFairSeedExamples(t *testing.T) {
+	t.Run("example 2, A idle", func(t *testing.T) {
+		got := simulate(t, fairSim(10000), []*simBucket{
+			{name: "A", reserved: 2000, hard: 8000},
+			{name: "B", reserved: 2000, hard: 8000, conns: 8, maxUnits: 3},
+		})
+		within(t, "B", got["B"], 8000, 0.02)
+	})
+	t.Run("example 2, A at 3000", func(t *testing.T) {
+		got := simulate(t, fairSim(10000), []*simBucket{
+			{name: "A", reserved: 2000, hard: 8000, demand: 3000, conns: 4, maxUnits: 3},
+			{name: "B", reserved: 2000, hard: 8000, conns: 8, maxUnits: 3},
+		})
+		within(t, "A", got["A"], 3000, 0.02)
+		within(t, "B", got["B"], 7000, 0.02)
+	})
+	t.Run("example 2, both saturating", func(t *testing.T) {
+		got := simulate(t, fairSim(10000), []*simBucket{
+			{name: "A", reserved: 2000, hard: 8000, conns: 1, maxUnits: 3},
+			{name: "B", reserved: 2000, hard: 8000, conns: 8, maxUnits: 3},
+		})
+		within(t, "A", got["A"], 5000, 0.02) // fair: the pool's 6000 split evenly
+		within(t, "B", got["B"], 5000, 0.02)
+	})
+	t.Run("example 3, A and B idle", func(t *testing.T) {
+		got := simulate(t, fairSim(10000), []*simBucket{
+			{name: "A", reserved: 3000, hard: 6000},
+			{name: "B", reserved: 2000, hard: 5000},
+			{name: "C", reserved: 0, hard: Unlimited, conns: 8, maxUnits: 4},
+		})
+		within(t, "C", got["C"], 5000, 0.02)
+	})
+	t.Run("example 3, all saturating", func(t *testing.T) {
+		got := simulate(t, fairSim(10000), []*simBucket{
+			{name: "A", reserved: 3000, hard: 6000, conns: 4, maxUnits: 2},
+			{name: "B", reserved: 2000, hard: 5000, conns: 4, maxUnits: 2},
+			{name: "C", reserved: 0, hard: Unlimited, conns: 4, maxUnits: 2},
+		})
+		// The pool (5000) split three ways: A 3000+1667, B 2000+1667, C 1667.
+		within(t, "A", got["A"], 3000+5000.0/3, 0.02)
+		within(t, "B", got["B"], 2000+5000.0/3, 0.02)
+		within(t, "C", got["C"], 5000.0/3, 0.02)
+	})
+}
+
+// A bucket that becomes busy gets its share within 100 ms, and one that
+// was idle banks nothing: from then on it gets its share, not more.
+func TestFairNewcomerGetsShareAtOnce(t *testing.T) {
+	cfg := fairSim(9000)
+	cfg.window = 50 * time.Millisecond
+	cfg.warm, cfg.span = time.Second, 4*time.Second
+	late := 3 * time.Second
+	bs := []*simBucket{
+		{name: "A", hard: Unlimited, conns: 16},
+		{name: "B", hard: Unlimited, conns: 4},
+		{name: "C", hard: Unlimited, conns: 1, start: late},
+	}
+	simulate(t, cfg, bs)
+	first := int((late + 100*time.Millisecond) / cfg.window) // the windows from 100 ms on
+	for i := first; i < len(bs[2].windows); i++ {
+		rate := float64(bs[2].windows[i]) / cfg.window.Seconds()
+		if rate < 3000*0.95 || rate > 3000*1.05 {
+			t.Errorf("C in window %d (%v after it became busy): %.0f units/s, want 3000", i, time.Duration(i)*cfg.window-late, rate)
+		}
+	}
+	// Before C: A and B split the pool evenly.
+	for i := int(2 * time.Second / cfg.window); i < int(late/cfg.window); i++ {
+		a, b := float64(bs[0].windows[i]), float64(bs[1].windows[i])
+		if math.Abs(a-b) > 0.05*(a+b)/2 {
+			t.Errorf("window %d: A %.0f, B %.0f units", i, a, b)
+		}
+	}
+}
+
+// A random workload: many buckets with random weights, caps, reservations,
+// connection counts, command sizes, and demands (saturating, modest, or
+// starting late). Each bucket's measured rate must match the weighted
+// max-min split WaterFill computes from the same demands, the pool must be
+// used in full when demand exceeds it, and nobody is starved.
+func TestFairSimulatedProperties(t *testing.T) {
+	seeds := 40
+	if testing.Short() {
+		seeds = 4
+	}
+	for seed := int64(1); seed <= int64(seeds); seed++ {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { fairProperties(t, seed) })
+	}
+}
+
+func fairProperties(t *testing.T, seed int64) {
+	r := rand.New(rand.NewSource(seed))
+	capacity := Limit(5000 + r.Intn(20000))
+	n := 3 + r.Intn(10)
+	var bs []*simBucket
+	var reservedSum Limit
+	for i := 0; i < n; i++ {
+		sb := &simBucket{name: fmt.Sprintf("b%d", i), hard: Unlimited, weight: 1 + r.Intn(8),
+			conns: 1 + r.Intn(12), maxUnits: int64(1 + r.Intn(4))}
+		if r.Intn(4) == 0 && reservedSum < capacity/3 {
+			sb.reserved = Limit(r.Intn(int(capacity) / (2 * n)))
+			reservedSum += sb.reserved
+		}
+		if r.Intn(3) == 0 {
+			sb.hard = sb.reserved + Limit(r.Intn(int(capacity)/n+1))
+		}
+		if r.Intn(3) == 0 {
+			sb.demand = float64(r.Intn(int(capacity) / n))
+		}
+		bs = append(bs, sb)
+	}
+	pool := float64(capacity - reservedSum)
+	cfg := fairSim(capacity)
+	cfg.seed = seed
+	cfg.span = 5 * time.Second
+	got := simulate(t, cfg, bs)
+
+	// What each bucket should get: its reservation (when its demand covers
+	// it) plus its WaterFill share of the pool, where a bucket wants from
+	// the pool what its demand leaves beyond its reservation (all it can
+	// get when it saturates) and may take at most hard - reserved.
+	claims := make([]Claim, n)
+	for i, sb := range bs {
+		c := Claim{Weight: sb.weight, Cap: math.Inf(1), Demand: math.Inf(1)}
+		if sb.hard != Unlimited {
+			c.Cap = float64(sb.hard - sb.reserved)
+		}
+		if sb.demand > 0 {
+			c.Demand = max(sb.demand-float64(sb.reserved), 0)
+		}
+		claims[i] = c
+	}
+	WaterFill(pool, claims)
+	var used, usable float64
+	for i, sb := range bs {
+		res := float64(sb.reserved)
+		if sb.demand > 0 {
+			res = min(res, sb.demand)
+		}
+		want := res + claims[i].Share
+		used += got[sb.name] - res
+		usable += claims[i].usable()
+		// Commands run whole, and a bucket may run a lag bound ahead: a
+		// tolerance of 3% plus a few units per second.
+		if math.Abs(got[sb.name]-want) > 0.03*want+5 {
+			t.Errorf("%s (weight %d, reserved %v, hard %v, demand %.0f, %d conns): %.0f units/s, want %.0f",
+				sb.name, sb.weight, sb.reserved, sb.hard, sb.demand, sb.conns, got[sb.name], want)
+		}
+	}
+	if need := min(pool, usable); used < 0.98*need {
+		t.Errorf("pool used %.0f units/s of %.0f wanted (pool %.0f)", used, need, pool)
+	}
+}
+
+// Held commands of different buckets are released in order of their
+// virtual times: with the pool exhausted, buckets of weights 1, 2 and 3
+// asking in random order are admitted 1:2:3 over every stretch of a few
+// lag bounds, however often each asks.
+func TestFairReleaseOrder(t *testing.T) {
+	e, clk := newEngine(t, 1000, 10*ms)
+	if err := e.SetFreePoolMode(FreePoolFair); err != nil {
+		t.Fatal(err)
+	}
+	var bs [3]*Bucket
+	var ws [3]Waiter
+	for i := range bs {
+		bs[i] = addBucket(t, e, fmt.Sprint("w", i+1), 0, Unlimited)
+		if err := bs[i].SetWeight(i + 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := rand.New(rand.NewSource(7))
+	var order []int
+	for step := 0; step < 30000; step++ {
+		clk.Advance(100 * time.Microsecond)
+		// Bucket 0 asks ten times as often as the others.
+		for _, i := range r.Perm(3) {
+			tries := 1
+			if i == 0 {
+				tries = 10
+			}
+			for ; tries > 0; tries-- {
+				if d, _ := bs[i].Admit(&ws[i], Blocking); d != Held {
+					order = append(order, i)
+				}
+			}
+		}
+	}
+	// 30000 steps of 100 µs are 3 s of a 1000 units/s pool: about 3000
+	// admissions, the first 600 left out as warm-up.
+	window := 600
+	for start := 600; start+window <= len(order); start += window {
+		var n [3]int
+		for _, i := range order[start : start+window] {
+			n[i]++
+		}
+		for i := range n {
+			want := float64(window) * float64(i+1) / 6
+			if math.Abs(float64(n[i])-want) > 0.05*want+4 {
+				t.Errorf("admissions %d..%d: %v, want about 1:2:3", start, start+window, n)
+				break
+			}
+		}
+	}
+	t.Logf("%d admissions", len(order))
+	if len(order) < 2900 {
+		t.Errorf("%d admissions in 3 s of a 1000 units/s pool", len(order))
+	}
+}
+
+// p99 of how long held commands wait, per bucket, in both modes (logged;
+// in fair mode no bucket's p99 may exceed five times another's).
+func TestFairHeldWaits(t *testing.T) {
+	for _, mode := range []FreePoolMode{FreePoolFCFS, FreePoolFair} {
+		cfg := defaultSim(9000)
+		cfg.freePool = mode
+		cfg.span = 5 * time.Second
+		bs := []*simBucket{
+			{name: "A", hard: Unlimited, conns: 16},
+			{name: "B", hard: Unlimited, conns: 4},
+			{name: "C", hard: Unlimited, conns: 1},
+		}
+		got := simulate(t, cfg, bs)
+		line := fmt.Sprintf("%s:", mode)
+		for _, sb := range bs {
+			p := p99(sb.waits)
+			line += fmt.Sprintf("  %s %.0f units/s, p99 held %v (%d held)", sb.name, got[sb.name], p, len(sb.waits))
+		}
+		t.Log(line)
+	}
+}
+
+func p99(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[(len(s)*99)/100]
+}
