@@ -45,10 +45,8 @@ const (
 )
 
 // freePoolModes are the throttle.free_pool values this build accepts, the
-// first being the default. "fair" is known but refused until the fair
-// sharing of the free pool is implemented (issue 16): accepting it is
-// adding throttle.FreePoolFair here.
-var freePoolModes = []throttle.FreePoolMode{throttle.FreePoolFCFS}
+// first being the default.
+var freePoolModes = []throttle.FreePoolMode{throttle.FreePoolFCFS, throttle.FreePoolFair}
 
 // FreePoolModes returns the throttle.free_pool modes this build accepts, the
 // default first (a fresh slice).

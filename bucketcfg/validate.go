@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -194,17 +193,12 @@ func buildThrottle(t *ThrottleConfig, raw *tomlThrottle, probs *problems) {
 	}
 }
 
-// parseFreePool returns the mode spelt s, one of freePoolModes. A mode this
-// build knows but does not accept yet ("fair") gets an error saying so.
+// parseFreePool returns the mode spelt s, one of freePoolModes.
 func parseFreePool(s string) (throttle.FreePoolMode, error) {
-	for _, m := range []throttle.FreePoolMode{throttle.FreePoolFCFS, throttle.FreePoolFair} {
-		if s != m.String() {
-			continue
+	for _, m := range freePoolModes {
+		if s == m.String() {
+			return m, nil
 		}
-		if !slices.Contains(freePoolModes, m) {
-			return 0, fmt.Errorf("free_pool = %q is not available yet (fair sharing of the free pool is not implemented); use %s", s, quotedModes())
-		}
-		return m, nil
 	}
 	return 0, fmt.Errorf("unknown value %s (known: %s)", echo.Quote(s), quotedModes())
 }

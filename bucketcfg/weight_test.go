@@ -43,15 +43,17 @@ weight = 10000
 	if def.Throttle.FreePool != throttle.FreePoolFCFS || def.Bucket("default").Weight != 1 {
 		t.Errorf("defaults: free_pool %v, weight %d", def.Throttle.FreePool, def.Bucket("default").Weight)
 	}
-	if got := FreePoolModes(); len(got) != 1 || got[0] != throttle.FreePoolFCFS {
-		t.Errorf("FreePoolModes() = %v, want [fcfs] until fair sharing lands", got)
+	if got := FreePoolModes(); len(got) != 2 || got[0] != throttle.FreePoolFCFS || got[1] != throttle.FreePoolFair {
+		t.Errorf("FreePoolModes() = %v, want [fcfs fair]", got)
+	}
+	if fair := mustParse(t, "[throttle]\nfree_pool = \"fair\""); fair.Throttle.FreePool != throttle.FreePoolFair {
+		t.Errorf("free_pool = \"fair\" parsed as %v", fair.Throttle.FreePool)
 	}
 }
 
 func TestParseWeightAndFreePoolRejects(t *testing.T) {
 	for _, tc := range []struct{ doc, want string }{
-		{`[throttle]` + "\n" + `free_pool = "fair"`, `throttle.free_pool: free_pool = "fair" is not available yet`},
-		{`[throttle]` + "\n" + `free_pool = "FCFS"`, `throttle.free_pool: unknown value "FCFS" (known: "fcfs")`},
+		{`[throttle]` + "\n" + `free_pool = "FCFS"`, `throttle.free_pool: unknown value "FCFS" (known: "fcfs" or "fair")`},
 		{`[throttle]` + "\n" + `free_pool = ""`, `throttle.free_pool: unknown value ""`},
 		{`[throttle]` + "\n" + `free_pool = 1`, `free_pool`},
 		{"[[bucket]]\nname = \"b\"\nweight = 0", `bucket "b": weight: must be an integer from 1 to 10000, got 0`},

@@ -243,8 +243,14 @@ func hello(t testing.TB, c *mcclient.Client, features ...mc.Feature) {
 // closed, and reports the arrival time of each hit. At stop it closes c
 // (without waiting for the GETs still held by the throttle) and returns;
 // errors before stop fail t.
-func pipelineGets(t *testing.T, c *mcclient.Client, key string, depth int, stop <-chan struct{}, arrived func(time.Time)) {
-	slots := make(chan struct{}, depth) // taken before a GET is sent
+func pipelineGets(t testing.TB, c *mcclient.Client, key string, depth int, stop <-chan struct{}, arrived func(time.Time)) {
+	timedGets(t, c, key, depth, stop, func(_, got time.Time) { arrived(got) })
+}
+
+// timedGets is pipelineGets reporting when each GET was sent and when it
+// was answered (a connection's answers come in the order of its requests).
+func timedGets(t testing.TB, c *mcclient.Client, key string, depth int, stop <-chan struct{}, answered func(sent, got time.Time)) {
+	sent := make(chan time.Time, depth) // a slot taken before a GET is sent
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -261,7 +267,7 @@ func pipelineGets(t *testing.T, c *mcclient.Client, key string, depth int, stop 
 				return
 			case <-done:
 				return
-			case slots <- struct{}{}:
+			case sent <- time.Now():
 			}
 			c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte(key)})
 			if err := c.Flush(); err != nil {
@@ -284,8 +290,7 @@ func pipelineGets(t *testing.T, c *mcclient.Client, key string, depth int, stop 
 			t.Errorf("GET %s: status %v %q", key, r.Status(), r.Value)
 			return
 		}
-		arrived(time.Now())
-		<-slots
+		answered(<-sent, time.Now())
 	}
 }
 
