@@ -26,10 +26,11 @@ import (
 
 // fairBucket is one bucket of a fair-sharing scenario.
 type fairBucket struct {
-	name   string
-	weight int
-	conns  int
-	start  time.Duration // when its connections start, from the scenario's start
+	name           string
+	weight         int
+	conns          int
+	start          time.Duration // when its connections start, from the scenario's start
+	reserved, hard int           // 0: none (no reservation, no hard limit)
 
 	done atomic.Int64 // GETs answered inside the window
 	mu   sync.Mutex
@@ -43,7 +44,13 @@ func fairTail(t testing.TB, bs []*fairBucket) string {
 	var b strings.Builder
 	b.WriteString("[[bucket]]\nname = \"default\"\n")
 	for _, fb := range bs {
-		fmt.Fprintf(&b, "[[bucket]]\nname = %q\nweight = %d\n", fb.name, fb.weight)
+		fmt.Fprintf(&b, "[[bucket]]\nname = %q\nweight = %d\n", fb.name, max(fb.weight, 1))
+		if fb.reserved > 0 {
+			fmt.Fprintf(&b, "reserved = %d\n", fb.reserved)
+		}
+		if fb.hard > 0 {
+			fmt.Fprintf(&b, "hard_limit = %d\n", fb.hard)
+		}
 		fmt.Fprintf(&b, "[[user]]\nname = %q\npassword_hash = %q\nbuckets = [%q]\n", fb.name, testmc.PasswordHash(t, fb.name+"-pw"), fb.name)
 	}
 	return b.String()
@@ -120,8 +127,8 @@ func fairReport(t testing.TB, mode string, bs []*fairBucket, window time.Duratio
 	weights := make([]int, len(bs))
 	line := mode + ":"
 	for i, fb := range bs {
-		weights[i] = fb.weight
-		line += fmt.Sprintf("  %s (weight %d, %d conns) %.0f units/s p99 %v;", fb.name, fb.weight, fb.conns, rates[i], p99Of(fb.lat).Round(10*time.Microsecond))
+		weights[i] = max(fb.weight, 1)
+		line += fmt.Sprintf("  %s (weight %d, %d conns) %.0f units/s p99 %v;", fb.name, weights[i], fb.conns, rates[i], p99Of(fb.lat).Round(10*time.Microsecond))
 	}
 	total := 0.0
 	for _, r := range rates {
@@ -215,5 +222,95 @@ func TestFairNewcomer(t *testing.T) {
 		if n < 180 || n > 220 { // 200 +- 10%
 			t.Errorf("%v after it started, the new bucket got %d units in 100 ms, want a third of 600", from-late, n)
 		}
+	}
+}
+
+// TestFairSeedExamples: the seed's examples 2 and 3 hold in fair mode
+// through the proxy: reservations are honoured, hard limits hold, the node
+// runs at its capacity, and the free pool (what the reservations leave) is
+// split evenly among the buckets that want more of it.
+func TestFairSeedExamples(t *testing.T) {
+	const (
+		warm   = time.Second
+		window = 3 * time.Second
+	)
+	run := func(t *testing.T, bs []*fairBucket, want []float64) {
+		fairLoad(t, 10000, "fair", bs, 16, warm, window)
+		rates := fairReport(t, "fair", bs, window)
+		for i, fb := range bs {
+			if math.Abs(rates[i]-want[i]) > 0.05*want[i] {
+				t.Errorf("%s: %.0f units/s, want %.0f +-5%%", fb.name, rates[i], want[i])
+			}
+			if fb.conns > 0 && rates[i] < 0.98*float64(fb.reserved) {
+				t.Errorf("%s: %.0f units/s, below its reservation %d", fb.name, rates[i], fb.reserved)
+			}
+			if fb.hard > 0 && rates[i] > 1.02*float64(fb.hard) {
+				t.Errorf("%s: %.0f units/s, above its hard limit %d", fb.name, rates[i], fb.hard)
+			}
+		}
+	}
+	t.Run("example 2, both saturating", func(t *testing.T) {
+		// Capacity 10000; A and B reserve 2000 each, hard limit 8000: the
+		// pool of 6000 goes half each, however many connections each has.
+		run(t, []*fairBucket{
+			{name: "A", reserved: 2000, hard: 8000, conns: 2},
+			{name: "B", reserved: 2000, hard: 8000, conns: 8},
+		}, []float64{5000, 5000})
+	})
+	t.Run("example 3, A and B idle", func(t *testing.T) {
+		// C gets the free pool (5000) and no more: idle reservations are
+		// not lent out.
+		run(t, []*fairBucket{
+			{name: "A", reserved: 3000, hard: 6000},
+			{name: "B", reserved: 2000, hard: 5000},
+			{name: "C", conns: 4},
+		}, []float64{0, 0, 5000})
+	})
+	t.Run("example 3, all saturating", func(t *testing.T) {
+		// The pool of 5000 split three ways on top of the reservations.
+		run(t, []*fairBucket{
+			{name: "A", reserved: 3000, hard: 6000, conns: 8},
+			{name: "B", reserved: 2000, hard: 5000, conns: 8},
+			{name: "C", conns: 2},
+		}, []float64{3000 + 5000.0/3, 2000 + 5000.0/3, 5000.0 / 3})
+	})
+}
+
+// BenchmarkFairFreePool measures the scenarios through the proxy
+// with the windows: a free pool of 9000 units/s, three buckets
+// saturating it with 16, 4 and 1 connections (16 GETs in flight each), one
+// second of warm-up, 10 s measured; first come, first served and fair with
+// equal weights, and fair with weights 1:2:3. It reports each bucket's
+// units/s (A has 16 connections, B 4, C 1), the pool used, Jain's index of
+// the rates divided by the weights, and each bucket's p99 latency (send
+// to answer, the hold included). The b.N loop is not used: one run takes
+// 11 s; run it with -benchtime 1x.
+func BenchmarkFairFreePool(b *testing.B) {
+	for _, c := range []struct {
+		name, mode string
+		weights    [3]int
+	}{
+		{"fcfs", "fcfs", [3]int{1, 1, 1}},
+		{"fair", "fair", [3]int{1, 1, 1}},
+		{"fair-weights-1:2:3", "fair", [3]int{1, 2, 3}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			bs := []*fairBucket{
+				{name: "A", weight: c.weights[0], conns: 16},
+				{name: "B", weight: c.weights[1], conns: 4},
+				{name: "C", weight: c.weights[2], conns: 1},
+			}
+			const window = 10 * time.Second
+			fairLoad(b, 9000, c.mode, bs, 16, time.Second, window)
+			rates := fairReport(b, c.mode, bs, window)
+			total := 0.0
+			for i, fb := range bs {
+				total += rates[i]
+				b.ReportMetric(rates[i], fb.name+"_units/s")
+				b.ReportMetric(float64(p99Of(fb.lat))/1e6, fb.name+"_p99_ms")
+			}
+			b.ReportMetric(100*total/9000, "pool_used_%")
+			b.ReportMetric(throttle.JainIndex(rates, c.weights[:]), "jain")
+		})
 	}
 }

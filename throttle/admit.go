@@ -96,7 +96,7 @@ func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64) (Domain, time.Dur
 	if mode == Unthrottled {
 		open = 0 // never held: nothing to gate
 	}
-	d, at := b.check(now, lim, node, open)
+	d, at, want := b.check(now, lim, node, open)
 	switch mode {
 	case Unthrottled:
 		if d == Held {
@@ -105,16 +105,16 @@ func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64) (Domain, time.Dur
 	case NonBlocking:
 		if d == Held {
 			b.rejected.Add(1)
-			return Held, until(now, at)
+			return Held, b.wants(want, now, at, until(now, at))
 		}
 	default:
 		if w == nil {
 			if d == Held {
 				b.held.Add(1)
-				return Held, until(now, at)
+				return Held, b.wants(want, now, at, until(now, at))
 			}
 		} else if wait, held := b.queue(w, now, d, at, lim, node); held {
-			return Held, wait
+			return Held, b.wants(want, now, at, wait)
 		}
 	}
 	b.precharge(now, d, lim, node, paid)
@@ -136,8 +136,10 @@ const never = math.MaxInt64
 // units of the budget for reads of unknown cost. It returns the domain
 // (Held when there is no room) and the time at which rules 2 to 5 admit
 // (<= now when not held, never when only a change of limits can). In fair
-// mode rule 3 also waits for the bucket's turn (see fair.go).
-func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int64) (d Domain, at int64) {
+// mode rule 3 also waits for the bucket's turn (see fair.go), and want
+// reports whether the bucket, if held, wants more of the pool than it gets
+// (neither its reservation, its hard limit nor its own reads hold it).
+func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int64) (d Domain, at int64, want bool) {
 	burst := b.e.burst
 	gate := int64(math.MinInt64) // the budget for reads of unknown cost
 	if open > 0 && b.unknownFull(now, open, lim, node) {
@@ -146,7 +148,7 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 	tRes := int64(never)
 	if lim.res.cost != 0 {
 		if tRes = max(b.res.tat.Load()-burst, gate); tRes <= now {
-			return Reserved, tRes
+			return Reserved, tRes, false
 		}
 	}
 	tPool := gate
@@ -168,7 +170,8 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 	tFree := max(tPool, tHard)
 	if node.fairLag != 0 && tHard <= now && gate <= now {
 		// Neither its hard limit nor its own reads hold the bucket: it
-		// takes the pool in its turn, and if held wants more of it.
+		// takes the pool in its turn.
+		want = true
 		ok, turn := b.fairTurn(now, node)
 		if !ok {
 			tFree = max(tFree, turn)
@@ -177,14 +180,22 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 			// pool room goes to the one furthest behind first.
 			tFree = max(tFree, tPool+turn)
 		}
-		if tFree > now {
-			b.fairWant(tFree)
-		}
 	}
 	if tFree <= now {
-		return FreePool, tFree
+		return FreePool, tFree, want
 	}
-	return Held, min(tRes, tFree)
+	return Held, min(tRes, tFree), want
+}
+
+// wants records, when want is set, that the held bucket wants more of the
+// pool than it gets, until at (when the gauges and its turn admit it
+// again: a place further back in its line, told to wait longer, does not
+// keep it wanting); it returns wait.
+func (b *Bucket) wants(want bool, now, at int64, wait time.Duration) time.Duration {
+	if want {
+		b.fairWant(max(at, now))
+	}
+	return wait
 }
 
 // fastest returns the highest rate the bucket can run at: its hard limit,

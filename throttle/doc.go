@@ -9,7 +9,8 @@
 // hard limit, all [Limit] values in units per second. The free pool is what
 // the reservations leave of the capacity: max(0, capacity - sum of the
 // finite reservations of the node's buckets), shared first come, first
-// served. Each finite rate is enforced by a gauge: a token bucket with
+// served, or in fair mode among the buckets that want more of it by
+// weighted max-min ([Engine.SetFreePoolMode]; fair.go has the algorithm). Each finite rate is enforced by a gauge: a token bucket with
 // continuous refill, kept as a "theoretical arrival time" (GCRA) in
 // nanoseconds of the engine clock and updated with atomic operations. A
 // gauge has room while what it has billed ends at most one burst after now:
@@ -22,7 +23,8 @@
 //  1. an unthrottled caller, or a bucket whose reservation is Unlimited:
 //     admit;
 //  2. the bucket's reservation gauge has room: admit, charge the reservation;
-//  3. the free pool has no room: hold;
+//  3. the free pool has no room (in fair mode: or it is not the bucket's
+//     turn): hold;
 //  4. the bucket's hard-limit gauge has no room: hold;
 //  5. admit, charge the free pool.
 //

@@ -205,37 +205,35 @@ func fairProperties(t *testing.T, seed int64) {
 	cfg.seed = seed
 	cfg.span = 5 * time.Second
 	got := simulate(t, cfg, bs)
-
-	// What each bucket should get: its reservation (when its demand covers
-	// it) plus its WaterFill share of the pool, where a bucket wants from
-	// the pool what its demand leaves beyond its reservation (all it can
-	// get when it saturates) and may take at most hard - reserved.
+	// What each bucket should get: what it ran against its reservation
+	// (rule 2 decides that, whatever the mode) plus its WaterFill share of
+	// the pool, where a bucket wants from the pool what its demand leaves
+	// beyond that (all it can get when it saturates) and may take at most
+	// hard - reserved.
 	claims := make([]Claim, n)
+	res := make([]float64, n)
 	for i, sb := range bs {
+		res[i] = float64(sb.resUnits) / cfg.span.Seconds()
 		c := Claim{Weight: sb.weight, Cap: math.Inf(1), Demand: math.Inf(1)}
 		if sb.hard != Unlimited {
 			c.Cap = float64(sb.hard - sb.reserved)
 		}
 		if sb.demand > 0 {
-			c.Demand = max(sb.demand-float64(sb.reserved), 0)
+			c.Demand = max(sb.demand-res[i], 0)
 		}
 		claims[i] = c
 	}
 	WaterFill(pool, claims)
 	var used, usable float64
 	for i, sb := range bs {
-		res := float64(sb.reserved)
-		if sb.demand > 0 {
-			res = min(res, sb.demand)
-		}
-		want := res + claims[i].Share
-		used += got[sb.name] - res
+		want := res[i] + claims[i].Share
+		used += got[sb.name] - res[i]
 		usable += claims[i].usable()
 		// Commands run whole, and a bucket may run a lag bound ahead: a
 		// tolerance of 3% plus a few units per second.
 		if math.Abs(got[sb.name]-want) > 0.03*want+5 {
-			t.Errorf("%s (weight %d, reserved %v, hard %v, demand %.0f, %d conns): %.0f units/s, want %.0f",
-				sb.name, sb.weight, sb.reserved, sb.hard, sb.demand, sb.conns, got[sb.name], want)
+			t.Errorf("%s (weight %d, reserved %v, hard %v, demand %.0f, %d conns): %.0f units/s (%.0f against its reservation), want %.0f",
+				sb.name, sb.weight, sb.reserved, sb.hard, sb.demand, sb.conns, got[sb.name], res[i], want)
 		}
 	}
 	if need := min(pool, usable); used < 0.98*need {

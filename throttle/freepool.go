@@ -83,7 +83,7 @@ func (e *Engine) SetFreePoolMode(m FreePoolMode) error {
 	now := e.now()
 	if m == FreePoolFair {
 		e.fair.mu.Lock()
-		e.fair.v.Store(e.fairV(now, e.fair.v.Load(), true))
+		e.fairRecompute(now, true)
 		e.fair.mu.Unlock()
 	}
 	e.publishNode(now)

@@ -86,11 +86,12 @@ type simBucket struct {
 	weight         int           // 0: DefaultWeight
 	start          time.Duration // its conns issue nothing before then
 
-	b       *Bucket
-	units   int64           // charged after warm-up, by the conns
-	uUnits  int64           // by the Unthrottled conn
-	windows []int64         // units charged by the conns in each simConfig.window from 0
-	waits   []time.Duration // after warm-up: how long each held command was held
+	b        *Bucket
+	units    int64           // charged after warm-up, by the conns
+	resUnits int64           // of which admitted against its reservation
+	uUnits   int64           // by the Unthrottled conn
+	windows  []int64         // units charged by the conns in each simConfig.window from 0
+	waits    []time.Duration // after warm-up: how long each held command was held
 }
 
 type simConn struct {
@@ -192,6 +193,9 @@ func simulate(t testing.TB, cfg simConfig, buckets []*simBucket) map[string]floa
 					sb.uUnits += u
 				default:
 					sb.units += u
+					if d == Reserved {
+						sb.resUnits += u
+					}
 				}
 			}
 		}
