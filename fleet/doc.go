@@ -30,6 +30,16 @@
 //     demand below the common level gets what it asks for, the rest is split
 //     by weight, and what nobody asks for is split by weight among all, so
 //     an instance whose load grows has room at once.
+//   - Fair sharing. An instance whose free_pool is "fair" also reports,
+//     per bucket, what it wants of the free pool and the bucket's weight.
+//     Its free pool share is then computed bucket by bucket: the fleet's
+//     free pool is split among the buckets by weighted max-min over their
+//     fleet-wide demand (the sum of the live instances', at most the
+//     bucket's hard limit less its reservation), each bucket's share among
+//     the instances by their demands as above, at most what the other
+//     instances do not hold of it ([BucketGrant].Pool), and the instance's
+//     free pool share is the sum of its buckets', clamped as below. The
+//     instance splits its pool in proportion to them.
 //   - Clamping. The caller's share is at most the limit less the shares the
 //     other live instances hold. A share moves from one instance to another
 //     only when the first calls and lowers its own and then the second calls:

@@ -75,12 +75,21 @@ type Usage struct {
 	Units               uint64 // units charged here, running total
 	Rejected            uint64 // non-blocking refusals here, running total
 	Waiting             int    // callers held here now
+	// Weight is the bucket's weight (1..throttle.MaxWeight; 0 counts as
+	// 1): its share of the fleet's free pool relative to the other buckets'
+	// when the instance shares the free pool fairly (Node.Fair).
+	Weight int
 }
 
 // Node is the node-wide part of a report: the fleet's capacity and its
 // free pool (capacity minus the finite reservations), as configured here.
 type Node struct {
 	Capacity, FreePool throttle.Limit
+	// Fair is set when the instance shares the free pool by weight
+	// (free_pool = "fair"): the store then divides the fleet's free pool
+	// among the buckets fleet-wide, by weight, and grants each bucket a
+	// share here ([BucketGrant].Pool).
+	Fair bool
 }
 
 // Hooks connect a Fleet to the instance it runs in. Each is called from the
@@ -428,6 +437,7 @@ func (f *Fleet) request(node Node, usage []Usage, now time.Duration) *syncReques
 		knownToken: f.known,
 		hint:       f.grants.Load().live,
 		freePool:   limitArg(node.FreePool),
+		fair:       node.Fair,
 		buckets:    make([]bucketDemand, 0, len(usage)),
 	}
 	elapsed := now - f.lastSync
@@ -449,38 +459,39 @@ func (f *Fleet) request(node Node, usage []Usage, now time.Duration) *syncReques
 		if u.Units < f.base[u.Name] {
 			f.base[u.Name] = 0 // the bucket was created again
 		}
-		req.buckets = append(req.buckets, bucketDemand{
+		bd := bucketDemand{
 			name: u.Name, reserved: limitArg(u.Reserved), hard: limitArg(u.HardLimit),
-			cum: u.Units - f.base[u.Name], cap: d.cap, weight: d.weight,
-		})
+			cum: u.Units - f.base[u.Name], cap: d.cap, weight: d.weight, bucketWeight: float64(max(u.Weight, 1)),
+		}
 		// The free pool: what each bucket wants beyond its reservation,
 		// at most its hard limit less its reservation.
-		if u.Reserved == throttle.Unlimited {
-			continue
-		}
-		want := d.cap
-		if want >= 0 {
-			want -= g.reservedGrant(u.Name)
-			if want < 0 {
-				want = 0
+		if u.Reserved != throttle.Unlimited {
+			want := d.cap
+			if want >= 0 {
+				want -= g.reservedGrant(u.Name)
+				if want < 0 {
+					want = 0
+				}
+			}
+			if h, ok := u.HardLimit.Finite(); ok {
+				r, _ := u.Reserved.Finite()
+				if want < 0 || want > h-r {
+					want = h - r
+				}
+			}
+			bd.poolCap = want
+			if fpCap >= 0 {
+				if want < 0 {
+					fpCap = -1
+				} else {
+					fpCap += want
+				}
+			}
+			if d.cap < 0 {
+				fpWeight += d.weight
 			}
 		}
-		if h, ok := u.HardLimit.Finite(); ok {
-			r, _ := u.Reserved.Finite()
-			if want < 0 || want > h-r {
-				want = h - r
-			}
-		}
-		if fpCap >= 0 {
-			if want < 0 {
-				fpCap = -1
-			} else {
-				fpCap += want
-			}
-		}
-		if d.cap < 0 {
-			fpWeight += d.weight
-		}
+		req.buckets = append(req.buckets, bd)
 	}
 	req.fpCap = fpCap
 	req.fpWeight = max(1, fpWeight)
@@ -524,7 +535,7 @@ func (f *Fleet) fromReply(rep *syncReply) *Grants {
 		buckets:  make(map[string]BucketGrant, len(rep.buckets)),
 	}
 	for _, b := range rep.buckets {
-		bg := BucketGrant{Reserved: b.reserved, HardLimit: b.hard, FleetUnitsPerSecond: -1}
+		bg := BucketGrant{Reserved: b.reserved, HardLimit: b.hard, Pool: b.pool, FleetUnitsPerSecond: -1}
 		if ref, ok := f.fleetRef[b.name]; ok && rep.now > ref.at && b.fleetUnits >= ref.units {
 			bg.FleetUnitsPerSecond = float64(b.fleetUnits-ref.units) / (rep.now - ref.at).Seconds()
 		}

@@ -18,6 +18,14 @@ const (
 // bucket over the last period (-1 until known).
 type BucketGrant struct {
 	Reserved, HardLimit int64
+	// Pool is, when the instance shares the free pool fairly
+	// (Node.Fair), the bucket's share here of the fleet's free pool: the
+	// store splits the fleet's free pool among the buckets by weighted
+	// max-min over their fleet-wide demand, then each bucket's share among
+	// the instances by their demand. The instance's free pool grant is the
+	// sum over its buckets; the instance splits it in proportion to these.
+	// -1 when not sharing fairly, or with an unlimited free pool.
+	Pool                int64
 	FleetUnitsPerSecond float64
 }
 

@@ -33,6 +33,7 @@ var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 type simBucket struct {
 	name           string
 	reserved, hard throttle.Limit
+	weight         int // 0: 1
 }
 
 type simInstance struct {
@@ -52,6 +53,7 @@ type sim struct {
 	period    time.Duration
 	policy    LossPolicy
 	capacity  throttle.Limit
+	fair      bool // instances share their free pool by weight
 	buckets   []simBucket
 	inst      []*simInstance
 	lose      *lossHook
@@ -113,9 +115,10 @@ func (s *sim) add() *simInstance {
 	f, err := New(Config{Store: newStore(rdb, "sim"), Instance: fmt.Sprintf("i%d", len(s.inst)), Period: s.period, OnStoreLoss: s.policy, Clock: s.clock}, Hooks{
 		Usage: func(dst []Usage) (Node, []Usage) {
 			for _, b := range s.buckets {
-				dst = append(dst, Usage{Name: b.name, Reserved: b.reserved, HardLimit: b.hard, Units: uint64(in.units[b.name]), Waiting: in.waiting[b.name]})
+				dst = append(dst, Usage{Name: b.name, Reserved: b.reserved, HardLimit: b.hard, Units: uint64(in.units[b.name]),
+					Waiting: in.waiting[b.name], Weight: b.weight})
 			}
-			return Node{Capacity: s.capacity, FreePool: s.freePool()}, dst
+			return Node{Capacity: s.capacity, FreePool: s.freePool(), Fair: s.fair}, dst
 		},
 		State:   func([]byte, string) error { in.states++; return nil },
 		Seed:    func() []byte { return []byte(`{}`) },
@@ -152,15 +155,16 @@ func (s *sim) freePool() throttle.Limit {
 
 // serve moves one instance's fluid on by dt: each bucket takes its
 // reservation share first, then the instance's free pool share is split
-// among the buckets that want more, in proportion to their clients, each
-// within its hard share.
+// among the buckets that want more, in proportion to their clients (in
+// fair mode, to their shares of the free pool from the store, as the
+// proxy's engine does), each within its hard share.
 func (s *sim) serve(in *simInstance, dt time.Duration) {
 	g := in.f.Grants()
 	fp := rate(g.FreePool(s.freePool()))
 	type want struct {
 		name       string
 		rest, room float64
-		clients    int
+		clients    int // its weight in the split
 	}
 	var wants []want
 	used := map[string]float64{}
@@ -175,7 +179,11 @@ func (s *sim) serve(in *simInstance, dt time.Duration) {
 			continue
 		}
 		if demand > r {
-			wants = append(wants, want{b.name, demand - r, math.Max(0, rate(hard)-r), c})
+			wt := c
+			if bg, ok := g.Bucket(b.name); s.fair && ok && bg.Pool > 0 {
+				wt = int(bg.Pool)
+			}
+			wants = append(wants, want{b.name, demand - r, math.Max(0, rate(hard)-r), wt})
 		}
 	}
 	// Water-fill the free pool over the wants, by clients.
@@ -284,7 +292,7 @@ func delta(a, b []float64) (per []float64, total float64) {
 // limit, the fleet uses the limit within 5% over each 10 s window, and
 // two periods after the flip the split follows the load within 5 points.
 func TestSimHardLimitFollowsTheLoad(t *testing.T) {
-	s := newSim(t, time.Second, throttle.Unlimited, simBucket{"b", 0, 3000})
+	s := newSim(t, time.Second, throttle.Unlimited, simBucket{name: "b", reserved: 0, hard: 3000})
 	for _, c := range []int{6, 3, 1} {
 		s.add().clients["b"] = c
 	}
@@ -330,7 +338,7 @@ func wantSplit(t *testing.T, when string, per []float64, total float64, want []f
 // node total stays at the capacity and the reservation is honoured.
 func TestSimCapacityAndReservations(t *testing.T) {
 	s := newSim(t, time.Second, 4000,
-		simBucket{"r", 1000, throttle.Unlimited}, simBucket{"x", 0, throttle.Unlimited}, simBucket{"y", 0, throttle.Unlimited})
+		simBucket{name: "r", reserved: 1000, hard: throttle.Unlimited}, simBucket{name: "x", reserved: 0, hard: throttle.Unlimited}, simBucket{name: "y", reserved: 0, hard: throttle.Unlimited})
 	a, b, c := s.add(), s.add(), s.add()
 	a.clients["x"], b.clients["y"], c.clients["r"] = 8, 8, 1
 	s.run(2*time.Second, nil)
@@ -365,7 +373,7 @@ func TestSimLostReplies(t *testing.T) {
 }
 
 func simLostReplies(t *testing.T, lost, of int, window float64) {
-	s := newSim(t, time.Second, throttle.Unlimited, simBucket{"b", 0, 3000})
+	s := newSim(t, time.Second, throttle.Unlimited, simBucket{name: "b", reserved: 0, hard: 3000})
 	for _, c := range []int{5, 2, 1, 1, 3} {
 		s.add().clients["b"] = c
 	}
@@ -409,7 +417,7 @@ func simLostReplies(t *testing.T, lost, of int, window float64) {
 // TestSimKilledInstanceStrandsAtMostALease: an instance that stops syncing
 // strands its share for at most one lease; then the others take it.
 func TestSimKilledInstanceStrandsAtMostALease(t *testing.T) {
-	s := newSim(t, time.Second, throttle.Unlimited, simBucket{"b", 0, 3000})
+	s := newSim(t, time.Second, throttle.Unlimited, simBucket{name: "b", reserved: 0, hard: 3000})
 	for _, c := range []int{4, 4, 4} {
 		s.add().clients["b"] = c
 	}
@@ -433,7 +441,7 @@ func TestSimKilledInstanceStrandsAtMostALease(t *testing.T) {
 func TestSimStoreLoss(t *testing.T) {
 	for _, policy := range []LossPolicy{Share, Open} {
 		t.Run(policy.String(), func(t *testing.T) {
-			s := newSim(t, time.Second, throttle.Unlimited, simBucket{"b", 0, 3000})
+			s := newSim(t, time.Second, throttle.Unlimited, simBucket{name: "b", reserved: 0, hard: 3000})
 			s.policy = policy
 			for _, c := range []int{6, 3, 1} {
 				s.add().clients["b"] = c
@@ -478,7 +486,7 @@ func TestSimStoreLoss(t *testing.T) {
 // clients, changing every 5 s. The shares never exceed the limit and the
 // fleet uses at least 95% of it outside the two periods after a change.
 func TestSimManyInstancesSkewedLoad(t *testing.T) {
-	s := newSim(t, 500*time.Millisecond, throttle.Unlimited, simBucket{"b", 0, 10_000})
+	s := newSim(t, 500*time.Millisecond, throttle.Unlimited, simBucket{name: "b", reserved: 0, hard: 10_000})
 	for i := 0; i < 12; i++ {
 		s.add().clients["b"] = i + 1
 	}
@@ -511,6 +519,40 @@ func TestSimManyInstancesSkewedLoad(t *testing.T) {
 		sort.Slice(idx, func(a, b int) bool { return order[idx[a]] < order[idx[b]] })
 		if per[idx[11]] < 5*per[idx[0]] {
 			t.Errorf("round %d: 12 clients got %.0f units, 1 client %.0f", round, per[idx[11]], per[idx[0]])
+		}
+	}
+}
+
+// TestSimFairPoolFleetWide: with free_pool = "fair", the fleet's free pool
+// is shared by the buckets' weights fleet-wide, however their clients are
+// spread over the instances: x has 8 clients on each of two instances, y 4
+// on a third. First come, first served follows the clients (x gets about
+// two thirds); fair mode gives each bucket its weight's part.
+func TestSimFairPoolFleetWide(t *testing.T) {
+	run := func(fair bool, wx, wy int) (x, y float64) {
+		s := newSim(t, time.Second, 3000, simBucket{name: "x", hard: throttle.Unlimited, weight: wx},
+			simBucket{name: "y", hard: throttle.Unlimited, weight: wy})
+		s.fair = fair
+		a, b, c := s.add(), s.add(), s.add()
+		a.clients["x"], b.clients["x"], c.clients["y"] = 8, 8, 4
+		s.run(3*time.Second, nil)
+		x0, y0 := s.units("x"), s.units("y")
+		s.run(10*time.Second, nil)
+		_, nx := delta(x0, s.units("x"))
+		_, ny := delta(y0, s.units("y"))
+		return nx / 10, ny / 10
+	}
+	x, y := run(false, 1, 1)
+	t.Logf("fcfs: x %.0f, y %.0f units/s", x, y)
+	if y > 1500*0.9 {
+		t.Errorf("fcfs gave y %.0f units/s: the scenario no longer shows the difference", y)
+	}
+	for _, c := range []struct{ wx, wy int }{{1, 1}, {1, 2}, {3, 1}} {
+		x, y := run(true, c.wx, c.wy)
+		wantX := 3000 * float64(c.wx) / float64(c.wx+c.wy)
+		t.Logf("fair %d:%d: x %.0f, y %.0f units/s (want %.0f, %.0f)", c.wx, c.wy, x, y, wantX, 3000-wantX)
+		if math.Abs(x-wantX) > 0.05*wantX || math.Abs(y-(3000-wantX)) > 0.05*(3000-wantX) {
+			t.Errorf("fair %d:%d: x %.0f, y %.0f units/s, want %.0f, %.0f +-5%%", c.wx, c.wy, x, y, wantX, 3000-wantX)
 		}
 	}
 }

@@ -184,6 +184,7 @@ type syncRequest struct {
 	freePool        int64
 	fpCap           int64
 	fpWeight        float64
+	fair            bool // the caller shares its free pool by weight
 	buckets         []bucketDemand
 }
 
@@ -194,6 +195,8 @@ type bucketDemand struct {
 	cum            uint64  // units used here since the epoch began
 	cap            int64   // units/s wanted; -1: as much as it can get
 	weight         float64 // how strongly (held callers), > 0
+	poolCap        int64   // units/s wanted of the free pool; -1: as much as it can get
+	bucketWeight   float64 // the bucket's weight (free_pool = "fair"), > 0
 }
 
 // syncReply is the store's answer to a syncRequest.
@@ -212,14 +215,20 @@ type bucketGrant struct {
 	name           string
 	reserved, hard int64 // units/s; -1 unlimited
 	fleetUnits     int64 // units used by the whole fleet, ever
+	pool           int64 // its share of the free pool in fair mode; -1 otherwise
 }
 
 func (s *Store) sync(ctx context.Context, req *syncRequest) (*syncReply, error) {
-	args := make([]any, 0, 9+6*len(req.buckets))
+	fair := "0"
+	if req.fair {
+		fair = "1"
+	}
+	args := make([]any, 0, 11+8*len(req.buckets))
 	args = append(args, req.instance, req.epoch, req.seq, req.lease.Milliseconds(), req.knownToken, req.hint,
-		req.freePool, req.fpCap, strconv.FormatFloat(req.fpWeight, 'f', 3, 64), len(req.buckets))
+		req.freePool, req.fpCap, strconv.FormatFloat(req.fpWeight, 'f', 3, 64), len(req.buckets), fair)
 	for _, b := range req.buckets {
-		args = append(args, b.name, b.reserved, b.hard, b.cum, b.cap, strconv.FormatFloat(b.weight, 'f', 3, 64))
+		args = append(args, b.name, b.reserved, b.hard, b.cum, b.cap, strconv.FormatFloat(b.weight, 'f', 3, 64),
+			b.poolCap, strconv.FormatFloat(max(b.bucketWeight, 1), 'f', 3, 64))
 	}
 	raw, err := syncScript.Run(ctx, s.rdb, s.keys, args...).Slice()
 	if err != nil {
@@ -245,7 +254,7 @@ func parseSyncReply(raw []any) (*syncReply, error) {
 	if r.status != "ok" {
 		return r, nil
 	}
-	if len(raw) < 6 || (len(raw)-6)%4 != 0 {
+	if len(raw) < 6 || (len(raw)-6)%5 != 0 {
 		return bad("length")
 	}
 	n, ok1 := raw[2].(int64)
@@ -259,16 +268,17 @@ func parseSyncReply(raw []any) (*syncReply, error) {
 	if st != "" {
 		r.state = []byte(st)
 	}
-	r.buckets = make([]bucketGrant, 0, (len(raw)-6)/4)
-	for i := 6; i < len(raw); i += 4 {
+	r.buckets = make([]bucketGrant, 0, (len(raw)-6)/5)
+	for i := 6; i < len(raw); i += 5 {
 		name, ok1 := raw[i].(string)
 		res, ok2 := raw[i+1].(int64)
 		hard, ok3 := raw[i+2].(int64)
 		total, ok4 := raw[i+3].(int64)
-		if !ok1 || !ok2 || !ok3 || !ok4 {
+		pool, ok5 := raw[i+4].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
 			return bad("bucket")
 		}
-		r.buckets = append(r.buckets, bucketGrant{name: name, reserved: res, hard: hard, fleetUnits: total})
+		r.buckets = append(r.buckets, bucketGrant{name: name, reserved: res, hard: hard, fleetUnits: total, pool: pool})
 	}
 	return r, nil
 }

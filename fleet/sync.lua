@@ -12,20 +12,31 @@
 --                       id (names this life of the store), seeded_at (ms)
 -- KEYS[2] members hash: instance -> "lastseen_ms epoch seq lease_ms"
 -- KEYS[3] entries hash: bucket.."|"..instance ->
---                         "cap weight res hard cum reserved_limit hard_limit";
+--                         "cap weight res hard cum reserved_limit hard_limit
+--                          pool_cap pool_grant" (the last two in fair mode);
 --                       "|"..instance (the free pool) -> "cap weight fp free_pool"
 -- KEYS[4] usage   hash: bucket -> units used by the whole fleet, ever
 --
 -- ARGV: instance, epoch, seq, lease_ms, known_token, hint_instances,
---       free_pool, fp_cap, fp_weight, nbuckets,
---       then per bucket: name, reserved, hard, cum, cap, weight.
+--       free_pool, fp_cap, fp_weight, nbuckets, fair,
+--       then per bucket: name, reserved, hard, cum, cap, weight,
+--       pool_cap, bucket_weight.
+-- fair is "1" when the caller shares the free pool fairly (free_pool =
+-- "fair"): its free pool share is then the sum of its buckets' pool
+-- shares, each bucket's share of the fleet's free pool computed by
+-- weighted max-min over the buckets (bucket_weight, demand the sum of the
+-- live instances' pool_cap) and split among the instances by their
+-- pool_cap. pool_cap is what the caller wants of the free pool for the
+-- bucket (-1: all it can get).
 -- A limit or cap of -1 means unlimited. cum is the caller's own running
 -- total of units used in that bucket since its epoch began. known_token is
 -- "id:version" of the state document the caller has ("" for none);
 -- hint_instances the number of live instances it last knew of.
 --
 -- Reply: {status, now_ms, live_instances, token, state_or_empty,
---         fp_grant, name, res_grant, hard_grant, fleet_units, ...}
+--         fp_grant, name, res_grant, hard_grant, fleet_units, pool_grant, ...}
+-- pool_grant is the caller's share of the free pool for the bucket in fair
+-- mode, -1 otherwise.
 -- status: "ok"; "stale" (seq not newer than one already recorded: nothing
 -- changed, nothing else returned); "seed" (the store holds no state yet);
 -- "conflict" (another live instance reports under the same name).
@@ -112,38 +123,44 @@ if now - seededAt < lease and hint > #others + 1 then
   phantoms = hint - #others - 1
 end
 
--- share returns the caller's part of limit among the demands (caps[1],
--- ws[1] are the caller's): weighted max-min, where a demand that is
--- satisfied below the common level keeps what it asks and the rest is
--- split by weight; what nobody asks for is split by weight among all.
-local function share(limit, caps, ws)
+-- waterfill returns every claimant's part of limit (caps -1: unlimited,
+-- ws the weights) by weighted max-min: a demand that is satisfied below
+-- the common level keeps what it asks and the rest is split by weight;
+-- what nobody asks for is split by weight among all, so that a claimant
+-- whose load grows has room at once.
+local function waterfill(limit, caps, ws)
   local n = #caps
-  local order, wsum = {}, 0
+  local out, order, wsum = {}, {}, 0
   for k = 1, n do
-    order[k] = k
+    order[k], out[k] = k, 0
     wsum = wsum + ws[k]
   end
   local function ratio(k)
     if caps[k] < 0 then return math.huge end
     return caps[k] / ws[k]
   end
-  table.sort(order, function(a, b) return ratio(a) < ratio(b) end)
+  table.sort(order, function(x, y) return ratio(x) < ratio(y) end)
   local rem, wrem = limit, wsum
-  local mine
-  for _, k in ipairs(order) do
+  for i, k in ipairs(order) do
     if caps[k] < 0 or caps[k] > rem * ws[k] / wrem then
-      -- This demand and all after it exceed the common level: they share
-      -- what is left by weight.
-      if mine == nil then mine = rem * ws[1] / wrem end
-      return mine
+      for j = i, n do
+        local kk = order[j]
+        out[kk] = rem * ws[kk] / wrem
+      end
+      return out
     end
+    out[k] = caps[k]
     rem = rem - caps[k]
     wrem = wrem - ws[k]
-    if k == 1 then mine = caps[1] end
   end
-  -- Every demand met: hand out the rest by weight, so that an instance
-  -- whose load grows has room at once.
-  return mine + rem * ws[1] / wsum
+  for k = 1, n do out[k] = out[k] + rem * ws[k] / wsum end
+  return out
+end
+
+-- share returns the caller's part of limit among the demands (caps[1],
+-- ws[1] are the caller's), as waterfill.
+local function share(limit, caps, ws)
+  return waterfill(limit, caps, ws)[1]
 end
 
 -- entries reads, in one command, the caller's entry (self) and those of
@@ -193,7 +210,7 @@ local function grant(limit, cap, weight, theirs, grantAt, limitAt, cur)
   local room = limit - held
   if g > room then g = room end
   if g < 0 then g = 0 end
-  return g, limit
+  return g, limit, room
 end
 
 local function weight(w)
@@ -208,12 +225,15 @@ if token ~= known then
 end
 
 local nb = tonumber(ARGV[10])
-local a = 11
+local fair = ARGV[11] == '1'
+local a = 12
+local pool = {} -- fair mode: per bucket of the caller, what its pool share needs
 for _ = 1, nb do
   local name = ARGV[a]
   local reserved, hard = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local cum, cap, w = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), weight(ARGV[a + 5])
-  a = a + 6
+  local pcap, bw = tonumber(ARGV[a + 6]), weight(ARGV[a + 7])
+  a = a + 8
   local self = name .. '|' .. inst
   local used = cum
   local curRes, curHard = -1, -1
@@ -226,19 +246,77 @@ for _ = 1, nb do
   local res = grant(reserved, cap, w, theirs, 3, 6, curRes)
   local hrd = grant(hard, cap, w, theirs, 4, 7, curHard)
   if hrd >= 0 and (res < 0 or res > hrd) then res = hrd end
-  redis.call('HSET', KEYS[3], self,
-    string.format('%.0f %.3f %.0f %.0f %.0f %.0f %.0f', cap, w, res, hrd, cum, reserved, hard))
-  reply[#reply + 1] = name
-  reply[#reply + 1] = res
-  reply[#reply + 1] = hrd
-  reply[#reply + 1] = total
+  -- The bucket's demand on the fleet's free pool: the sum of the live
+  -- instances' (an entry without one, written by an instance sharing it
+  -- first come first served, asks for nothing), at most its hard limit
+  -- less its reservation.
+  local b = {name = name, self = self, rec = string.format('%.0f %.3f %.0f %.0f %.0f %.0f %.0f', cap, w, res, hrd, cum, reserved, hard),
+    res = res, hrd = hrd, total = total, pcap = pcap, w = w, bw = bw, theirs = theirs, held = 0, demand = pcap}
+  for _, e in ipairs(theirs) do
+    local pc, pg = e[8], e[9]
+    if pc and b.demand >= 0 then
+      if pc < 0 then b.demand = -1 else b.demand = b.demand + pc end
+    end
+    if pg and pg > 0 then b.held = b.held + pg end
+  end
+  if reserved < 0 then
+    b.demand = 0 -- unmetered: it never draws on the pool
+  elseif hard >= 0 and (b.demand < 0 or b.demand > hard - reserved) then
+    b.demand = math.max(hard - reserved, 0)
+  end
+  pool[#pool + 1] = b
 end
 
 local freePool, fpCap, fpW = tonumber(ARGV[7]), tonumber(ARGV[8]), weight(ARGV[9])
 local curFp = -1
 local mineFp, theirsFp = entries('|' .. inst, '|', 4)
 if mineFp then curFp = mineFp[3] end
-local fp = grant(freePool, fpCap, fpW, theirsFp, 3, 4, curFp)
+local fp, fpLimit, fpRoom = grant(freePool, fpCap, fpW, theirsFp, 3, 4, curFp)
+
+if fair and fpLimit >= 0 then
+  -- Each bucket's share of the fleet's free pool, by weight; the caller's
+  -- part of it by the instances' demands, at most what the other
+  -- instances do not hold.
+  local caps, ws = {}, {}
+  for k, b in ipairs(pool) do
+    caps[k], ws[k] = b.demand, b.bw
+  end
+  local shares = waterfill(fpLimit, caps, ws)
+  local sum = 0
+  for k, b in ipairs(pool) do
+    local icaps, iws = {b.pcap}, {b.w}
+    for _, e in ipairs(b.theirs) do
+      icaps[#icaps + 1] = e[8] or 0
+      iws[#iws + 1] = math.max(e[2], 0.001)
+    end
+    local g = 0
+    if shares[k] > 0 then
+      g = math.floor(math.min(share(shares[k], icaps, iws), shares[k] - b.held))
+    end
+    if g < 0 then g = 0 end
+    b.pg = g
+    sum = sum + g
+  end
+  fp = math.max(0, math.min(sum, fpRoom))
+end
+
+for _, b in ipairs(pool) do
+  local rec = b.rec
+  if fair then
+    rec = rec .. string.format(' %.0f %.0f', b.pcap, b.pg or 0)
+  end
+  redis.call('HSET', KEYS[3], b.self, rec)
+  reply[#reply + 1] = b.name
+  reply[#reply + 1] = b.res
+  reply[#reply + 1] = b.hrd
+  reply[#reply + 1] = b.total
+  if fair then
+    reply[#reply + 1] = b.pg or -1
+  else
+    reply[#reply + 1] = -1
+  end
+end
+
 redis.call('HSET', KEYS[3], '|' .. inst, string.format('%.0f %.3f %.0f %.0f', fpCap, fpW, fp, freePool))
 reply[6] = fp
 return reply

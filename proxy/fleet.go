@@ -254,10 +254,11 @@ func (srv *Server) fleetUsage(dst []fleet.Usage) (fleet.Node, []fleet.Usage) {
 		st := b.tb.Stats()
 		dst = append(dst, fleet.Usage{
 			Name: bc.Name, Reserved: bc.Throttle.Reserved, HardLimit: bc.Throttle.HardLimit,
-			Units: st.Units, Rejected: st.Rejected, Waiting: st.Waiting,
+			Units: st.Units, Rejected: st.Rejected, Waiting: st.Waiting, Weight: b.tb.Weight(),
 		})
 	}
-	return fleet.Node{Capacity: ten.cfg.Throttle.Capacity, FreePool: freePool(ten.cfg)}, dst
+	return fleet.Node{Capacity: ten.cfg.Throttle.Capacity, FreePool: freePool(ten.cfg),
+		Fair: ten.cfg.Throttle.FreePool == throttle.FreePoolFair}, dst
 }
 
 // applyGrants puts new shares in force on the engine and wakes the held
@@ -320,7 +321,40 @@ func (srv *Server) enforce(eff *bucketcfg.Config) bool {
 		}
 		changed = true
 	}
+	srv.enforceShares(eff)
 	return changed
+}
+
+// enforceShares makes the engine split this instance's free pool in fair
+// mode in proportion to the buckets' shares of it from the store
+// (BucketGrant.Pool), so that the fleet's free pool is shared by weight
+// fleet-wide: a bucket's weight here is its share scaled so that the
+// largest is throttle.MaxWeight (at least 1). Outside fleet mode, in fcfs
+// mode, or without shares from the store, the buckets' own weights apply.
+// The caller holds adminMu.
+func (srv *Server) enforceShares(eff *bucketcfg.Config) {
+	ten := srv.ten.Load()
+	g := srv.fleet.fl.Grants()
+	fair := eff.Throttle.FreePool == throttle.FreePoolFair
+	var most int64
+	for _, bc := range eff.Buckets {
+		if bg, ok := g.Bucket(bc.Name); ok && fair && !g.Fallback() {
+			most = max(most, bg.Pool)
+		}
+	}
+	for _, bc := range eff.Buckets {
+		b := ten.bucket(bc.Name)
+		if b == nil {
+			continue
+		}
+		w := 0 // the bucket's own weight
+		if bg, ok := g.Bucket(bc.Name); ok && most > 0 && bg.Pool >= 0 {
+			w = int(min(max(bg.Pool*throttle.MaxWeight/most, 1), throttle.MaxWeight))
+		}
+		if err := b.tb.SetShareWeight(w); err != nil {
+			srv.log.Error().Err(err).Str("bucket", bc.Name).Msg("could not apply the fleet's free pool share")
+		}
+	}
 }
 
 // fleetSynced records a sync in the metrics.

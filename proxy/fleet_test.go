@@ -30,8 +30,10 @@ type fleetTest struct {
 	mc     *testmc.Server
 	tail   string // buckets and users, shared by every instance
 	period string
-	insts  []*testProxy
-	tcs    []testConfig
+	// throttle: lines inside [throttle] (default: capacity = "unlimited")
+	throttle string
+	insts    []*testProxy
+	tcs      []testConfig
 }
 
 func newFleetTest(t *testing.T, tail, period string) *fleetTest {
@@ -48,9 +50,13 @@ func (f *fleetTest) start(i int, proxyLines string) *testProxy {
 	}
 	tc := f.tcs[i]
 	if tc.statePath == "" {
+		th := f.throttle
+		if th == "" {
+			th = `capacity = "unlimited"`
+		}
 		tc = testConfig{
 			proxy:     proxyLines,
-			throttle:  `capacity = "unlimited"`,
+			throttle:  th,
 			statePath: filepath.Join(f.t.TempDir(), "state.json"),
 			loops:     1,
 			tail: f.tail + fmt.Sprintf("[fleet]\nredis_url = %q\nname = \"test\"\ninstance = \"i%d\"\ngrant_period = %q\n",
@@ -612,5 +618,41 @@ func TestFleetFlushes(t *testing.T) {
 	testmc.Eventually(t, 5*time.Second, "b follows a's FLUSH once the store is back", func() bool { return gone(cb, "k4") })
 	if !gone(ca, "k4") {
 		t.Errorf("k4, set through b before a's FLUSH, is visible through a")
+	}
+}
+
+// TestFleetFairPool: with free_pool = "fair", fair shares are fleet-wide:
+// bucket x has saturating clients on two instances (4 each), y on a third
+// (2); the fleet's free pool (capacity 3000, no reservations) goes to x
+// and y by their weights (1:2), not by where their clients are or how
+// many they are (first come, first served gives x about two thirds).
+func TestFleetFairPool(t *testing.T) {
+	tail := "[[bucket]]\nname = \"x\"\nweight = 1\n[[bucket]]\nname = \"y\"\nweight = 2\n" + fleetUsers(t)
+	f := newFleetTest(t, tail, "500ms")
+	f.throttle = "capacity = 3000\nfree_pool = \"fair\""
+	l := newLoad()
+	defer l.close()
+	for i, b := range []string{"x", "x", "y"} {
+		f.start(i, fmt.Sprintf("default_bucket = %q", b))
+	}
+	l.add(t, 0, f.insts[0].Addr, 4)
+	l.add(t, 1, f.insts[1].Addr, 4)
+	l.add(t, 2, f.insts[2].Addr, 2)
+	f.window("x", 3)
+	xs, ys := make(chan [][]float64), make(chan [][]float64)
+	go func() { xs <- f.window("x", 10) }()
+	go func() { ys <- f.window("y", 10) }()
+	x, y := <-xs, <-ys
+	var nx, ny float64
+	for k := range x {
+		nx += sum(x[k]) / 10
+		ny += sum(y[k]) / 10
+	}
+	t.Logf("x (weight 1, clients on two instances) %.0f units/s, y (weight 2, one instance) %.0f units/s", nx, ny)
+	if math.Abs(nx-1000) > 50 || math.Abs(ny-2000) > 100 {
+		t.Errorf("x %.0f, y %.0f units/s, want 1000 and 2000 +-5%%", nx, ny)
+	}
+	if n := l.errs.Load(); n != 0 {
+		t.Errorf("%d client errors", n)
 	}
 }

@@ -12,7 +12,9 @@ type Bucket struct {
 	// weight of the bucket's share of the free pool in fair mode; has no
 	// effect in fcfs mode (1..MaxWeight, see SetWeight)
 	weight atomic.Uint32
-	_      [cacheLine]byte
+	// shareWeight replaces weight in fair mode when not 0 (SetShareWeight)
+	shareWeight atomic.Uint32
+	_           [cacheLine]byte
 
 	// written by every admission (and charge of more than one unit)
 	res, hard gauge

@@ -103,6 +103,34 @@ func (b *Bucket) SetWeight(w int) error {
 		return ErrInvalidWeight
 	}
 	b.weight.Store(uint32(w))
-	b.vInc.Store(vIncFor(w))
+	b.publishVInc()
 	return nil
+}
+
+// ShareWeight returns the weight set with SetShareWeight (0: none; fair
+// mode then splits by Weight).
+func (b *Bucket) ShareWeight() int { return int(b.shareWeight.Load()) }
+
+// SetShareWeight sets the weight fair mode splits the free pool by in
+// place of Weight, which stays what it is (and is what is shown): in fleet
+// mode the store decides each bucket's share of this instance's free pool,
+// and the instance splits its pool in proportion to those shares. w = 0
+// goes back to Weight. It applies at once and fails with
+// ErrInvalidWeight for w outside 0..MaxWeight. Safe from any goroutine.
+func (b *Bucket) SetShareWeight(w int) error {
+	if w < 0 || w > MaxWeight {
+		return ErrInvalidWeight
+	}
+	b.shareWeight.Store(uint32(w))
+	b.publishVInc()
+	return nil
+}
+
+// publishVInc sets the virtual time per unit from the weight in force.
+func (b *Bucket) publishVInc() {
+	w := b.shareWeight.Load()
+	if w == 0 {
+		w = b.weight.Load()
+	}
+	b.vInc.Store(vIncFor(int(w)))
 }

@@ -3,6 +3,7 @@ package throttle
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestBucketWeightAndFreePoolMode(t *testing.T) {
@@ -44,5 +45,38 @@ func TestBucketWeightAndFreePoolMode(t *testing.T) {
 	}
 	if FreePoolFCFS.String() != "fcfs" || FreePoolMode(5).String() != "FreePoolMode(5)" {
 		t.Fatal("String")
+	}
+}
+
+// SetShareWeight replaces the weight in fair mode's split (fleet mode sets
+// it from the store's shares) without changing Weight; 0 goes back to it.
+func TestShareWeight(t *testing.T) {
+	got := func(share int) map[string]float64 {
+		cfg := fairSim(4000)
+		cfg.span = 3 * time.Second
+		bs := []*simBucket{{name: "a", hard: Unlimited, conns: 2}, {name: "b", hard: Unlimited, conns: 2}}
+		return simulateWith(t, cfg, bs, func(e *Engine) {
+			if err := e.Bucket("a").SetShareWeight(share); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	r := got(3)
+	shareWithin(t, "a (share weight 3)", r["a"], 3000, 0.02)
+	shareWithin(t, "b", r["b"], 1000, 0.02)
+	r = got(0)
+	shareWithin(t, "a (share weight 0: its weight, 1)", r["a"], 2000, 0.02)
+
+	e, _ := New(Config{Capacity: 1000})
+	b, _ := e.AddBucket("b", 0, Unlimited)
+	_ = b.SetWeight(5)
+	if err := b.SetShareWeight(MaxWeight + 1); !errors.Is(err, ErrInvalidWeight) {
+		t.Errorf("SetShareWeight(MaxWeight+1): %v", err)
+	}
+	if err := b.SetShareWeight(-1); !errors.Is(err, ErrInvalidWeight) {
+		t.Errorf("SetShareWeight(-1): %v", err)
+	}
+	if err := b.SetShareWeight(7); err != nil || b.Weight() != 5 || b.ShareWeight() != 7 {
+		t.Errorf("SetShareWeight(7): %v, weight %d, share weight %d", err, b.Weight(), b.ShareWeight())
 	}
 }

@@ -122,6 +122,13 @@ func defaultSim(capacity Limit) simConfig {
 // simulate runs cfg and returns each bucket's measured rate in units/s.
 func simulate(t testing.TB, cfg simConfig, buckets []*simBucket) map[string]float64 {
 	t.Helper()
+	return simulateWith(t, cfg, buckets, nil)
+}
+
+// simulateWith is simulate, calling setup (if not nil) once the buckets
+// are in place.
+func simulateWith(t testing.TB, cfg simConfig, buckets []*simBucket, setup func(*Engine)) map[string]float64 {
+	t.Helper()
 	clk := NewFakeClock(0)
 	e, err := New(Config{Capacity: cfg.capacity, Burst: cfg.burst, Clock: clk, FreePool: cfg.freePool})
 	if err != nil {
@@ -147,6 +154,9 @@ func simulate(t testing.TB, cfg simConfig, buckets []*simBucket) map[string]floa
 		if sb.uDemand > 0 {
 			conns = append(conns, &simConn{sb: sb, mode: Unthrottled, demand: sb.uDemand, wake: sb.start, heldAt: -1})
 		}
+	}
+	if setup != nil {
+		setup(e)
 	}
 	end := cfg.warm + cfg.span
 	for now := time.Duration(0); now < end; now += cfg.step {
