@@ -62,7 +62,7 @@ func fairTail(t testing.TB, bs []*fairBucket) string {
 // (one unit each) in flight, from its bucket's start until warm+window
 // after the scenario's start; what is answered inside [warm, warm+window)
 // is counted.
-func fairLoad(t testing.TB, capacity int, mode string, bs []*fairBucket, depth int, warm, window time.Duration) {
+func fairLoad(t testing.TB, capacity int, mode string, bs []*fairBucket, depth int, warm, window time.Duration) *testProxy {
 	t.Helper()
 	p := startProxy(t, testConfig{
 		throttle: fmt.Sprintf("capacity = %d\nburst_ms = 20\nmax_item_bytes = 4096\nfree_pool = %q", capacity, mode),
@@ -102,6 +102,39 @@ func fairLoad(t testing.TB, capacity int, mode string, bs []*fairBucket, depth i
 	time.Sleep(time.Until(begin.Add(warm + window)))
 	close(stop)
 	wg.Wait()
+	return p
+}
+
+// heldP99 returns the 99th percentile of how long bucket's held commands
+// were held (kvthrottle_throttle_wait_seconds, over the whole run), as the
+// upper bound of the histogram bucket it falls in; 0 if none was held.
+func heldP99(t testing.TB, p *testProxy, bucket string) time.Duration {
+	t.Helper()
+	mfs, err := p.Metrics().Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvthrottle_throttle_wait_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != 1 || m.GetLabel()[0].GetValue() != bucket {
+				continue
+			}
+			h := m.GetHistogram()
+			n := h.GetSampleCount()
+			for _, b := range h.GetBucket() {
+				if n > 0 && float64(b.GetCumulativeCount()) >= 0.99*float64(n) {
+					return time.Duration(b.GetUpperBound() * float64(time.Second))
+				}
+			}
+			if n > 0 {
+				return time.Duration(math.MaxInt64)
+			}
+		}
+	}
+	return 0
 }
 
 func fairRates(bs []*fairBucket, window time.Duration) []float64 {
@@ -121,14 +154,17 @@ func p99Of(d []time.Duration) time.Duration {
 	return s[len(s)*99/100]
 }
 
-// fairReport logs each bucket's rate and p99 latency.
-func fairReport(t testing.TB, mode string, bs []*fairBucket, window time.Duration) []float64 {
+// fairReport logs each bucket's rate, p99 latency (send to answer, the
+// client's own queue included) and p99 hold (the proxy's
+// kvthrottle_throttle_wait_seconds, to its histogram's resolution).
+func fairReport(t testing.TB, p *testProxy, mode string, bs []*fairBucket, window time.Duration) []float64 {
 	rates := fairRates(bs, window)
 	weights := make([]int, len(bs))
 	line := mode + ":"
 	for i, fb := range bs {
 		weights[i] = max(fb.weight, 1)
-		line += fmt.Sprintf("  %s (weight %d, %d conns) %.0f units/s p99 %v;", fb.name, weights[i], fb.conns, rates[i], p99Of(fb.lat).Round(10*time.Microsecond))
+		line += fmt.Sprintf("  %s (weight %d, %d conns) %.0f units/s, p99 latency %v, p99 held <= %v;", fb.name, weights[i], fb.conns,
+			rates[i], p99Of(fb.lat).Round(10*time.Microsecond), heldP99(t, p, fb.name))
 	}
 	total := 0.0
 	for _, r := range rates {
@@ -172,16 +208,16 @@ func TestFairFreePool(t *testing.T) {
 	}
 	t.Run("fcfs", func(t *testing.T) {
 		bs := scenario(1, 1, 1)
-		fairLoad(t, pool, "fcfs", bs, depth, warm, window)
-		rates := fairReport(t, "fcfs", bs, window)
+		p := fairLoad(t, pool, "fcfs", bs, depth, warm, window)
+		rates := fairReport(t, p, "fcfs", bs, window)
 		if total := rates[0] + rates[1] + rates[2]; total > 1.02*pool {
 			t.Errorf("fcfs: the node ran at %.0f units/s, over its capacity", total)
 		}
 	})
 	t.Run("fair equal weights", func(t *testing.T) {
 		bs := scenario(1, 1, 1)
-		fairLoad(t, pool, "fair", bs, depth, warm, window)
-		rates := fairReport(t, "fair", bs, window)
+		p := fairLoad(t, pool, "fair", bs, depth, warm, window)
+		rates := fairReport(t, p, "fair", bs, window)
 		check(t, rates, []float64{pool / 3, pool / 3, pool / 3})
 		if j := throttle.JainIndex(rates, nil); j < 0.99 {
 			t.Errorf("Jain's index %.4f, want >= 0.99", j)
@@ -189,8 +225,8 @@ func TestFairFreePool(t *testing.T) {
 	})
 	t.Run("fair weights 1:2:3", func(t *testing.T) {
 		bs := scenario(1, 2, 3)
-		fairLoad(t, pool, "fair", bs, depth, warm, window)
-		check(t, fairReport(t, "fair", bs, window), []float64{pool / 6, pool * 2 / 6, pool * 3 / 6})
+		p := fairLoad(t, pool, "fair", bs, depth, warm, window)
+		check(t, fairReport(t, p, "fair", bs, window), []float64{pool / 6, pool * 2 / 6, pool * 3 / 6})
 	})
 }
 
@@ -208,8 +244,8 @@ func TestFairNewcomer(t *testing.T) {
 		{name: "some", weight: 1, conns: 4},
 		{name: "late", weight: 1, conns: 1, start: late},
 	}
-	fairLoad(t, 6000, "fair", bs, 16, warm, window)
-	fairReport(t, "fair", bs, window)
+	p := fairLoad(t, 6000, "fair", bs, 16, warm, window)
+	fairReport(t, p, "fair", bs, window)
 	// From 100 ms after it started: in each 100 ms, a third of the pool.
 	newcomer := bs[2]
 	for from := late + 100*time.Millisecond; from+100*time.Millisecond <= warm+window; from += 100 * time.Millisecond {
@@ -235,8 +271,8 @@ func TestFairSeedExamples(t *testing.T) {
 		window = 3 * time.Second
 	)
 	run := func(t *testing.T, bs []*fairBucket, want []float64) {
-		fairLoad(t, 10000, "fair", bs, 16, warm, window)
-		rates := fairReport(t, "fair", bs, window)
+		p := fairLoad(t, 10000, "fair", bs, 16, warm, window)
+		rates := fairReport(t, p, "fair", bs, window)
 		for i, fb := range bs {
 			if math.Abs(rates[i]-want[i]) > 0.05*want[i] {
 				t.Errorf("%s: %.0f units/s, want %.0f +-5%%", fb.name, rates[i], want[i])
@@ -301,13 +337,14 @@ func BenchmarkFairFreePool(b *testing.B) {
 				{name: "C", weight: c.weights[2], conns: 1},
 			}
 			const window = 10 * time.Second
-			fairLoad(b, 9000, c.mode, bs, 16, time.Second, window)
-			rates := fairReport(b, c.mode, bs, window)
+			p := fairLoad(b, 9000, c.mode, bs, 16, time.Second, window)
+			rates := fairReport(b, p, c.mode, bs, window)
 			total := 0.0
 			for i, fb := range bs {
 				total += rates[i]
 				b.ReportMetric(rates[i], fb.name+"_units/s")
 				b.ReportMetric(float64(p99Of(fb.lat))/1e6, fb.name+"_p99_ms")
+				b.ReportMetric(float64(heldP99(b, p, fb.name))/1e6, fb.name+"_held_p99_ms")
 			}
 			b.ReportMetric(100*total/9000, "pool_used_%")
 			b.ReportMetric(throttle.JainIndex(rates, c.weights[:]), "jain")
