@@ -246,9 +246,8 @@ type ThrottleConfig struct {
 	MaxHold time.Duration
 	// FreePool is how the free pool is shared among the buckets that want
 	// more than their reservation (key free_pool, "fcfs" or "fair", default
-	// "fcfs"; DESIGN.md section 13). Only the modes of FreePoolModes are
-	// accepted: "fair" is refused until the engine implements it. A reload
-	// may change it; it applies at once.
+	// "fcfs"; DESIGN.md section 13); one of FreePoolModes. A reload may
+	// change it; it applies at once.
 	FreePool throttle.FreePoolMode
 	// MaxItemBytes is the largest value the memcached servers store
 	// (memcached -I; key max_item_bytes, default 1048576,

@@ -105,19 +105,19 @@ func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64) (Domain, time.Dur
 	case NonBlocking:
 		if d == Held {
 			b.rejected.Add(1)
-			return Held, b.wants(want, now, at, until(now, at))
+			return Held, b.wants(node, want, now, at, until(now, at))
 		}
 	default:
 		if w == nil {
 			if d == Held {
 				b.held.Add(1)
-				return Held, b.wants(want, now, at, until(now, at))
+				return Held, b.wants(node, want, now, at, until(now, at))
 			}
 		} else if wait, held := b.queue(w, now, d, at, lim, node); held {
-			return Held, b.wants(want, now, at, wait)
+			return Held, b.wants(node, want, now, at, wait)
 		}
 	}
-	b.precharge(now, d, lim, node, paid)
+	b.precharge(now, d, lim, node, paid, mode == Unthrottled)
 	if open > 0 {
 		b.unknown.Add(open)
 	}
@@ -137,9 +137,9 @@ const never = math.MaxInt64
 // (Held when there is no room) and the time at which rules 2 to 5 admit
 // (<= now when not held, never when only a change of limits can). In fair
 // mode rule 3 also waits for the bucket's turn (see fair.go), and want
-// reports whether the bucket, if held, wants more of the pool than it gets
+// says what the bucket, if held, is held by (see fairHold)
 // (neither its reservation, its hard limit nor its own reads hold it).
-func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int64) (d Domain, at int64, want bool) {
+func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int64) (d Domain, at int64, want fairHold) {
 	burst := b.e.burst
 	gate := int64(math.MinInt64) // the budget for reads of unknown cost
 	if open > 0 && b.unknownFull(now, open, lim, node) {
@@ -148,7 +148,7 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 	tRes := int64(never)
 	if lim.res.cost != 0 {
 		if tRes = max(b.res.tat.Load()-burst, gate); tRes <= now {
-			return Reserved, tRes, false
+			return Reserved, tRes, heldOther
 		}
 	}
 	tPool := gate
@@ -168,17 +168,21 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 		tHard = b.hard.tat.Load() - burst
 	}
 	tFree := max(tPool, tHard)
+	if tHard > now {
+		want = heldHard
+	}
 	if node.fairLag != 0 && tHard <= now && gate <= now {
 		// Neither its hard limit nor its own reads hold the bucket: it
 		// takes the pool in its turn.
-		want = true
+		want = heldPool
 		ok, turn := b.fairTurn(now, node)
 		if !ok {
 			tFree = max(tFree, turn)
 		} else if tPool > now && tPool != never {
 			// Held by the pool: buckets further ahead wake later, so that
-			// pool room goes to the one furthest behind first.
-			tFree = max(tFree, tPool+turn)
+			// pool room goes to the one furthest behind first (by at most
+			// the burst: room left unclaimed for longer is lost).
+			tFree = max(tFree, tPool+min(turn, burst))
 		}
 	}
 	if tFree <= now {
@@ -187,13 +191,27 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 	return Held, min(tRes, tFree), want
 }
 
-// wants records, when want is set, that the held bucket wants more of the
-// pool than it gets, until at (when the gauges and its turn admit it
-// again: a place further back in its line, told to wait longer, does not
-// keep it wanting); it returns wait.
-func (b *Bucket) wants(want bool, now, at int64, wait time.Duration) time.Duration {
-	if want {
+// fairHold is what holds a bucket, as fair sharing sees it.
+type fairHold uint8
+
+const (
+	heldOther fairHold = iota // its reservation's room, or its own reads in flight
+	heldPool                  // the free pool, or its turn: it wants more of the pool
+	heldHard                  // its hard limit: it takes all it may
+)
+
+// wants records, for a held bucket in fair mode, what holds it: the pool
+// or its turn (it wants more of the pool than it gets, until at, when the
+// gauges and its turn admit it again: a caller without a place in the
+// line, told to wait longer, does not keep it wanting) or its hard limit
+// (its places no longer count as wanting); it returns wait.
+func (b *Bucket) wants(node *nodeLimits, why fairHold, now, at int64, wait time.Duration) time.Duration {
+	switch {
+	case node.fairLag == 0:
+	case why == heldPool:
 		b.fairWant(max(at, now))
+	case why == heldHard:
+		b.fairCapped()
 	}
 	return wait
 }
@@ -224,7 +242,7 @@ func unitCost(lim *bucketLimits, node *nodeLimits) int64 {
 }
 
 // precharge bills the units an admitted command pays in advance.
-func (b *Bucket) precharge(now int64, d Domain, lim *bucketLimits, node *nodeLimits, units int64) {
+func (b *Bucket) precharge(now int64, d Domain, lim *bucketLimits, node *nodeLimits, units int64, unthrottled bool) {
 	switch d {
 	case Reserved:
 		b.res.charge(now, lim.res.cost1(units))
@@ -233,7 +251,7 @@ func (b *Bucket) precharge(now int64, d Domain, lim *bucketLimits, node *nodeLim
 			b.e.pool.charge(now, node.pool.cost1(units))
 		}
 		if node.fairLag != 0 {
-			b.fairBill(units)
+			b.fairBill(units, unthrottled, node)
 		}
 	default:
 		return

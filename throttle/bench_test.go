@@ -149,7 +149,7 @@ func BenchmarkFairRecompute(b *testing.B) {
 			e, _ := New(Config{Capacity: 1 << 30, FreePool: FreePoolFair, Clock: clk})
 			for i := 0; i < n; i++ {
 				bk, _ := e.AddBucket(fmt.Sprint(i), 0, Unlimited)
-				bk.fairBill(int64(i))
+				bk.fairBill(int64(i), false, e.node.Load())
 				if i%2 == 0 {
 					bk.fairWant(int64(time.Hour))
 				}

@@ -32,6 +32,7 @@ type Bucket struct {
 	vt        atomic.Int64 // virtual time: units drawn on the pool, 1/weight each
 	vInc      atomic.Int64 // virtual time per unit: vScale / weight
 	wantUntil atomic.Int64 // wants more of the pool than it gets until then
+	poolHeld  atomic.Bool  // its callers were last held by the pool or their turn
 	_         [cacheLine]byte
 
 	// snapshots of commands+extra, written once per window slot

@@ -22,12 +22,13 @@ type Cost struct {
 // Held) stands for a command that was not admitted.
 type Grant struct {
 	// Domain is what the command was admitted against.
-	Domain Domain
-	read   bool
-	gated  bool  // held by the budget for reads of unknown cost
-	known  int64 // Cost.Known
-	paid   int64 // units billed at admission
-	open   int64 // units of the budget for reads of unknown cost it holds
+	Domain      Domain
+	read        bool
+	unthrottled bool  // admitted in Unthrottled mode
+	gated       bool  // held by the budget for reads of unknown cost
+	known       int64 // Cost.Known
+	paid        int64 // units billed at admission
+	open        int64 // units of the budget for reads of unknown cost it holds
 }
 
 // Paid returns the units billed when the command was admitted.
@@ -114,7 +115,7 @@ func (b *Bucket) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) 
 	case Unmetered:
 		open = 0
 	}
-	return Grant{Domain: d, read: c.Read, known: known, paid: paid, open: open}, 0
+	return Grant{Domain: d, read: c.Read, unthrottled: mode == Unthrottled, known: known, paid: paid, open: open}, 0
 }
 
 // Refuse gives up a held command: w's place in the line, if it holds one,
@@ -244,7 +245,7 @@ func (b *Bucket) Settle(g Grant, units int64) {
 			b.e.pool.add(node.pool.ns(delta))
 		}
 		if node.fairLag != 0 {
-			b.fairBill(delta)
+			b.fairBill(delta, g.unthrottled, node)
 		}
 	}
 	if lim.hrd.cost != 0 {

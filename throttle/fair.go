@@ -14,9 +14,11 @@ import (
 // Each bucket has a virtual time, vt: the units it has drawn on the free
 // pool, each counted as 1/weight of a unit, so that buckets served in
 // proportion to their weights advance alike. A bucket wants more of the
-// pool while one of its commands is held by the free pool or by its turn
-// (not by its reservation, its hard limit or its own reads in flight),
-// until it is served or fairGrace past the time it was told to come back.
+// pool while one of its callers is held by the free pool or by its turn
+// (not by its hard limit): while a Blocking caller so held keeps its place
+// in the bucket's line, however late it comes back, and for a caller
+// without a place until it is served or fairGrace past the time it was
+// told to come back.
 // The engine keeps the system's virtual time, V: the least vt among the
 // buckets that want more, and while none does, the greatest vt less the
 // lag bound; V never goes back. A bucket may draw on the pool while its vt
@@ -35,11 +37,13 @@ import (
 //     capped by its hard limit takes its cap; what they leave goes to the
 //     others. The result is the weighted max-min split of WaterFill, which
 //     the simulations check it against.
-//   - A bucket's vt is raised to V less the lag bound when it draws on the
-//     pool: an idle bucket banks no more than the lag bound, and one that
-//     used spare capacity while nobody else wanted it is not held back for
-//     it afterwards (V follows the bucket furthest ahead while nobody
-//     wants more).
+//   - A bucket's vt is raised to V when it draws on the pool: an idle
+//     bucket banks nothing, and one that used spare capacity while nobody
+//     else wanted it is not held back for it afterwards (V follows the
+//     bucket furthest ahead while nobody wants more).
+//   - Unthrottled callers are not held for their turn, and their units
+//     already count in the pool's debt, which every bucket waits out: their
+//     bills take their bucket's vt at most to the lag bound past V.
 //   - Over any interval, the buckets that want more advance within the lag
 //     bound of each other: their shares of the pool are in proportion to
 //     their weights within the lag bound and one command each.
@@ -75,6 +79,10 @@ type fairState struct {
 	next  atomic.Int64           // when V is next recomputed (engine clock, ns)
 	wantN atomic.Int64           // buckets that wanted more of the pool then
 	first atomic.Pointer[Bucket] // the one furthest behind among them
+	// speed is how fast V moves while buckets want more: the pool's rate
+	// over the sum of their weights, in virtual time per ns (float64
+	// bits; 0 when unknown)
+	speed atomic.Uint64
 	_     [cacheLine]byte
 	mu    sync.Mutex                // held by the recomputation
 	list  atomic.Pointer[[]*Bucket] // the engine's buckets, for it
@@ -138,7 +146,7 @@ func (e *Engine) fairRecompute(now int64, all bool) {
 	seen := false
 	for _, b := range *list {
 		vt := b.vt.Load()
-		if !all && b.wantUntil.Load() > now {
+		if !all && b.wanting(now) {
 			if wantN == 0 || vt-lo < 0 {
 				lo, first = vt, b
 			}
@@ -148,9 +156,10 @@ func (e *Engine) fairRecompute(now int64, all bool) {
 			hi, seen = vt, true
 		}
 	}
+	node := e.node.Load()
 	if wantN == 0 {
 		if seen {
-			lo = hi - e.node.Load().fairLag
+			lo = hi - node.fairLag
 		} else {
 			lo = v
 		}
@@ -158,12 +167,32 @@ func (e *Engine) fairRecompute(now int64, all bool) {
 	if lo-v > 0 {
 		v = lo
 	}
+	// V moves as the buckets that want more and may go (not ahead of V by
+	// more than the lag bound) are served: at the pool's rate over their
+	// weights.
+	var weights float64
+	for _, b := range *list {
+		b.clampVT(v)
+		if wantN > 0 && b.vt.Load()-v <= node.fairLag && b.wanting(now) {
+			weights += float64(vScale) / float64(b.vInc.Load())
+		}
+	}
+	speed := 0.0
+	if weights > 0 && node.pool.limit > 0 {
+		speed = float64(node.pool.limit) * float64(vScale) / weights / float64(time.Second)
+	}
 	f.v.Store(v)
 	f.first.Store(first)
 	f.wantN.Store(wantN)
-	for _, b := range *list {
-		b.clampVT(v)
-	}
+	f.speed.Store(math.Float64bits(speed))
+}
+
+// wanting reports whether the bucket wants more of the pool than it gets
+// at now: a caller of it holds a place in its line, last held by the pool
+// or its turn (a place keeps it wanting however late its caller wakes),
+// or a caller without a place was held so until recently.
+func (b *Bucket) wanting(now int64) bool {
+	return b.wantUntil.Load() > now || b.poolHeld.Load() && b.tail.Load() > b.served.Load()
 }
 
 // clampVT keeps vt within fairClamp of v: a bucket idle for so long that it
@@ -189,18 +218,27 @@ func (b *Bucket) clampVT(v int64) {
 
 // fairTurn reports whether the bucket may draw on the pool now: its vt is at
 // most the lag bound past V, or no other bucket wants more of the pool. If
-// not, at is when to try again: the next recomputation of V. If so, at is
-// how long after the pool has room again the bucket should try if the pool
-// holds it: its lead over V at the pool's rate (0 to fairLag), so that the
-// buckets further behind go first.
+// not, at is when it may: when V, moving at the pool's rate over the
+// weights of the buckets that want more, will have caught up, but not
+// before the next recomputation of V. If so, at is how long after the pool
+// has room again the bucket should try if the pool holds it: its lead over
+// V at the pool's rate (0 to fairLag), so that the buckets further behind
+// go first.
 func (b *Bucket) fairTurn(now int64, node *nodeLimits) (ok bool, at int64) {
 	f := &b.e.fair
 	lead := b.vt.Load() - f.v.Load()
+	if lead > fairClamp {
+		lead = 0 // wrapped around: a bucket idle for very long (see fairBill)
+	}
 	if lead > node.fairLag {
 		if n := f.wantN.Load(); n == 0 || n == 1 && f.first.Load() == b {
 			return true, fairLag
 		}
-		return false, max(f.next.Load(), now+1)
+		at = max(f.next.Load(), now+1)
+		if speed := math.Float64frombits(f.speed.Load()); speed > 0 {
+			at = max(at, now+int64(min(float64(lead-node.fairLag)/speed, float64(fairClamp))))
+		}
+		return false, at
 	}
 	if lead <= 0 {
 		return true, 0
@@ -216,24 +254,30 @@ func (b *Bucket) fairRoom(node *nodeLimits) int64 {
 }
 
 // fairBill adds units drawn on the pool to the bucket's virtual time,
-// raising it first to V less the lag bound if it is further behind: an
-// idle bucket banks no more than that.
-func (b *Bucket) fairBill(units int64) {
+// raising it first to V if it is behind: an idle bucket banks nothing. A
+// bill of unthrottled callers (who were not held for their turn, and whose
+// units the pool's debt already makes every bucket wait out) takes the
+// bucket at most to the lag bound past V. The bucket then no longer counts
+// as wanting through a recent hold without a place: it was served.
+func (b *Bucket) fairBill(units int64, unthrottled bool, node *nodeLimits) {
 	add := min(units, fairMaxUnits) * b.vInc.Load()
 	v := b.e.fair.v.Load()
-	floor := v - b.e.node.Load().fairLag
 	for {
 		vt := b.vt.Load()
-		if b.wantUntil.Load() != 0 {
-			b.wantUntil.Store(0) // served: it no longer holds V back
+		lead := vt - v
+		if lead < 0 || lead > fairClamp {
+			lead = 0 // behind, or wrapped around after a very long idle spell
 		}
-		if vt-floor >= 0 {
-			b.vt.Add(add)
-			return
+		n := min(lead+add, fairClamp)
+		if unthrottled && n > node.fairLag {
+			n = max(lead, node.fairLag)
 		}
-		if b.vt.CompareAndSwap(vt, floor+add) {
-			return
+		if b.vt.CompareAndSwap(vt, v+n) {
+			break
 		}
+	}
+	if b.wantUntil.Load() != 0 {
+		b.wantUntil.Store(0)
 	}
 }
 
@@ -242,14 +286,29 @@ func (b *Bucket) fairRefund(units int64) {
 	b.vt.Add(-min(units, fairMaxUnits) * b.vInc.Load())
 }
 
-// fairWant records that the bucket wants more of the pool than it gets (it
-// is held by the pool or its turn) until at least until.
+// fairWant records that the bucket wants more of the pool than it gets: a
+// caller of it is held by the pool or its turn until at least until (a
+// caller with a place in the line keeps it wanting for as long as it holds
+// the place; one without, until a little after until).
 func (b *Bucket) fairWant(until int64) {
+	if !b.poolHeld.Load() {
+		b.poolHeld.Store(true)
+	}
 	if until == never {
 		return
 	}
 	until = min(until, math.MaxInt64-fairGrace) + fairGrace
 	if b.wantUntil.Load() < until {
 		b.wantUntil.Store(until)
+	}
+}
+
+// fairCapped records that a caller of the bucket is held by its hard limit:
+// its places in line no longer count as wanting more of the pool. (One
+// held by its own reads in flight changes nothing: it wanted more of the
+// pool before, or not.)
+func (b *Bucket) fairCapped() {
+	if b.poolHeld.Load() {
+		b.poolHeld.Store(false)
 	}
 }

@@ -64,13 +64,20 @@ func (e *Engine) FreePoolMode() FreePoolMode { return FreePoolMode(e.mode.Load()
 // In FreePoolFair mode the free pool goes, whenever buckets want more of it
 // than it has, to the bucket that has drawn the least of it per unit of
 // weight; a bucket may run ahead of that one by 4 ms of the pool's rate (at
-// weight 1) and one command. The buckets that want more of the pool thus
-// get shares of it in proportion to their weights, a bucket that asks for
-// less gets what it asks for and one capped by its hard limit its cap, and
-// the rest goes to the others at once (weighted max-min, as [WaterFill]
-// computes it). A bucket that is idle banks nothing. The split is
-// recomputed at most every 2 ms; admission stays lock-free and
-// allocation-free. Switching to fair mode starts every bucket even.
+// weight 1) and one command. A bucket wants more of the pool while a caller
+// of it is held by the pool or its turn: a Blocking caller for as long as
+// it holds its place in the line (however late it comes back), another
+// until 1 ms past the wait it was given. The buckets that want more thus
+// get shares of the pool in proportion to their weights, a bucket that asks
+// for less gets what it asks for and one capped by its hard limit its cap,
+// and the rest goes to the others at once (weighted max-min, as
+// [WaterFill] computes it). A bucket that comes back from idle starts level
+// with the one furthest behind: it banks nothing. Units of Unthrottled
+// callers count towards their bucket's turn up to the lag bound only (all
+// of them still count against the pool, whose debt every bucket waits
+// out). The split is recomputed at most every 2 ms; admission stays
+// lock-free and allocation-free. Switching to fair mode starts every
+// bucket within the lag bound of the one furthest ahead.
 func (e *Engine) SetFreePoolMode(m FreePoolMode) error {
 	if !m.Valid() {
 		return ErrInvalidFreePoolMode

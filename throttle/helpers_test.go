@@ -81,10 +81,12 @@ type simBucket struct {
 	demand         float64 // units/s over all conns; 0 saturates
 	conns          int
 	mode           Mode
-	maxUnits       int64         // command sizes are 1..maxUnits units
-	uDemand        float64       // > 0 adds an Unthrottled conn with this demand
-	weight         int           // 0: DefaultWeight
-	start          time.Duration // its conns issue nothing before then
+	maxUnits       int64                    // command sizes are 1..maxUnits units
+	uDemand        float64                  // > 0 adds an Unthrottled conn with this demand
+	uUntil         time.Duration            // > 0: the Unthrottled conn issues nothing from then on
+	weight         int                      // 0: DefaultWeight
+	start          time.Duration            // its conns issue nothing before then
+	on             func(time.Duration) bool // if set, its conns issue nothing while it is false
 
 	b        *Bucket
 	units    int64           // charged after warm-up, by the conns
@@ -92,6 +94,7 @@ type simBucket struct {
 	uUnits   int64           // by the Unthrottled conn
 	windows  []int64         // units charged by the conns in each simConfig.window from 0
 	waits    []time.Duration // after warm-up: how long each held command was held
+	onTime   time.Duration   // after warm-up: how long on was true (all of it without on)
 }
 
 type simConn struct {
@@ -112,6 +115,7 @@ type simConfig struct {
 	seed       int64
 	freePool   FreePoolMode
 	window     time.Duration // > 0: also count each bucket's units per window
+	late       time.Duration // > 0: each held conn wakes up to this much (uniformly) late
 }
 
 func defaultSim(capacity Limit) simConfig {
@@ -166,9 +170,21 @@ func simulateWith(t testing.TB, cfg simConfig, buckets []*simBucket, setup func(
 				c.backlog = min(c.backlog+c.demand*cfg.step.Seconds(), c.demand) // at most 1 s queued
 			}
 		}
+		for _, sb := range buckets {
+			if now >= cfg.warm && (sb.on == nil || sb.on(now)) {
+				sb.onTime += cfg.step
+			}
+		}
 		r.Shuffle(len(conns), func(i, j int) { conns[i], conns[j] = conns[j], conns[i] })
 		for _, c := range conns {
 			sb := c.sb
+			if sb.on != nil && !sb.on(now) {
+				c.w.Cancel() // an idle client has nothing held
+				continue
+			}
+			if c.mode == Unthrottled && sb.mode != Unthrottled && sb.uUntil > 0 && now >= sb.uUntil {
+				continue
+			}
 			for n := 0; c.wake <= now && n < 64; n++ {
 				if c.demand > 0 && c.backlog < 1 {
 					break
@@ -176,6 +192,9 @@ func simulateWith(t testing.TB, cfg simConfig, buckets []*simBucket, setup func(
 				d, wait := sb.b.Admit(&c.w, c.mode)
 				if d == Held {
 					c.wake = now + min(wait, end)
+					if cfg.late > 0 {
+						c.wake += time.Duration(r.Int63n(int64(cfg.late)))
+					}
 					if c.heldAt < 0 {
 						c.heldAt = now
 					}
