@@ -68,7 +68,13 @@ func StartTLS(t testing.TB, o TLSOptions, extraArgs ...string) *Server {
 		c := ca.Server(t)
 		cert = &c
 	}
-	dir := t.TempDir()
+	// memcached's -o splits its options at commas, so the files' paths
+	// must have none: t.TempDir() is named after the test, whose name may.
+	dir, err := os.MkdirTemp("", "testmc-tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	certFile, keyFile := cert.Write(t, dir, "memcached")
 	caFile := filepath.Join(dir, "ca.pem")
 	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
