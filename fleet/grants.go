@@ -23,8 +23,12 @@ type BucketGrant struct {
 	// store splits the fleet's free pool among the buckets by weighted
 	// max-min over their fleet-wide demand, then each bucket's share among
 	// the instances by their demand. The instance's free pool grant is the
-	// sum over its buckets; the instance splits it in proportion to these.
-	// -1 when not sharing fairly, or with an unlimited free pool.
+	// sum over its buckets (clamped, like every share, so that the live
+	// instances' free pool grants never add up to more than the fleet's
+	// free pool); the instance splits it in proportion to these, which are
+	// proportions, not limits: across instances they may add up to more
+	// than the free pool. -1 when not sharing fairly, or with an unlimited
+	// free pool.
 	Pool                int64
 	FleetUnitsPerSecond float64
 }

@@ -42,8 +42,10 @@ type simInstance struct {
 	clients map[string]int // saturating clients per bucket
 	units   map[string]float64
 	waiting map[string]int
-	down    bool // not syncing (killed)
-	states  int  // state documents received
+	down    bool            // not syncing (killed)
+	states  int             // state documents received
+	dropped map[string]bool // buckets it no longer has (removed from its file)
+	fcfs    bool            // shares first come first served even in a fair sim
 }
 
 type sim struct {
@@ -109,16 +111,19 @@ func (s *sim) add() *simInstance {
 	rdb := redis.NewClient(&redis.Options{Addr: s.mr.Addr(), MaxRetries: -1})
 	rdb.AddHook(procHook(s.lose.hook))
 	s.t.Cleanup(func() { rdb.Close() })
-	in := &simInstance{clients: map[string]int{}, units: map[string]float64{}, waiting: map[string]int{}}
+	in := &simInstance{clients: map[string]int{}, units: map[string]float64{}, waiting: map[string]int{}, dropped: map[string]bool{}}
 	in.phase = s.nextPhase
 	s.nextPhase = (s.nextPhase + (s.period * 7 / 23).Truncate(simStep)) % s.period
 	f, err := New(Config{Store: newStore(rdb, "sim"), Instance: fmt.Sprintf("i%d", len(s.inst)), Period: s.period, OnStoreLoss: s.policy, Clock: s.clock}, Hooks{
 		Usage: func(dst []Usage) (Node, []Usage) {
 			for _, b := range s.buckets {
+				if in.dropped[b.name] {
+					continue
+				}
 				dst = append(dst, Usage{Name: b.name, Reserved: b.reserved, HardLimit: b.hard, Units: uint64(in.units[b.name]),
 					Waiting: in.waiting[b.name], Weight: b.weight})
 			}
-			return Node{Capacity: s.capacity, FreePool: s.freePool(), Fair: s.fair}, dst
+			return Node{Capacity: s.capacity, FreePool: s.freePool(), Fair: s.fair && !in.fcfs}, dst
 		},
 		State:   func([]byte, string) error { in.states++; return nil },
 		Seed:    func() []byte { return []byte(`{}`) },
@@ -180,7 +185,7 @@ func (s *sim) serve(in *simInstance, dt time.Duration) {
 		}
 		if demand > r {
 			wt := c
-			if bg, ok := g.Bucket(b.name); s.fair && ok && bg.Pool > 0 {
+			if bg, ok := g.Bucket(b.name); s.fair && !in.fcfs && ok && bg.Pool > 0 {
 				wt = int(bg.Pool)
 			}
 			wants = append(wants, want{b.name, demand - r, math.Max(0, rate(hard)-r), wt})
@@ -554,5 +559,50 @@ func TestSimFairPoolFleetWide(t *testing.T) {
 		if math.Abs(x-wantX) > 0.05*wantX || math.Abs(y-(3000-wantX)) > 0.05*(3000-wantX) {
 			t.Errorf("fair %d:%d: x %.0f, y %.0f units/s, want %.0f, %.0f +-5%%", c.wx, c.wy, x, y, wantX, 3000-wantX)
 		}
+	}
+}
+
+// TestSimDroppedBucketFreesItsShares: an instance whose configuration no
+// longer has a bucket stops holding shares of it at its next sync, so the
+// instances that still serve it get the whole limit (a hard limit, and in
+// fair mode the free pool). Left in the store, its last shares held them
+// back for good.
+func TestSimDroppedBucketFreesItsShares(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		s := newSim(t, time.Second, 3000, simBucket{name: "z", hard: 3000})
+		s.fair = fair
+		a, b := s.add(), s.add()
+		a.clients["z"], b.clients["z"] = 4, 4
+		s.run(3*time.Second, nil)
+		a.dropped["z"], a.clients["z"] = true, 0
+		s.run(3*time.Second, nil)
+		z0 := s.units("z")
+		s.run(5*time.Second, nil)
+		_, nz := delta(z0, s.units("z"))
+		t.Logf("fair %v: after a dropped z, b runs it at %.0f units/s", fair, nz/5)
+		if nz/5 < 3000*0.95 {
+			t.Errorf("fair %v: z runs at %.0f units/s of its 3000 after an instance dropped it", fair, nz/5)
+		}
+	}
+}
+
+// TestSimMixedFleet: while a fleet moves from fcfs to fair one instance at
+// a time, an fcfs instance's buckets still get their part of the free
+// pool: a fair instance counts the fcfs instance's demand.
+func TestSimMixedFleet(t *testing.T) {
+	s := newSim(t, time.Second, 2000, simBucket{name: "x", hard: throttle.Unlimited})
+	s.fair = true
+	a, b := s.add(), s.add()
+	b.fcfs = true
+	a.clients["x"] = 4
+	s.run(3*time.Second, nil)
+	b.clients["x"] = 4
+	s.run(3*time.Second, nil)
+	x0 := s.units("x")
+	s.run(10*time.Second, nil)
+	per, total := delta(x0, s.units("x"))
+	t.Logf("fair instance %.0f, fcfs instance %.0f units/s", per[0]/10, per[1]/10)
+	if per[1]/10 < 1000*0.8 || total/10 < 2000*0.95 {
+		t.Errorf("mixed fleet: fair instance %.0f, fcfs instance %.0f units/s, want about 1000 each", per[0]/10, per[1]/10)
 	}
 }

@@ -14,6 +14,8 @@
 -- KEYS[3] entries hash: bucket.."|"..instance ->
 --                         "cap weight res hard cum reserved_limit hard_limit
 --                          pool_cap pool_grant" (the last two in fair mode);
+--                       "||"..instance -> the buckets it reported last,
+--                         one per line;
 --                       "|"..instance (the free pool) -> "cap weight fp free_pool"
 -- KEYS[4] usage   hash: bucket -> units used by the whole fleet, ever
 --
@@ -253,8 +255,10 @@ for _ = 1, nb do
   local b = {name = name, self = self, rec = string.format('%.0f %.3f %.0f %.0f %.0f %.0f %.0f', cap, w, res, hrd, cum, reserved, hard),
     res = res, hrd = hrd, total = total, pcap = pcap, w = w, bw = bw, theirs = theirs, held = 0, demand = pcap}
   for _, e in ipairs(theirs) do
-    local pc, pg = e[8], e[9]
-    if pc and b.demand >= 0 then
+    -- An entry of an instance sharing first come first served has no
+    -- pool_cap: its demand for the bucket stands for it.
+    local pc, pg = e[8] or e[1], e[9]
+    if b.demand >= 0 then
       if pc < 0 then b.demand = -1 else b.demand = b.demand + pc end
     end
     if pg and pg > 0 then b.held = b.held + pg end
@@ -286,7 +290,7 @@ if fair and fpLimit >= 0 then
   for k, b in ipairs(pool) do
     local icaps, iws = {b.pcap}, {b.w}
     for _, e in ipairs(b.theirs) do
-      icaps[#icaps + 1] = e[8] or 0
+      icaps[#icaps + 1] = e[8] or e[1]
       iws[#iws + 1] = math.max(e[2], 0.001)
     end
     local g = 0
@@ -299,6 +303,21 @@ if fair and fpLimit >= 0 then
   end
   fp = math.max(0, math.min(sum, fpRoom))
 end
+
+-- The caller's entries for buckets it no longer reports (removed from its
+-- configuration) go: left, they would hold their shares for good.
+local listKey = '||' .. inst
+local reported = {}
+for _, b in ipairs(pool) do reported[b.name] = true end
+local was = redis.call('HGET', KEYS[3], listKey)
+if was then
+  for name in string.gmatch(was, '[^\n]+') do
+    if not reported[name] then redis.call('HDEL', KEYS[3], name .. '|' .. inst) end
+  end
+end
+local names = {}
+for _, b in ipairs(pool) do names[#names + 1] = b.name end
+redis.call('HSET', KEYS[3], listKey, table.concat(names, '\n'))
 
 for _, b in ipairs(pool) do
   local rec = b.rec

@@ -325,11 +325,15 @@ func (srv *Server) enforce(eff *bucketcfg.Config) bool {
 	return changed
 }
 
+// shareFloor is the least weight enforceShares gives a bucket: a tenth of
+// the largest.
+const shareFloor = throttle.MaxWeight / 10
+
 // enforceShares makes the engine split this instance's free pool in fair
 // mode in proportion to the buckets' shares of it from the store
 // (BucketGrant.Pool), so that the fleet's free pool is shared by weight
 // fleet-wide: a bucket's weight here is its share scaled so that the
-// largest is throttle.MaxWeight (at least 1). Outside fleet mode, in fcfs
+// largest is throttle.MaxWeight (at least shareFloor). Outside fleet mode, in fcfs
 // mode, or without shares from the store, the buckets' own weights apply.
 // The caller holds adminMu.
 func (srv *Server) enforceShares(eff *bucketcfg.Config) {
@@ -349,7 +353,10 @@ func (srv *Server) enforceShares(eff *bucketcfg.Config) {
 		}
 		w := 0 // the bucket's own weight
 		if bg, ok := g.Bucket(bc.Name); ok && most > 0 && bg.Pool >= 0 {
-			w = int(min(max(bg.Pool*throttle.MaxWeight/most, 1), throttle.MaxWeight))
+			// At least a tenth of the largest: a bucket idle here until now
+			// has a share of next to nothing until the store hears of its
+			// demand, one or two periods on; meanwhile it is not starved.
+			w = int(min(max(bg.Pool*throttle.MaxWeight/most, shareFloor), throttle.MaxWeight))
 		}
 		if err := b.tb.SetShareWeight(w); err != nil {
 			srv.log.Error().Err(err).Str("bucket", bc.Name).Msg("could not apply the fleet's free pool share")

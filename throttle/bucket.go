@@ -29,11 +29,12 @@ type Bucket struct {
 	_         [cacheLine]byte
 
 	// fair sharing of the free pool (see fair.go), written by its bills
-	vt        atomic.Int64 // virtual time: units drawn on the pool, 1/weight each
-	vInc      atomic.Int64 // virtual time per unit: vScale / weight
-	wantUntil atomic.Int64 // wants more of the pool than it gets until then
-	poolHeld  atomic.Bool  // its callers were last held by the pool or their turn
-	_         [cacheLine]byte
+	vt         atomic.Int64 // virtual time: units drawn on the pool, 1/weight each
+	vInc       atomic.Int64 // virtual time per unit: vScale / weight
+	wantUntil  atomic.Int64 // wants more of the pool than it gets until then
+	poolHeld   atomic.Bool  // its callers were last held by the pool or their turn
+	placeUntil atomic.Int64 // its places so held count as wanting until then
+	_          [cacheLine]byte
 
 	// snapshots of commands+extra, written once per window slot
 	window window

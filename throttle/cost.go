@@ -231,7 +231,7 @@ func (b *Bucket) Settle(g Grant, units int64) {
 	}
 	lim := b.lim.Load()
 	if delta < 0 {
-		b.refund(g.Domain, -delta, lim)
+		b.refund(g.Domain, -delta, lim, g.unthrottled)
 		return
 	}
 	switch g.Domain {
@@ -254,7 +254,7 @@ func (b *Bucket) Settle(g Grant, units int64) {
 }
 
 // refund gives back units billed in advance and not used.
-func (b *Bucket) refund(d Domain, units int64, lim *bucketLimits) {
+func (b *Bucket) refund(d Domain, units int64, lim *bucketLimits, unthrottled bool) {
 	switch d {
 	case Reserved:
 		if lim.res.cost != 0 {
@@ -265,7 +265,9 @@ func (b *Bucket) refund(d Domain, units int64, lim *bucketLimits) {
 		if node.pool.cost != 0 {
 			b.e.pool.add(-node.pool.ns(units))
 		}
-		if node.fairLag != 0 {
+		if node.fairLag != 0 && !unthrottled {
+			// (an unthrottled bill moved vt at most to the lag bound:
+			// taking back all of it would undo more than it did)
 			b.fairRefund(units)
 		}
 	}

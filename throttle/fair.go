@@ -164,6 +164,7 @@ func (e *Engine) fairRecompute(now int64, all bool) {
 			lo = v
 		}
 	}
+
 	if lo-v > 0 {
 		v = lo
 	}
@@ -173,7 +174,7 @@ func (e *Engine) fairRecompute(now int64, all bool) {
 	var weights float64
 	for _, b := range *list {
 		b.clampVT(v)
-		if wantN > 0 && b.vt.Load()-v <= node.fairLag && b.wanting(now) {
+		if wantN > 0 && b.vt.Load()-v <= b.lag(node) && b.wanting(now) {
 			weights += float64(vScale) / float64(b.vInc.Load())
 		}
 	}
@@ -189,10 +190,21 @@ func (e *Engine) fairRecompute(now int64, all bool) {
 
 // wanting reports whether the bucket wants more of the pool than it gets
 // at now: a caller of it holds a place in its line, last held by the pool
-// or its turn (a place keeps it wanting however late its caller wakes),
-// or a caller without a place was held so until recently.
+// or its turn, and told to come back at most abandonAfter ago (a place
+// keeps it wanting however late its caller wakes, but not a place whose
+// caller never comes back: it would hold V, and every other bucket, for
+// good), or a caller without a place was held so until recently.
 func (b *Bucket) wanting(now int64) bool {
-	return b.wantUntil.Load() > now || b.poolHeld.Load() && b.tail.Load() > b.served.Load()
+	return b.wantUntil.Load() > now ||
+		b.poolHeld.Load() && b.placeUntil.Load() > now && b.tail.Load() > b.served.Load()
+}
+
+// lag returns the bucket's lag bound in virtual time: fairLag of the pool's
+// rate in its own units, whatever its weight (at weight w, 1/w of the lag
+// bound at weight 1), so that the bound does not grow with the scale of
+// the weights.
+func (b *Bucket) lag(node *nodeLimits) int64 {
+	return max(node.fairLag/vScale*b.vInc.Load(), 1)
 }
 
 // clampVT keeps vt within fairClamp of v: a bucket idle for so long that it
@@ -230,27 +242,28 @@ func (b *Bucket) fairTurn(now int64, node *nodeLimits) (ok bool, at int64) {
 	if lead > fairClamp {
 		lead = 0 // wrapped around: a bucket idle for very long (see fairBill)
 	}
-	if lead > node.fairLag {
+	lag := b.lag(node)
+	if lead > lag {
 		if n := f.wantN.Load(); n == 0 || n == 1 && f.first.Load() == b {
 			return true, fairLag
 		}
 		at = max(f.next.Load(), now+1)
 		if speed := math.Float64frombits(f.speed.Load()); speed > 0 {
-			at = max(at, now+int64(min(float64(lead-node.fairLag)/speed, float64(fairClamp))))
+			at = max(at, now+int64(min(float64(lead-lag)/speed, float64(fairClamp))))
 		}
 		return false, at
 	}
 	if lead <= 0 {
 		return true, 0
 	}
-	return true, int64(float64(lead) / float64(node.fairLag) * float64(fairLag))
+	return true, int64(float64(lead) / float64(lag) * float64(fairLag))
 }
 
 // fairRoom returns the units the bucket may still draw on the pool before
 // its turn ends (negative past it).
 func (b *Bucket) fairRoom(node *nodeLimits) int64 {
 	lead := b.vt.Load() - b.e.fair.v.Load()
-	return (node.fairLag - lead) / b.vInc.Load()
+	return (b.lag(node) - lead) / b.vInc.Load()
 }
 
 // fairBill adds units drawn on the pool to the bucket's virtual time,
@@ -269,8 +282,8 @@ func (b *Bucket) fairBill(units int64, unthrottled bool, node *nodeLimits) {
 			lead = 0 // behind, or wrapped around after a very long idle spell
 		}
 		n := min(lead+add, fairClamp)
-		if unthrottled && n > node.fairLag {
-			n = max(lead, node.fairLag)
+		if lag := b.lag(node); unthrottled && n > lag {
+			n = max(lead, lag)
 		}
 		if b.vt.CompareAndSwap(vt, v+n) {
 			break
@@ -296,6 +309,9 @@ func (b *Bucket) fairWant(until int64) {
 	}
 	if until == never {
 		return
+	}
+	if p := min(until, math.MaxInt64-abandonAfter) + abandonAfter; b.placeUntil.Load() < p {
+		b.placeUntil.Store(p)
 	}
 	until = min(until, math.MaxInt64-fairGrace) + fairGrace
 	if b.wantUntil.Load() < until {

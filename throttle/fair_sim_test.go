@@ -486,3 +486,66 @@ func TestFairTurnWait(t *testing.T) {
 		t.Errorf("x admitted %v after its write, want about 590 ms (when y has caught up)", admittedAt)
 	}
 }
+
+// The shares do not depend on the scale of the weights: 10000:5000:5000
+// splits the pool as 2:1:1 does. (With the lag bound counted at weight 1,
+// a bucket of weight 10000 could run 10000 times 4 ms of the pool ahead.)
+func TestFairWeightScale(t *testing.T) {
+	for _, scale := range []int{1, 1000, 5000} {
+		got := simulate(t, fairSim(9000), []*simBucket{
+			{name: "A", hard: Unlimited, conns: 1, weight: 2 * scale},
+			{name: "B", hard: Unlimited, conns: 8, weight: scale},
+			{name: "C", hard: Unlimited, conns: 4, weight: scale},
+		})
+		t.Logf("weights x%d: A %.0f B %.0f C %.0f", scale, got["A"], got["B"], got["C"])
+		shareWithin(t, fmt.Sprint("A, weights x", scale), got["A"], 4500, 0.03)
+		shareWithin(t, fmt.Sprint("B, weights x", scale), got["B"], 2250, 0.03)
+		shareWithin(t, fmt.Sprint("C, weights x", scale), got["C"], 2250, 0.03)
+	}
+}
+
+// A place in line whose caller never comes back (a Waiter dropped without
+// Cancel, or a session that stopped at its client's unread output while
+// holding it) holds the other buckets' turns for at most abandonAfter, not
+// for good.
+func TestFairLostPlace(t *testing.T) {
+	e, clk := newEngine(t, 9000, 20*ms)
+	if err := e.SetFreePoolMode(FreePoolFair); err != nil {
+		t.Fatal(err)
+	}
+	a := addBucket(t, e, "a", 0, Unlimited)
+	b := addBucket(t, e, "b", 0, Unlimited)
+	s := addBucket(t, e, "s", 0, Unlimited)
+	var wa, wb, ws Waiter
+	lost := false
+	perWindow := map[int]int{} // units of a and b per 100 ms
+	for step := 0; step < 30000; step++ {
+		clk.Advance(100 * time.Microsecond)
+		now := clk.Now() - time.Second
+		for _, c := range []struct {
+			b *Bucket
+			w *Waiter
+		}{{a, &wa}, {b, &wb}} {
+			for {
+				if d, _ := c.b.Admit(c.w, Blocking); d == Held {
+					break
+				}
+				perWindow[int(now/(100*ms))]++
+			}
+		}
+		if !lost && now >= time.Second {
+			// s saturates until it is held, then its caller is gone.
+			for {
+				if d, _ := s.Admit(&ws, Blocking); d == Held {
+					lost = true
+					break
+				}
+			}
+		}
+	}
+	for i := 12; i < 30; i++ { // from 200 ms after s's caller was lost
+		if n := perWindow[i]; n < 850 {
+			t.Errorf("window %d (%v after the place was lost): a and b ran %d units, want the pool's 900", i, time.Duration(i-10)*100*ms, n)
+		}
+	}
+}
