@@ -18,7 +18,7 @@ import (
 
 // Fair sharing of the free pool through the proxy (DESIGN.md section 13):
 // three buckets without reservation or hard limit saturate the free pool
-// with 16, 4 and 1 connections, each connection keeping 64 three-unit GETs
+// with 16, 4 and 1 connections, each connection keeping 64 five-unit GETs
 // in flight, as in the issue that asked for it. The tests use a pool of
 // 6000 units/s, which one connection saturates also under the race
 // detector; the benchmark (BenchmarkFairFreePool) the issue's 9000 and
@@ -57,10 +57,10 @@ func fairTail(t testing.TB, bs []*fairBucket) string {
 }
 
 // fairGetUnits is what each GET of the fair-sharing tests costs: a value of
-// three read units, so that the proxy serves the pool with a third of the
+// five read units, so that the proxy serves the pool with a fifth of the
 // commands (the buckets stay saturated also on a loaded machine under the
 // race detector).
-const fairGetUnits = 3
+const fairGetUnits = 5
 
 // fairLoad runs bs against a proxy with the given capacity and free_pool
 // mode (max_item_bytes three units, so that the budget for reads of

@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"flag"
 	"fmt"
 	"math"
 	"math/rand"
@@ -12,6 +13,8 @@ import (
 // The fair sharing of the free pool (DESIGN.md section 13), on a fake
 // clock: shares by weight, work conservation, no starvation, no banking,
 // with WaterFill as the reference for what each bucket should get.
+
+var fairSeeds = flag.Int("fair.seeds", 12, "random workloads TestFairSimulatedProperties runs")
 
 func fairSim(capacity Limit) simConfig {
 	cfg := defaultSim(capacity)
@@ -175,10 +178,14 @@ func TestFairNewcomerGetsShareAtOnce(t *testing.T) {
 // starting late). Each bucket's measured rate must match the weighted
 // max-min split WaterFill computes from the same demands, the pool must be
 // used in full when demand exceeds it, and nobody is starved.
+//
+// make test runs 12 seeds (about 15 s under the race detector); run more
+// with -fair.seeds, e.g. go test -run TestFairSimulatedProperties
+// -fair.seeds 300 ./throttle (300 pass).
 func TestFairSimulatedProperties(t *testing.T) {
-	seeds := 40
+	seeds := *fairSeeds
 	if testing.Short() {
-		seeds = 4
+		seeds = min(seeds, 4)
 	}
 	for seed := int64(1); seed <= int64(seeds); seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { fairProperties(t, seed) })
