@@ -229,7 +229,7 @@ end
 local nb = tonumber(ARGV[10])
 local fair = ARGV[11] == '1'
 local a = 12
-local pool = {} -- fair mode: per bucket of the caller, what its pool share needs
+local pool = {} -- per bucket of the caller: its grants, and in fair mode what its pool share needs
 for _ = 1, nb do
   local name = ARGV[a]
   local reserved, hard = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
@@ -248,25 +248,26 @@ for _ = 1, nb do
   local res = grant(reserved, cap, w, theirs, 3, 6, curRes)
   local hrd = grant(hard, cap, w, theirs, 4, 7, curHard)
   if hrd >= 0 and (res < 0 or res > hrd) then res = hrd end
-  -- The bucket's demand on the fleet's free pool: the sum of the live
-  -- instances' (an entry without one, written by an instance sharing it
-  -- first come first served, asks for nothing), at most its hard limit
-  -- less its reservation.
   local b = {name = name, self = self, rec = string.format('%.0f %.3f %.0f %.0f %.0f %.0f %.0f', cap, w, res, hrd, cum, reserved, hard),
     res = res, hrd = hrd, total = total, pcap = pcap, w = w, bw = bw, theirs = theirs, held = 0, demand = pcap}
-  for _, e in ipairs(theirs) do
-    -- An entry of an instance sharing first come first served has no
-    -- pool_cap: its demand for the bucket stands for it.
-    local pc, pg = e[8] or e[1], e[9]
-    if b.demand >= 0 then
-      if pc < 0 then b.demand = -1 else b.demand = b.demand + pc end
+  if fair then
+    -- The bucket's demand on the fleet's free pool: the sum of the live
+    -- instances' (an entry of an instance sharing first come first served
+    -- has no pool_cap: its demand for the bucket stands for it), at most
+    -- its hard limit less its reservation; and the shares of the pool the
+    -- other instances hold for it.
+    for _, e in ipairs(theirs) do
+      local pc, pg = e[8] or e[1], e[9]
+      if b.demand >= 0 then
+        if pc < 0 then b.demand = -1 else b.demand = b.demand + pc end
+      end
+      if pg and pg > 0 then b.held = b.held + pg end
     end
-    if pg and pg > 0 then b.held = b.held + pg end
-  end
-  if reserved < 0 then
-    b.demand = 0 -- unmetered: it never draws on the pool
-  elseif hard >= 0 and (b.demand < 0 or b.demand > hard - reserved) then
-    b.demand = math.max(hard - reserved, 0)
+    if reserved < 0 then
+      b.demand = 0 -- unmetered: it never draws on the pool
+    elseif hard >= 0 and (b.demand < 0 or b.demand > hard - reserved) then
+      b.demand = math.max(hard - reserved, 0)
+    end
   end
   pool[#pool + 1] = b
 end

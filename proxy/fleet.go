@@ -333,9 +333,9 @@ const shareFloor = throttle.MaxWeight / 10
 // mode in proportion to the buckets' shares of it from the store
 // (BucketGrant.Pool), so that the fleet's free pool is shared by weight
 // fleet-wide: a bucket's weight here is its share scaled so that the
-// largest is throttle.MaxWeight (at least shareFloor). Outside fleet mode, in fcfs
-// mode, or without shares from the store, the buckets' own weights apply.
-// The caller holds adminMu.
+// largest is throttle.MaxWeight (at least shareFloor). In fcfs mode, or
+// without shares from the store, the buckets' own weights apply. Called in
+// fleet mode only; the caller holds adminMu.
 func (srv *Server) enforceShares(eff *bucketcfg.Config) {
 	ten := srv.ten.Load()
 	g := srv.fleet.fl.Grants()

@@ -137,8 +137,7 @@ const never = math.MaxInt64
 // (Held when there is no room) and the time at which rules 2 to 5 admit
 // (<= now when not held, never when only a change of limits can). In fair
 // mode rule 3 also waits for the bucket's turn (see fair.go), and want
-// says what the bucket, if held, is held by (see fairHold)
-// (neither its reservation, its hard limit nor its own reads hold it).
+// says what the bucket, if held, is held by (see fairHold).
 func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int64) (d Domain, at int64, want fairHold) {
 	burst := b.e.burst
 	gate := int64(math.MinInt64) // the budget for reads of unknown cost

@@ -94,9 +94,9 @@ func fairLimits(pool Limit) int64 {
 	if pool <= 0 {
 		return 0
 	}
-	// pool*fairLag stays within int64 for pools up to MaxUnits; the clamp
-	// keeps a larger one (the engine takes any Limit) from overflowing.
-	units := min(max(int64(min(pool, Limit(MaxUnits)))*fairLag/int64(time.Second), 1), 1<<36)
+	// The engine takes any Limit: counting a larger pool as MaxUnits keeps
+	// pool*fairLag*vScale within int64.
+	units := max(int64(min(pool, Limit(MaxUnits)))*fairLag/int64(time.Second), 1)
 	return units * vScale
 }
 
@@ -238,10 +238,7 @@ func (b *Bucket) clampVT(v int64) {
 // go first.
 func (b *Bucket) fairTurn(now int64, node *nodeLimits) (ok bool, at int64) {
 	f := &b.e.fair
-	lead := b.vt.Load() - f.v.Load()
-	if lead > fairClamp {
-		lead = 0 // wrapped around: a bucket idle for very long (see fairBill)
-	}
+	lead := vtLead(b.vt.Load(), f.v.Load())
 	lag := b.lag(node)
 	if lead > lag {
 		if n := f.wantN.Load(); n == 0 || n == 1 && f.first.Load() == b {
@@ -262,8 +259,19 @@ func (b *Bucket) fairTurn(now int64, node *nodeLimits) (ok bool, at int64) {
 // fairRoom returns the units the bucket may still draw on the pool before
 // its turn ends (negative past it).
 func (b *Bucket) fairRoom(node *nodeLimits) int64 {
-	lead := b.vt.Load() - b.e.fair.v.Load()
+	lead := vtLead(b.vt.Load(), b.e.fair.v.Load())
 	return (b.lag(node) - lead) / b.vInc.Load()
+}
+
+// vtLead returns how far vt is ahead of v (negative: behind). vt is kept
+// within fairClamp of V, so a lead past that means vt wrapped around while
+// its bucket stayed idle for very long (a removed bucket, which
+// fairRecompute no longer clamps): it counts as level with V.
+func vtLead(vt, v int64) int64 {
+	if d := vt - v; d <= fairClamp {
+		return d
+	}
+	return 0
 }
 
 // fairBill adds units drawn on the pool to the bucket's virtual time,
@@ -277,10 +285,7 @@ func (b *Bucket) fairBill(units int64, unthrottled bool, node *nodeLimits) {
 	v := b.e.fair.v.Load()
 	for {
 		vt := b.vt.Load()
-		lead := vt - v
-		if lead < 0 || lead > fairClamp {
-			lead = 0 // behind, or wrapped around after a very long idle spell
-		}
+		lead := max(vtLead(vt, v), 0) // raised to V if behind
 		n := min(lead+add, fairClamp)
 		if lag := b.lag(node); unthrottled && n > lag {
 			n = max(lead, lag)
