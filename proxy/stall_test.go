@@ -198,7 +198,13 @@ func TestPausedNonReaderResumesWhenItReads(t *testing.T) {
 // (1,000,000 bytes) in the default bucket.
 func startWithBigValue(t *testing.T) (*testProxy, *mcclient.Client) {
 	t.Helper()
-	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1})
+	return startWithBigValueUp(t, "")
+}
+
+// startWithBigValueUp is startWithBigValue with these [upstream] lines.
+func startWithBigValueUp(t *testing.T, upstream string) (*testProxy, *mcclient.Client) {
+	t.Helper()
+	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, upstream: upstream, loops: 1})
 	neighbour := dial(t, p.Addr)
 	if r, err := neighbour.Set([]byte("small"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
 		t.Fatal(err, r)
@@ -338,49 +344,102 @@ func TestLargeReaderNotStarvedBySmallReaders(t *testing.T) {
 }
 
 // A tenant that makes its reads look small (many small ones) and then
-// asks for many large values at once still has at most maxLaneReads of
-// them in flight on the loop: that, not its whole pipeline, is what it
-// can put ahead of a neighbour. memcached is frozen while the pipeline
-// arrives, so nothing is answered and the count is exact.
+// asks for many large values at once: on upstream connections it shares
+// with other buckets (conns_per_bucket = false) it has at most
+// maxLaneReads of them in flight on the loop, since that, not its whole
+// pipeline, is what memcached answers ahead of a neighbour's read there.
+// On connections of its own (the default) nothing of its stands ahead of
+// a neighbour, and the whole burst goes out: a count bound there would
+// only cap clients that pipeline (TestPipelinedReadsNotCapped). memcached
+// is frozen while the pipeline arrives, so nothing is answered and the
+// count is exact.
 func TestPrimedLaneBounded(t *testing.T) {
-	p, neighbour := startWithBigValue(t)
-	attacker := dial(t, p.Addr)
-	for range 60 {
-		if r, err := attacker.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
+	for _, tc := range []struct {
+		name, upstream string
+		want           int // reads in flight
+	}{
+		{"shared connections", "conns_per_bucket = false", maxLaneReads},
+		{"own connections", "", 48},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, neighbour := startWithBigValueUp(t, tc.upstream)
+			attacker := dial(t, p.Addr)
+			for range 60 {
+				if r, err := attacker.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
+					t.Fatal(err, r)
+				}
+			}
+			thaw := p.MC.Freeze(t)
+			const burst = 48
+			for range burst {
+				attacker.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("big")})
+			}
+			if err := attacker.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			var reads, readsOut int
+			eventually(t, 5*time.Second, "the attacker's session to pause, or to send all", func() bool {
+				stopped := false
+				onLoop(t, p, func(lp *loop) {
+					if s := sessionOf(lp, attacker.Conn().LocalAddr()); s != nil && s.bkt != nil {
+						stopped = s.outPaused() || s.readsOut == burst
+						readsOut, reads = s.readsOut, s.lane().reads
+					}
+				})
+				return stopped
+			})
+			if readsOut != tc.want || reads != tc.want {
+				t.Fatalf("%d GETs of 1 MB in flight (lane: %d) after small reads; want %d", readsOut, reads, tc.want)
+			}
+			thaw()
+			attacker.Timeout = 30 * time.Second
+			for i := range burst {
+				if r, err := attacker.Read(); err != nil || r.Status() != mc.StatusSuccess || len(r.Value) != 1000*1000 {
+					t.Fatalf("GET %d of the burst: %v %v", i, err, r)
+				}
+			}
+			if r, err := neighbour.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
+				t.Fatalf("neighbour's GET: %v %v", err, r)
+			}
+		})
+	}
+}
+
+// A client pipelining small reads (a multi-get of 500 keys) has them all
+// upstream at once on its bucket's own connections: the loop does not
+// make it wait for round trips in batches of maxLaneReads (which held
+// memcaslap's multi-gets to a fifth of memcached's rate).
+func TestPipelinedReadsNotCapped(t *testing.T) {
+	p, _ := startWithBigValue(t)
+	c := dial(t, p.Addr)
+	for range 10 {
+		if r, err := c.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
 			t.Fatal(err, r)
 		}
 	}
 	thaw := p.MC.Freeze(t)
-	const burst = 48
-	for range burst {
-		attacker.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("big")})
+	const keys = 500
+	for range keys - 1 {
+		c.Send(mcclient.Request{Opcode: mc.OpGetKQ, Key: []byte("small")})
 	}
-	if err := attacker.Flush(); err != nil {
+	c.Send(mcclient.Request{Opcode: mc.OpGetK, Key: []byte("small")})
+	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	var reads, readsOut int
-	eventually(t, 5*time.Second, "the attacker's session to pause, or to send all", func() bool {
-		stopped := false
+	eventually(t, 5*time.Second, "the whole multi-get to be upstream", func() bool {
+		out := 0
 		onLoop(t, p, func(lp *loop) {
-			if s := sessionOf(lp, attacker.Conn().LocalAddr()); s != nil && s.bkt != nil {
-				stopped = s.outPaused() || s.pending() == burst
-				readsOut, reads = s.readsOut, s.lane().reads
+			if s := sessionOf(lp, c.Conn().LocalAddr()); s != nil {
+				out = s.readsOut
 			}
 		})
-		return stopped
+		return out == keys
 	})
-	if readsOut > maxLaneReads || reads > maxLaneReads {
-		t.Fatalf("%d GETs of 1 MB in flight (lane: %d) after small reads; want at most %d", readsOut, reads, maxLaneReads)
-	}
 	thaw()
-	attacker.Timeout = 30 * time.Second
-	for i := range burst {
-		if r, err := attacker.Read(); err != nil || r.Status() != mc.StatusSuccess || len(r.Value) != 1000*1000 {
-			t.Fatalf("GET %d of the burst: %v %v", i, err, r)
+	for i := range keys {
+		if r, err := c.Read(); err != nil || r.Status() != mc.StatusSuccess || string(r.Value) != "v" {
+			t.Fatalf("response %d of the multi-get: %v %v", i, err, r)
 		}
-	}
-	if r, err := neighbour.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("neighbour's GET: %v %v", err, r)
 	}
 }
 
