@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvthrottle/kvthrottle/internal/bareforward"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
@@ -99,6 +101,31 @@ func BenchmarkFleetProxyPipelined(b *testing.B) {
 		fmt.Sprintf("[fleet]\nredis_url = %q\ninstance = \"bench\"\ngrant_period = \"100ms\"\n", r.URL())
 	p := startProxy(b, testConfig{throttle: "capacity = 100000000", loops: 1, tail: tail})
 	benchPipelined(b, p.Addr)
+}
+
+// BenchmarkBarePipelined is the same load through internal/bareforward
+// (one loop), the cheapest forwarder we know how to write: the floor any
+// proxy's BenchmarkProxyPipelined can reach, for reference.
+func BenchmarkBarePipelined(b *testing.B) {
+	m := testmc.Start(b)
+	listen := testmc.FreeAddr(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- bareforward.Serve(ctx, listen, m.Addr, 1) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
+	var conn net.Conn
+	testmc.Eventually(b, 5*time.Second, "the bare forwarder to listen", func() bool {
+		c, err := net.Dial("tcp", listen)
+		conn = c
+		return err == nil
+	})
+	defer conn.Close()
+	benchPipelinedOn(b, conn)
 }
 
 // BenchmarkDirectPipelined is the same load against memcached itself, the

@@ -178,7 +178,10 @@ func (s *session) onTraffic() gnet.Action {
 		s.framed = true
 		n, err := s.codec.decode(buf[off:], maxBody, r)
 		var refused *codecReply
-		if errors.As(err, &refused) {
+		if err != nil {
+			refused = asRefusal(err)
+		}
+		if refused != nil {
 			// Input the protocol refuses the way memcached does (answered
 			// below, after the same output bounds as any command).
 			*r = request{op: binary.OpNoop}
@@ -366,4 +369,15 @@ func (s *session) close() {
 	}
 	s.q, s.qh = nil, 0
 	s.out = nil
+}
+
+// asRefusal returns err's *codecReply, or nil. Apart from the decode loop
+// so that its target escapes only when a decode fails (errors.As takes
+// it as an interface): the loop allocates nothing per request.
+func asRefusal(err error) *codecReply {
+	var r *codecReply
+	if errors.As(err, &r) {
+		return r
+	}
+	return nil
 }

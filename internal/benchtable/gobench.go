@@ -20,7 +20,7 @@ type benchResult struct {
 	units   []string // in the order of the output
 	ref     *benchResult
 	once    bool   // a long simulation, run once
-	refKind string // "AllowN", "direct": a baseline
+	refKind string // "AllowN", "direct", "bare": a baseline
 	order   int    // position in the first pass
 }
 
@@ -304,7 +304,9 @@ func parseBench(pkg, out, procs string) []*benchResult {
 //   - for a top-level name starting with "Proxy", the same name starting
 //     with "Direct" (memcached without the proxy);
 //   - for a name starting with "Fleet", the same name without it (the
-//     proxy in fleet mode against the proxy alone).
+//     proxy in fleet mode against the proxy alone);
+//   - for a name starting with "Bare" (the bare forwarder, itself a
+//     reference), the same name starting with "Direct".
 func (g *goBench) sortAndPair() {
 	for _, b := range g.results {
 		if strings.Contains(b.name, "AllowN") {
@@ -318,6 +320,17 @@ func (g *goBench) sortAndPair() {
 		if rest, ok := strings.CutPrefix(b.name, "Fleet"); ok {
 			for _, r := range g.results {
 				if r.pkg == b.pkg && r.name == rest {
+					b.ref = r
+				}
+			}
+			continue
+		}
+		if rest, ok := strings.CutPrefix(b.name, "Bare"); ok {
+			// The bare forwarder: a reference, shown against Direct.
+			b.refKind = "bare"
+			for _, r := range g.results {
+				if r.pkg == b.pkg && r.name == "Direct"+rest {
+					r.refKind = "direct"
 					b.ref = r
 				}
 			}

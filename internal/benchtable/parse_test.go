@@ -20,6 +20,7 @@ some log line
 BenchmarkSlow-2 	       1	10000872357 ns/op	         0.10 rate_err_%	 8514232 B/op	  189048 allocs/op
 BenchmarkProxyPipelined-2 	  500000	      1599 ns/op	       0 B/op	       0 allocs/op
 BenchmarkDirectPipelined-2 	  500000	      1197 ns/op	       0 B/op	       0 allocs/op
+BenchmarkBarePipelined-2 	  500000	      1300 ns/op	       0 B/op	       0 allocs/op
 PASS
 ok  	github.com/kvthrottle/kvthrottle/throttle	13.629s
 `
@@ -30,7 +31,7 @@ func TestParseAndPair(t *testing.T) {
 	for _, b := range res {
 		names = append(names, b.name)
 	}
-	want := []string{"AdmitCharge/engine/goroutines=1", "AdmitCharge/x-time-rate-AllowN/goroutines=1", "Accuracy/hard-limit", "Slow", "ProxyPipelined", "DirectPipelined"}
+	want := []string{"AdmitCharge/engine/goroutines=1", "AdmitCharge/x-time-rate-AllowN/goroutines=1", "Accuracy/hard-limit", "Slow", "ProxyPipelined", "DirectPipelined", "BarePipelined"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("names %q, want %q", names, want)
 	}
@@ -49,6 +50,9 @@ func TestParseAndPair(t *testing.T) {
 	if res[4].ref != res[5] || res[5].refKind != "direct" {
 		t.Errorf("ProxyPipelined not paired with DirectPipelined")
 	}
+	if res[6].ref != res[5] || res[6].refKind != "bare" || res[6].hotPath() {
+		t.Errorf("BarePipelined not a reference shown against DirectPipelined")
+	}
 	if res[2].hotPath() || res[3].hotPath() {
 		t.Errorf("simulations taken for hot-path benchmarks")
 	}
@@ -57,7 +61,7 @@ func TestParseAndPair(t *testing.T) {
 	if len(long) != 1 || long[0].name != "Slow" {
 		t.Fatalf("long %v", long)
 	}
-	if want := []string{"^Benchmark(AdmitCharge|Accuracy|ProxyPipelined|DirectPipelined)$"}; !slices.Equal(pats, want) {
+	if want := []string{"^Benchmark(AdmitCharge|Accuracy|ProxyPipelined|DirectPipelined|BarePipelined)$"}; !slices.Equal(pats, want) {
 		t.Errorf("patterns %q, want %q", pats, want)
 	}
 }

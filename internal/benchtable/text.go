@@ -27,7 +27,7 @@ const sideTwem = sideBare
 
 // textCases are the text throughput cases: 100 B values, 32 and 256
 // connections, where issue 14's target applies.
-var textCases = []tpCase{{100, 32}, {100, 256}}
+var textCases = []tpCase{{value: 100, conns: 32}, {value: 100, conns: 256}}
 
 // textTarget: kvthrottle's text throughput over nutcracker's must be at
 // least this (issue 14).

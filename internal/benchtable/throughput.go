@@ -12,9 +12,25 @@ import (
 type tpCase struct {
 	value int // bytes
 	conns int // memcaslap concurrency (connections)
+	div   int // memcaslap -d: keys per multi-get (0: single GETs)
 }
 
-var tpCases = []tpCase{{100, 32}, {100, 256}, {4096, 32}, {4096, 256}}
+// tpCases: the single-GET cases of DESIGN.md section 9, then multi-gets of
+// 10 and 50 keys (pipelining clients; issue 17).
+var tpCases = []tpCase{
+	{value: 100, conns: 32}, {value: 100, conns: 256}, {value: 4096, conns: 32}, {value: 4096, conns: 256},
+	{value: 100, conns: 32, div: 10}, {value: 100, conns: 256, div: 10},
+	{value: 100, conns: 32, div: 50}, {value: 100, conns: 256, div: 50},
+}
+
+// String names the case in the table ("100 B values, 32 connections").
+func (c tpCase) String() string {
+	s := fmt.Sprintf("%s values, %d connections", sizeName(c.value), c.conns)
+	if c.div > 0 {
+		s = fmt.Sprintf("multi-gets of %d keys (-d %d), ", c.div, c.div) + s
+	}
+	return s
+}
 
 // The sides of a throughput case: memcached itself, kvthrottle in front of
 // it, and the reference forwarder in front of it.
@@ -66,8 +82,12 @@ var (
 
 // memaslapArgs is the memcaslap command line of one run.
 func memaslapArgs(o *options, addr string, c tpCase) []string {
-	return []string{"-s", addr, "-B", "-T", strconv.Itoa(o.threads), "-c", strconv.Itoa(c.conns),
+	args := []string{"-s", addr, "-B", "-T", strconv.Itoa(o.threads), "-c", strconv.Itoa(c.conns),
 		"-X", strconv.Itoa(c.value), "-w", o.window, "-t", fmt.Sprintf("%ds", int(o.duration.Seconds()))}
+	if c.div > 0 {
+		args = append(args, "-d", strconv.Itoa(c.div))
+	}
+	return args
 }
 
 func memaslap(ctx context.Context, path string, args []string, timeout time.Duration) (maslapRun, error) {
@@ -118,7 +138,7 @@ func (s *tpSides) warmUp(ctx context.Context, o *options, t tools, args func(*op
 	wo := *o
 	wo.duration = time.Second
 	for _, addr := range s.addrs {
-		r, err := memaslap(ctx, t.memaslap, args(&wo, addr, tpCase{100, 32}), wo.duration+60*time.Second)
+		r, err := memaslap(ctx, t.memaslap, args(&wo, addr, tpCase{value: 100, conns: 32}), wo.duration+60*time.Second)
 		if err == nil && check != nil {
 			err = check(r)
 		}
@@ -191,8 +211,8 @@ func runThroughput(ctx context.Context, o *options, t tools, mc *memcached, px, 
 			return err
 		}
 		d := median(res.tps[sideDirect])
-		logf("throughput %s, %d conns (medians of %d): direct %.0f, kvthrottle %.0f (%.2fx), bare forwarder %.0f (%.2fx) ops/s; other processes' CPU %s (at most %.0f%% in one run)",
-			sizeName(c.value), c.conns, o.rounds, d, median(res.tps[sideProxy]), median(res.tps[sideProxy])/d,
+		logf("throughput, %s (medians of %d): direct %.0f, kvthrottle %.0f (%.2fx), bare forwarder %.0f (%.2fx) ops/s; other processes' CPU %s (at most %.0f%% in one run)",
+			c, o.rounds, d, median(res.tps[sideProxy]), median(res.tps[sideProxy])/d,
 			median(res.tps[sideBare]), median(res.tps[sideBare])/d, res.load, res.maxForeign)
 		rep.throughput = append(rep.throughput, res)
 	}
