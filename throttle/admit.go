@@ -73,8 +73,10 @@ func (b *Bucket) Admit(w *Waiter, mode Mode) (Domain, time.Duration) {
 
 // admit applies the rules, the FIFO line and the budget for reads of
 // unknown cost (open > 0) at now, and on admission bills paid units and
-// holds open units of the budget.
-func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64) (Domain, time.Duration) {
+// holds open units of the budget. With a lease l (a draw, see lease.go) it
+// also bills the lease's chunk for the domain admitted against, which
+// becomes the lease's stock; the bucket's counters count paid only.
+func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64, l *Lease) (Domain, time.Duration) {
 	e := b.e
 	now := e.now()
 	if now>>slotShift != b.slot.Load() {
@@ -105,19 +107,28 @@ func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64) (Domain, time.Dur
 	case NonBlocking:
 		if d == Held {
 			b.rejected.Add(1)
+			b.recallLeases()
 			return Held, b.wants(node, want, now, at, until(now, at))
 		}
 	default:
 		if w == nil {
 			if d == Held {
 				b.held.Add(1)
+				b.recallLeases()
 				return Held, b.wants(node, want, now, at, until(now, at))
 			}
 		} else if wait, held := b.queue(w, now, d, at, lim, node); held {
+			b.recallLeases()
 			return Held, b.wants(node, want, now, at, wait)
 		}
 	}
-	b.precharge(now, d, lim, node, paid, mode == Unthrottled)
+	stock := int64(0)
+	if l != nil {
+		if stock = l.chunk(d); stock > 0 {
+			l.stock, l.dom = stock, d
+		}
+	}
+	b.precharge(now, d, lim, node, paid+stock, mode == Unthrottled)
 	if open > 0 {
 		b.unknown.Add(open)
 	}

@@ -3,6 +3,7 @@ package throttle
 import (
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,7 +40,11 @@ func runGoroutines(b *testing.B, g int, body func(id, n int)) {
 // (values up to 4 KiB); "engine-3-units" charges 3 units per command;
 // "engine-bucket-each" gives each goroutine its own bucket (only the free
 // pool shared); the "-fair" ones are the same with free_pool = "fair"; "engine-read" bills reads at their estimate and settles
-// them (AdmitCost and Settle, as the proxy does for a GET).
+// them (AdmitCost and Settle, as the proxy does for a GET); the
+// "engine-lease" ones give each goroutine its own Lease of one shared
+// bucket (the proxy's per-event-loop leases), with 1-unit commands, reads
+// ("-read") and free_pool = "fair" ("-fair"). goroutines=8 (engine, the
+// leases, AllowN) shows how each scales beyond the machine's cores.
 func BenchmarkAdmitCharge(b *testing.B) {
 	const huge = Limit(1) << 40
 	engine := func(buckets int, units int64, mode FreePoolMode) func(b *testing.B, g int) {
@@ -60,7 +65,29 @@ func BenchmarkAdmitCharge(b *testing.B) {
 			})
 		}
 	}
-	for _, g := range []int{1, 2} {
+	// lease: each goroutine admits through its own Lease of one shared
+	// bucket (as the proxy's event loops do), read: GETs billed at their
+	// estimate and settled.
+	lease := func(read bool, mode FreePoolMode) func(b *testing.B, g int) {
+		return func(b *testing.B, g int) {
+			e, _ := New(Config{Capacity: huge, FreePool: mode})
+			bk, _ := e.AddBucket("l", 1000, huge)
+			runGoroutines(b, g, func(_, n int) {
+				l := bk.NewLease()
+				defer l.Return()
+				var w Waiter
+				c := Cost{Known: 1}
+				if read {
+					c = Cost{Read: true}
+				}
+				for i := 0; i < n; i++ {
+					gr, _ := l.AdmitCost(&w, Blocking, c)
+					l.Settle(gr, 1)
+				}
+			})
+		}
+	}
+	for _, g := range []int{1, 2, 8} {
 		for _, c := range []struct {
 			name string
 			run  func(b *testing.B, g int)
@@ -83,6 +110,9 @@ func BenchmarkAdmitCharge(b *testing.B) {
 					}
 				})
 			}},
+			{"engine-lease", lease(false, FreePoolFCFS)},
+			{"engine-lease-read", lease(true, FreePoolFCFS)},
+			{"engine-lease-fair", lease(false, FreePoolFair)},
 			{"x-time-rate-AllowN", func(b *testing.B, g int) {
 				lim := xrate.NewLimiter(xrate.Limit(1e12), 1<<30)
 				runGoroutines(b, g, func(_, n int) {
@@ -92,6 +122,9 @@ func BenchmarkAdmitCharge(b *testing.B) {
 				})
 			}},
 		} {
+			if g > 2 && c.name != "engine" && c.name != "x-time-rate-AllowN" && !strings.HasPrefix(c.name, "engine-lease") {
+				continue
+			}
 			b.Run(fmt.Sprintf("%s/goroutines=%d", c.name, g), func(b *testing.B) { c.run(b, g) })
 		}
 	}

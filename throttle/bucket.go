@@ -26,6 +26,7 @@ type Bucket struct {
 	est       atomic.Int64 // read estimate, units << estShift; < 0: none yet
 	unknown   atomic.Int64 // units of unknown cost in flight
 	fullSince atomic.Int64 // when the budget for them was found full, no read settling since; 0: not
+	stocked   atomic.Int64 // leases holding a stock of the bucket's units or budget (see lease.go)
 	_         [cacheLine]byte
 
 	// fair sharing of the free pool (see fair.go), written by its bills
@@ -47,6 +48,8 @@ type Bucket struct {
 	forgiven   [8]atomic.Uint64 // places forgiven as lost, by place number mod 8, until they come back
 	held       atomic.Uint64
 	rejected   atomic.Uint64
+	// moved by a hold while leases hold stock: they give it back (lease.go)
+	recall atomic.Uint64
 }
 
 type bucketLimits struct {

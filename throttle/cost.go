@@ -108,7 +108,7 @@ func (b *Bucket) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) 
 		}
 	}
 	paid = min(max(paid, 1), maxDebt)
-	d, wait := b.admit(w, mode, paid, open)
+	d, wait := b.admit(w, mode, paid, open, nil)
 	switch d {
 	case Held:
 		return Grant{gated: open > 0 && wait == time.Duration(unknownPoll) && b.unknown.Load() > 0}, wait
@@ -163,13 +163,7 @@ func (b *Bucket) unknownFull(now, open int64, lim *bucketLimits, node *nodeLimit
 	if u <= 0 {
 		return false // one read always has room
 	}
-	r := fastest(lim, node)
-	if r == Unlimited {
-		return false // no finite rate to protect
-	}
-	w := max(b.e.burst, 1)
-	budget := min(int64(r), math.MaxInt64/w) * w / int64(time.Second)
-	if u+open <= max(b.e.maxRead, budget) {
+	if budget := b.unknownBudget(lim, node); budget == math.MaxInt64 || u+open <= budget {
 		return false
 	}
 	// Full. If no read has settled for unknownForgiveAfter since the
@@ -186,6 +180,18 @@ func (b *Bucket) unknownFull(now, open int64, lim *bucketLimits, node *nodeLimit
 		}
 	}
 	return true
+}
+
+// unknownBudget returns the bucket's budget for reads of unknown cost: one
+// burst of its fastest rate, at least MaxReadUnits; math.MaxInt64 when that
+// rate is unlimited (no finite rate to protect).
+func (b *Bucket) unknownBudget(lim *bucketLimits, node *nodeLimits) int64 {
+	r := fastest(lim, node)
+	if r == Unlimited {
+		return math.MaxInt64
+	}
+	w := max(b.e.burst, 1)
+	return max(b.e.maxRead, min(int64(r), math.MaxInt64/w)*w/int64(time.Second))
 }
 
 // Settle bills what an admitted command really cost, units in all (at
@@ -229,12 +235,19 @@ func (b *Bucket) Settle(g Grant, units int64) {
 	if g.Domain == Unmetered {
 		return
 	}
+	b.bill(g.Domain, delta, g.unthrottled)
+}
+
+// bill charges delta units more (delta > 0) or fewer (delta < 0) than
+// were billed at admission to domain d (Reserved or FreePool) and the hard
+// limit, at the rates in force.
+func (b *Bucket) bill(d Domain, delta int64, unthrottled bool) {
 	lim := b.lim.Load()
 	if delta < 0 {
-		b.refund(g.Domain, -delta, lim, g.unthrottled)
+		b.refund(d, -delta, lim, unthrottled)
 		return
 	}
-	switch g.Domain {
+	switch d {
 	case Reserved:
 		if lim.res.cost != 0 {
 			b.res.add(lim.res.ns(delta))
@@ -245,7 +258,7 @@ func (b *Bucket) Settle(g Grant, units int64) {
 			b.e.pool.add(node.pool.ns(delta))
 		}
 		if node.fairLag != 0 {
-			b.fairBill(delta, g.unthrottled, node)
+			b.fairBill(delta, unthrottled, node)
 		}
 	}
 	if lim.hrd.cost != 0 {

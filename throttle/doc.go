@@ -88,10 +88,59 @@
 // while a gauge has room and nobody is awake to use it: [DefaultBurst] is
 // 20 ms for a proxy that wakes held sessions within 5 ms.
 //
+// # Leases
+//
+// Every admission through the Bucket writes memory all the bucket's
+// callers share (gauges, counters, the budget for reads), which costs
+// when several event loops admit for one bucket. A [Lease] (one per event
+// loop per bucket, used by that loop's goroutine only) draws a chunk of
+// the bucket's units in advance, as one admission of the chunk plus the
+// command that needed it (billed to the domain admitted, the hard limit
+// and, in fair mode, the bucket's virtual time, exactly as an admission of
+// that many units), and admits the next commands from that stock while it
+// covers them, nobody waits in the bucket's line and no caller of the
+// bucket has been held since the draw; those admissions and their settles
+// write only the lease. A chunk is 250 µs of the domain's rate (the
+// reservation for Reserved; the lesser of the free pool and the hard limit
+// for FreePool), at most 1/8 of its burst and 1024 units; under 2 units
+// nothing is leased. Reads also keep part of the budget for reads of
+// unknown cost in stock (at most 1/8 of it idle; their settles put it
+// back).
+//
+// The stock goes back (refunded exactly, as Settle refunds) when a caller
+// of the bucket is held (the lease gives it back at its next use or
+// Expire), when somebody waits in the bucket's line, when the limits
+// change or the bucket is removed, when it has gone unused for LeaseTTL
+// (2 ms; the owner calls Expire every ms or few), and on Return. A lease's
+// own caller, held, has given its stock back first. The error this
+// bounds:
+//
+//   - billed ahead of use: at most two chunks per lease (one drawn, one
+//     of bills given back by settles), at most LeaseTTL after last use;
+//   - long-run rates (the ±2% rules) are unchanged: every unit drawn is
+//     used or refunded. Over a window, the units billed to a gauge keep
+//     their bound with one chunk more to the largest command, and the
+//     units run may exceed the units billed by what the leases held when
+//     the window began: with L leases per bucket, the burst bound grows
+//     by 2·L chunks, at most L·burst/4 of the rate;
+//   - FIFO order holds at chunk granularity: a stock is used only while
+//     the line is empty, and a held caller waits at most for the chunks
+//     other leases drew before it was held, until their next use or
+//     Expire;
+//   - fair mode: a lease with stock of the free pool admits without
+//     asking for its turn: a bucket may run ahead of the lag bound (4 ms
+//     of the pool) by its leases' stocks (250 µs of the lesser of pool
+//     and hard limit each, at most two);
+//   - Stats and the average command size lag by what leases counted
+//     since their last draw, Expire or Return; each lease keeps a copy of
+//     the read estimate, learned from its own reads and stored into the
+//     bucket's at those times (the last writer wins, as concurrent
+//     learns already did), refreshed from the bucket's otherwise.
+//
 // # Concurrency
 //
 // All methods are safe for concurrent use (a Waiter, by one goroutine at a
-// time). Admit and Charge take no lock and do not allocate. Configuration
+// time; a Lease, by its owner only). Admit and Charge take no lock and do not allocate. Configuration
 // changes (SetCapacity, AddBucket, SetLimits, RemoveBucket) take an
 // engine-wide mutex, apply at once, and keep every gauge's debt (rescaled to
 // the new rate; a change to or from Unlimited or 0 forgives it). Nothing in
