@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 	"github.com/kvthrottle/kvthrottle/upstream"
 )
 
@@ -67,13 +68,18 @@ type lane struct {
 	full     uint64          // the loop.resumePaused pass in which a waiting session found no room
 	group    *upstream.Group // the bucket's upstream connections (conns_per_bucket), or nil: the loop's shared ones
 	used     time.Duration   // loop clock when a request last went to group
+	// lease is the loop's stock of the bucket's units (throttle.Lease):
+	// the bucket's sessions on the loop are admitted and settled through
+	// it, so that most admissions write only the loop's memory.
+	lease   *throttle.Lease
+	touched bool // in loop.touched: its lease was used in this pass
 }
 
 // lane returns the loop's lane of b, creating it.
 func (lp *loop) lane(b *bucket) *lane {
 	l := lp.lanes[b]
 	if l == nil {
-		l = &lane{}
+		l = &lane{lease: b.tb.NewLease()}
 		if lp.srv.opts.connsPerBucket {
 			l.group = lp.pool.NewGroup()
 		}
@@ -99,6 +105,7 @@ func (lp *loop) dropIdleLanes() {
 			if l.group != nil {
 				l.group.Close()
 			}
+			l.lease.Return()
 			delete(lp.lanes, b)
 		case l.group != nil && l.group.Conns() > 0 && lp.now-l.used >= groupIdle && !l.group.Busy():
 			l.group.Close()
@@ -247,4 +254,66 @@ func (s *session) leaveLaneWait() {
 		s.laneWait = false
 		s.ln.waiting--
 	}
+}
+
+// leaseEvery is how often a busy loop gives back the stocks of its lanes'
+// leases that went unused (throttle.Lease.Expire); an idle loop does it at
+// its tick (tickInterval). While a stock waits to go back, it delays the
+// bucket's callers on other loops by at most its units at the bucket's
+// rate: two chunks, half a millisecond of the rate (throttle, "Leases").
+const leaseEvery = time.Millisecond
+
+// expireLeases gives back the lease stocks that are no longer the loop's
+// to use, and adds the leases' counters to their buckets'. force: now
+// (the tick); otherwise at most every leaseEvery (after a pass). On the
+// loop.
+func (lp *loop) expireLeases(force bool) {
+	if len(lp.lanes) == 0 {
+		return
+	}
+	now := time.Since(lp.srv.started)
+	if !force && now-lp.leasesAt < leaseEvery {
+		return
+	}
+	lp.leasesAt = now
+	for _, l := range lp.lanes {
+		l.lease.Expire()
+	}
+}
+
+// settleLeases brings the buckets of the leases used in this pass up to
+// date (throttle.Lease.Expire: their counters, and stocks no longer
+// theirs): before the pass's responses are written, so that a client that
+// has its answer sees its command in the bucket's statistics. A few shared
+// writes per bucket and pass, not per command. On the loop.
+func (lp *loop) settleLeases() {
+	for i, l := range lp.touched {
+		l.touched = false
+		l.lease.Expire()
+		lp.touched[i] = nil
+	}
+	lp.touched = lp.touched[:0]
+}
+
+// touch marks the lane's lease used in this pass (settleLeases).
+func (lp *loop) touch(l *lane) {
+	if !l.touched {
+		l.touched = true
+		lp.touched = append(lp.touched, l)
+	}
+}
+
+// admit is AdmitCost for a command of the session in bucket b: through
+// the loop's lease of b when b is the session's bucket (the usual case),
+// else through b itself. It returns the lane whose lease the grant must be
+// settled with (nil: the bucket).
+func (s *session) admit(b *bucket, c throttle.Cost) (throttle.Grant, time.Duration, *lane) {
+	if b == s.bkt {
+		l := s.lane()
+		s.lp.touch(l)
+		g, wait := l.lease.AdmitCost(&s.waiter, s.mode(), c)
+		return g, wait, l
+	}
+	g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), c)
+	return g, wait, nil
 }

@@ -28,6 +28,8 @@ type loop struct {
 	retry       []*session            // held sessions to re-admit now (one of their reads settled), and waitingOrder ones to resume
 	lanes       map[*bucket]*lane     // each bucket's reads in flight upstream (lane.go)
 	pass        uint64                // resumePaused passes so far (lane.full)
+	leasesAt    time.Duration         // when expireLeases last ran (time since the server started)
+	touched     []*lane               // lanes whose lease was used in this pass (settleLeases)
 	unauthSrc   unauthSources         // unauthenticated sessions by source (connlimits.go)
 
 	holds   wakeHeap // held sessions by wake-up time
@@ -62,6 +64,8 @@ func newLoop(s *Server, el gnet.EventLoop) *loop {
 	lp.flushRun = func(context.Context) error {
 		lp.flushPending = false
 		lp.flushUpstreams()
+		lp.settleLeases()
+		lp.expireLeases(false)
 		return nil
 	}
 	lp.pool = s.pool.Loop(el, lp.flushClients)
@@ -210,6 +214,7 @@ func (lp *loop) retryHeld() {
 func (lp *loop) flushClients() {
 	lp.retryHeld()
 	lp.resumePaused()
+	lp.settleLeases()
 	for i, s := range lp.dirty {
 		lp.dirty[i] = nil
 		s.flush()
@@ -220,6 +225,7 @@ func (lp *loop) flushClients() {
 func (lp *loop) tick(context.Context) error {
 	lp.pool.Tick(time.Now())
 	lp.compactHolds()
+	lp.expireLeases(true)
 	lp.dropIdleLanes()
 	lp.clock()
 	lp.sweepConns()

@@ -145,11 +145,12 @@ func (s *session) forward(r *request, b *bucket) bool {
 		return false
 	}
 	var grant throttle.Grant
+	var leased *lane
 	if b != nil && r.op.Class().Metered() {
 		// Billed in advance: a write's units (known now), a read's
 		// expected units; settled when the response is in (finish).
 		cost := s.lp.srv.cost(r.op.Class(), len(key)+len(r.value))
-		g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), cost)
+		g, wait, l := s.admit(b, cost)
 		if g.Domain == throttle.Held {
 			return s.throttled(r, b, g, wait)
 		}
@@ -157,7 +158,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 			s.lp.srv.throttleWait(b, s.lp.srv.throttle.Now()-s.heldAt)
 			s.heldAt = 0
 		}
-		grant = g
+		grant, leased = g, l
 		if cost.Known > 0 {
 			b.writeUnits.Add(uint64(cost.Known))
 		}
@@ -167,7 +168,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 	sl.req = r.head()
 	sl.strip = len(prefix)
 	sl.bkt = b
-	sl.grant = grant
+	sl.grant, sl.leased = grant, leased
 	sl.units = s.reportUnits
 	sl.sentKV = len(key) + len(r.value)
 	s.enqueue(sl)

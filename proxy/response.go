@@ -16,6 +16,7 @@ type slot struct {
 	strip  int    // bytes of key prefix to strip from responses
 	bkt    *bucket
 	grant  throttle.Grant // the command's bill, settled when it completes; Domain Held: not metered
+	leased *lane          // the lane whose lease grant came from (settled with it); nil: the bucket
 	units  bool           // ReportUnitUsage was on when the command was sent
 	sentKV int            // key+value bytes the client sent (write units)
 	gotKV  int            // key+value bytes returned (read units)
@@ -153,6 +154,11 @@ func (srv *Server) settle(sl *slot) {
 	read, write := srv.units(sl)
 	if read > 0 {
 		sl.bkt.readUnits.Add(uint64(read))
+	}
+	if l := sl.leased; l != nil {
+		l.lease.Settle(sl.grant, read+write)
+		sl.s.lp.touch(l)
+		return
 	}
 	sl.bkt.tb.Settle(sl.grant, read+write)
 }
