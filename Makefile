@@ -54,7 +54,9 @@ vet:
 
 ## bench: the benchmarks of DESIGN.md section 9 and issue 15's TLS ones
 ## (section 6), as a table (also in bench-results.md); BENCHFLAGS=-quick for
-## a short run, BENCHFLAGS="-sections 6" for TLS alone.
+## a short run, BENCHFLAGS="-sections 6" for TLS alone, and
+## BENCHFLAGS="-before-bin PATH" to measure an earlier build beside this one
+## in sections 1 and 2 (before and after from one run).
 bench: deps build
 	$(GO) run ./internal/benchtable $(BENCHFLAGS)
 

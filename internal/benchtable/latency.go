@@ -36,19 +36,28 @@ func latKey(i int) []byte { return []byte("benchtable:lat:" + strconv.Itoa(i)) }
 
 // runLatency measures the latency of a fixed, moderate request rate,
 // directly, through the proxy and through the bare forwarder.
-func runLatency(ctx context.Context, o *options, mc *memcached, px, bare *proxyProc, rep *report) error {
+func runLatency(ctx context.Context, o *options, mc *memcached, px, bare, before *proxyProc, rep *report) error {
 	live := []int{mc.pid(), px.pid(), bare.pid()}
+	sides := []struct {
+		name string
+		addr string
+		res  *latResult
+	}{{"direct", mc.addr, &rep.latDirect}, {"proxy", px.addr, &rep.latProxy}, {"bare forwarder", bare.addr, &rep.latBare}}
+	if before != nil {
+		live = append(live, before.pid())
+		sides = append(sides, struct {
+			name string
+			addr string
+			res  *latResult
+		}{"kvthrottle before", before.addr, &rep.latBefore})
+	}
 	section := takeCPU(live...)
 	defer func() { rep.latLoad = loadBetween(section, takeCPU(live...)) }()
 	warm := time.Second
 	if o.quick {
 		warm = 500 * time.Millisecond
 	}
-	for _, side := range []struct {
-		name string
-		addr string
-		res  *latResult
-	}{{"direct", mc.addr, &rep.latDirect}, {"proxy", px.addr, &rep.latProxy}, {"bare forwarder", bare.addr, &rep.latBare}} {
+	for _, side := range sides {
 		if err := populate(side.addr); err != nil {
 			return fmt.Errorf("latency: populate %s: %w", side.addr, err)
 		}

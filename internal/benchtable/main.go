@@ -61,8 +61,9 @@ type options struct {
 
 	sections string // which of 1-6 to run
 
-	bin string // kvthrottle binary
-	out string // markdown copy
+	bin       string // kvthrottle binary
+	beforeBin string // a second kvthrottle binary measured beside bin in sections 1 and 2 ("": none)
+	out       string // markdown copy
 
 	bareForwarder string // internal: "LISTEN UPSTREAM", run as the reference forwarder
 }
@@ -85,6 +86,7 @@ func main() {
 	flag.IntVar(&o.tlsLatRounds, "tls-lat-rounds", 0, "rounds of section 6's latency test, one -lat-duration run per side each (default 2, -quick 1)")
 	flag.StringVar(&o.sections, "sections", "123456", "the sections to run: 1 throughput, 2 latency, 3 Go benchmarks, 4 memory, 5 text-protocol throughput (with twemproxy), 6 TLS against plaintext (throughput, latency, memory)")
 	flag.StringVar(&o.bin, "bin", "bin/kvthrottle", "kvthrottle binary (relative to the module root)")
+	flag.StringVar(&o.beforeBin, "before-bin", "", "a second kvthrottle binary (built from an earlier commit, say) measured in the same rounds as -bin in sections 1 and 2, as \"kvthrottle before\": before and after figures from one run")
 	flag.StringVar(&o.out, "out", "bench-results.md", "where the markdown table is also written (relative to the module root); \"\" for nowhere")
 	flag.StringVar(&o.bareForwarder, "bare-forwarder", "", "internal: run only the reference forwarder, \"LISTEN UPSTREAM\" (benchtable starts itself this way)")
 	flag.Parse()
@@ -200,6 +202,14 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 	if _, err := os.Stat(o.bin); err != nil {
 		return fmt.Errorf("kvthrottle binary: %v (run `make build` first, or use `make bench`)", err)
 	}
+	if o.beforeBin != "" {
+		if !filepath.IsAbs(o.beforeBin) {
+			o.beforeBin = filepath.Join(root, o.beforeBin)
+		}
+		if _, err := os.Stat(o.beforeBin); err != nil {
+			return fmt.Errorf("-before-bin: %v", err)
+		}
+	}
 	tools, err := findTools()
 	if err != nil {
 		return err
@@ -226,6 +236,9 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 	rep := &report{opts: o, began: began, nofile: nofile, machine: describeMachine(), tools: tools,
 		tls: &tlsBench{depth: o.tlsDepth, latRounds: o.tlsLatRounds}}
 	rep.version = commandOutput(ctx, o.bin, "version")
+	if o.beforeBin != "" {
+		rep.beforeVersion = commandOutput(ctx, o.beforeBin, "version")
+	}
 	rep.mcVersion = commandOutput(ctx, tools.memcached, "-V")
 	rep.maslapVersion = commandOutput(ctx, tools.memaslap, "-V")
 	rep.goVersion = commandOutputIn(ctx, root, tools.goCmd, "version")
@@ -257,15 +270,27 @@ func run(ctx context.Context, o *options, cl *cleaner) error {
 				if err != nil {
 					return err
 				}
+				var before *proxyProc // -before-bin, beside the proxy
+				if o.beforeBin != "" {
+					if before, err = startProxy(ctx, cl, o.beforeBin, tmp, "before", mc.addr, nil); err != nil {
+						return err
+					}
+				}
 				if o.has('1') {
-					if err := runThroughput(ctx, o, tools, mc, px, bare, rep); err != nil {
+					if err := runThroughput(ctx, o, tools, mc, px, bare, before, rep); err != nil {
 						return err
 					}
 				}
 				if o.has('2') {
-					if err := runLatency(ctx, o, mc, px, bare, rep); err != nil {
+					if err := runLatency(ctx, o, mc, px, bare, before, rep); err != nil {
 						return err
 					}
+				}
+				if before != nil {
+					if err := before.ensureAlive(); err != nil {
+						return err
+					}
+					before.stop()
 				}
 				if err := bare.ensureAlive(); err != nil {
 					return err

@@ -29,6 +29,8 @@ type report struct {
 	throughput          []*tpResult
 	latDirect, latProxy latResult
 	latBare             latResult // through the bare forwarder
+	latBefore           latResult // through -before-bin's kvthrottle
+	beforeVersion       string    // -before-bin's version
 	gobench             *goBench
 	mem                 *memResult
 	text                []*tpResult // section 5; sideTwem is nutcracker
@@ -195,6 +197,16 @@ func (r *report) markdown() string {
 	}
 
 	for _, t := range r.throughput {
+		if len(t.tps[sideBefore]) == 0 {
+			break
+		}
+		b, p := median(t.tps[sideBefore]), median(t.tps[sideProxy])
+		row("1", fmt.Sprintf("before and after: throughput through kvthrottle %s (before) and %s (this one), %s (ops/s, median of %d)", bareVersion(r.beforeVersion), bareVersion(r.version), t.tpCase, len(t.tps[sideBefore])),
+			"before: "+spread(t.tps[sideBefore]), spread(t.tps[sideProxy]),
+			fmt.Sprintf("%.2fx (before: %.2fx of direct)", p/b, b/median(t.tps[sideDirect])), "—", "info")
+	}
+
+	for _, t := range r.throughput {
 		dm, _, dl := t.cpuPerOp(sideDirect)
 		pm, pp, pl := t.cpuPerOp(sideProxy)
 		bm, bp, bl := t.cpuPerOp(sideBare)
@@ -230,6 +242,15 @@ func (r *report) markdown() string {
 		d, b := r.latDirect.pct(q.p), r.latBare.pct(q.p)
 		row("2", fmt.Sprintf("reference: latency %s through the bare forwarder (not kvthrottle), same load", q.name),
 			micros(d), micros(b), added(d, b), "—", "info")
+	}
+
+	for _, q := range r.latRows() {
+		if len(r.latBefore.samples) == 0 {
+			break
+		}
+		d, b, p := r.latDirect.pct(q.p), r.latBefore.pct(q.p), r.latProxy.pct(q.p)
+		row("2", fmt.Sprintf("before and after: latency %s through kvthrottle %s (before) and %s (this one), same load", q.name, bareVersion(r.beforeVersion), bareVersion(r.version)),
+			"before: "+micros(b)+" ("+added(d, b)+")", micros(p)+" ("+added(d, p)+")", added(b, p), "—", "info")
 	}
 
 	// 3. Go benchmarks.
@@ -380,6 +401,10 @@ func (r *report) captionThroughput(w func(string, ...any)) {
 	w("   The **bare forwarder** (`internal/bareforward`, run as `benchtable -bare-forwarder`) is a reference, not a product: the cheapest forwarder we know how to write — " +
 		"raw epoll on locked threads, one per core, no parsing beyond the header, no throttling or tenants, the ready clients' requests sent upstream in one write per pass and each client's responses in one write. " +
 		"It pays what any proxy must, a second read and write per request on the client sockets, and nothing else; where kvthrottle is close to it, what is left of the gap to direct memcached is the cost of putting any process in the path on this machine.\n")
+	if r.beforeVersion != "" {
+		w("   **Before and after** (`-before-bin %s`): a second kvthrottle process, built from an earlier commit (%s), with the same generated configuration in front of the same memcached, run as a fourth side in the same rotating rounds (and in section 2 after the others), so that both versions' figures come from one run and share its noise; the ratio is this version's median over the earlier one's.\n",
+			shortPath(o.beforeBin), bareVersion(r.beforeVersion))
+	}
 	var perCase []string
 	for _, t := range r.throughput {
 		perCase = append(perCase, fmt.Sprintf("%s %s (one run at most %.0f%%)", t.tpCase, t.load, t.maxForeign))
@@ -445,3 +470,6 @@ func shellQuote(a string) string {
 	}
 	return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 }
+
+// bareVersion is a `kvthrottle version` output without the program name.
+func bareVersion(v string) string { return strings.TrimSpace(strings.TrimPrefix(v, "kvthrottle")) }

@@ -38,6 +38,7 @@ const (
 	sideDirect = iota
 	sideProxy
 	sideBare
+	sideBefore // -before-bin: an earlier kvthrottle, when given
 	numSides
 )
 
@@ -138,6 +139,9 @@ func (s *tpSides) warmUp(ctx context.Context, o *options, t tools, args func(*op
 	wo := *o
 	wo.duration = time.Second
 	for _, addr := range s.addrs {
+		if addr == "" {
+			continue
+		}
 		r, err := memaslap(ctx, t.memaslap, args(&wo, addr, tpCase{value: 100, conns: 32}), wo.duration+60*time.Second)
 		if err == nil && check != nil {
 			err = check(r)
@@ -159,6 +163,9 @@ func (s *tpSides) runCase(ctx context.Context, o *options, t tools, c tpCase, ar
 	for i := 0; i < o.rounds; i++ {
 		for k := range numSides {
 			side := (i + k) % numSides
+			if s.addrs[side] == "" {
+				continue // a side this comparison does not have
+			}
 			before := takeCPU(s.live...)
 			mc0, _ := procCPU(s.mcPid, false)
 			var fwd0, fwd1 int64
@@ -196,10 +203,14 @@ func (s *tpSides) runCase(ctx context.Context, o *options, t tools, c tpCase, ar
 // runThroughput runs memcaslap directly against memcached, through
 // kvthrottle and through the bare forwarder, one after the other, the order
 // rotating every round so drift favours no side.
-func runThroughput(ctx context.Context, o *options, t tools, mc *memcached, px, bare *proxyProc, rep *report) error {
+func runThroughput(ctx context.Context, o *options, t tools, mc *memcached, px, bare, before *proxyProc, rep *report) error {
 	s := &tpSides{mcPid: strconv.Itoa(mc.pid()), live: []int{mc.pid(), px.pid(), bare.pid()}}
 	s.addrs[sideDirect], s.addrs[sideProxy], s.addrs[sideBare] = mc.addr, px.addr, bare.addr
 	s.fwdPids[sideProxy], s.fwdPids[sideBare] = strconv.Itoa(px.pid()), strconv.Itoa(bare.pid())
+	if before != nil {
+		s.addrs[sideBefore], s.fwdPids[sideBefore] = before.addr, strconv.Itoa(before.pid())
+		s.live = append(s.live, before.pid())
+	}
 	section := takeCPU(s.live...)
 	// Warm-up: one short run each way, not counted.
 	if err := s.warmUp(ctx, o, t, memaslapArgs, nil); err != nil {
