@@ -47,7 +47,10 @@ const maxReadsInFlight = 1 << 20
 // (maxResponseBytes) and in all (proxy.max_unsent_bytes); the reads in
 // flight are bounded per connection by maxPending and per upstream
 // connection by upstream.max_inflight; their units are the bucket's own
-// overdraft. Bounding them by count would cap pipelining clients instead:
+// overdraft; and a connection that closes (or is closed for not reading)
+// with more than maxLaneReads of them in flight closes the bucket's
+// upstream connections on the loop, so that memcached stops sending
+// answers nobody will read (session.orphanedLane). Bounding them by count would cap pipelining clients instead:
 // 32 reads per loop let memcaslap's 10-key multi-gets from 32 connections
 // reach 0.21x of memcached's rate.
 const maxLaneReads = 32

@@ -119,6 +119,7 @@ type Server struct {
 
 	logAuthFail   logSample // refused SASL AUTHs
 	logBadInput   logSample // malformed frames, text-protocol clients
+	logOrphans    logSample // connections closed with many reads in flight (session.orphanedLane)
 	logUpDown     perKeyLog // upstream connections down, per server
 	logFleetSync  logSample // failed fleet syncs
 	logFleetState logSample // fleet state documents not adopted

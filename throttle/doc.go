@@ -111,12 +111,18 @@
 // of the bucket is held (the lease gives it back at its next use or
 // Expire), when somebody waits in the bucket's line, when the limits
 // change or the bucket is removed, when it has gone unused for LeaseTTL
-// (2 ms; the owner calls Expire every ms or few), and on Return. A lease's
+// (2 ms, as seen by the owner's calls to Expire: the proxy calls it every
+// millisecond on a busy event loop, at its 50 ms tick on an idle one), and
+// on Return. A stock drawn while a gauge's rate had no cost ("unlimited")
+// billed that gauge nothing, and gives it nothing back. A lease's
 // own caller, held, has given its stock back first. The error this
 // bounds:
 //
 //   - billed ahead of use: at most two chunks per lease (one drawn, one
-//     of bills given back by settles), at most LeaseTTL after last use;
+//     of bills given back by settles), until the first Expire LeaseTTL
+//     after last use (or a hold, a change of limits, Return); meanwhile
+//     it delays the bucket's callers elsewhere by at most those two
+//     chunks at the rate, since they are units billed, not a lock;
 //   - long-run rates (the ±2% rules) are unchanged: every unit drawn is
 //     used or refunded. Over a window, the units billed to a gauge keep
 //     their bound with one chunk more to the largest command, and the

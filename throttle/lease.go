@@ -107,6 +107,9 @@ func leaseChunk(r Limit, burst int64) int64 {
 // setup gives back what the lease holds (drawn under other limits) and
 // sets it up for lim and node.
 func (l *Lease) setup(lim *bucketLimits, node *nodeLimits) {
+	if l.lim != nil {
+		l.refundAcross(l.lim, l.node)
+	}
 	l.giveBack()
 	b := l.b
 	l.lim, l.node = lim, node
@@ -376,6 +379,38 @@ func (l *Lease) unhold() {
 		l.holding = false
 		l.b.stocked.Add(-1)
 	}
+}
+
+// refundAcross gives the stock back after a change of limits from old and
+// oldNode, under which it was drawn: to each gauge that billed it (its
+// rate had a cost then) and still bills (it has one now), at the rate in
+// force, as gauge.rescale keeps units owed. A gauge whose rate changed to
+// or from one without a cost ("unlimited") was forgiven instead, and
+// drawn with no cost the stock owes it nothing: refunding it there would
+// move the gauge's bill into the past, where later bills (Settle's add)
+// would vanish.
+func (l *Lease) refundAcross(old *bucketLimits, oldNode *nodeLimits) {
+	if l.stock > 0 {
+		b, n := l.b, l.stock
+		lim, node := b.lim.Load(), b.e.node.Load()
+		switch l.dom {
+		case Reserved:
+			if old.res.cost != 0 && lim.res.cost != 0 {
+				b.res.add(-lim.res.ns(n))
+			}
+		case FreePool:
+			if oldNode.pool.cost != 0 && node.pool.cost != 0 {
+				b.e.pool.add(-node.pool.ns(n))
+			}
+			if oldNode.fairLag != 0 && node.fairLag != 0 {
+				b.fairRefund(n)
+			}
+		}
+		if old.hrd.cost != 0 && lim.hrd.cost != 0 {
+			b.hard.add(-lim.hrd.ns(n))
+		}
+	}
+	l.stock, l.dom = 0, Held
 }
 
 // refundStock gives the units of the stock back to the gauges.

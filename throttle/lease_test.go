@@ -555,3 +555,30 @@ func TestLeaseAccuracy(t *testing.T) {
 		})
 	}
 }
+
+// A stock drawn while a gauge's rate had no cost ("unlimited") billed that
+// gauge nothing: when the limits change to a finite rate, giving the stock
+// back must not take it off the gauge's bill (which would put the bill in
+// the past, where later bills vanish).
+func TestLeaseStockFromUnlimitedOwesNothing(t *testing.T) {
+	e, _ := newLeaseEngine(t, Unlimited, 20*ms, FreePoolFCFS)
+	b := addBucket(t, e, "a", 0, Unlimited)
+	l := b.NewLease()
+	if g, _ := l.AdmitCost(nil, NonBlocking, Cost{Known: 1}); g.Domain != FreePool {
+		t.Fatalf("admitted against %v", g.Domain)
+	}
+	if _, n := l.Stock(); n == 0 {
+		t.Fatal("no stock drawn")
+	}
+	if err := b.SetLimits(0, 1000); err != nil {
+		t.Fatal(err)
+	}
+	before := b.hard.tat.Load()
+	l.Expire() // sees the new limits: gives the stock back
+	if d, n := l.Stock(); d != Held || n != 0 {
+		t.Fatalf("stock %v %d kept across a change of limits", d, n)
+	}
+	if got := b.hard.tat.Load(); got != before {
+		t.Errorf("giving back a stock drawn under no hard limit moved the hard limit's bill by %v", time.Duration(got-before))
+	}
+}

@@ -94,6 +94,23 @@ func (g *Group) Close() {
 	}
 }
 
+// Abort closes the group's connections at once: their requests in flight
+// fail (Etmpfail: the command may have run) and the server stops sending
+// their answers. The group stays usable: its next Pick opens new
+// connections. For a caller that knows the answers in flight are wanted
+// by nobody, and may be many and large. Calling it on a closed group does
+// nothing.
+func (g *Group) Abort() {
+	if g.closed {
+		return
+	}
+	conns := g.conns
+	g.conns, g.set = nil, nil
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
 // Conns returns the number of the group's connections (0 before its first
 // Pick and after Close); they may not all be connected.
 func (g *Group) Conns() int { return len(g.conns) }

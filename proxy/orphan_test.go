@@ -1,0 +1,70 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// A tenant that makes its reads look small, then asks for thousands of
+// 1 MB values and never reads them: each of its connections ends up
+// holding at most maxResponseBytes (closed at it, or paused below it),
+// and memcached stops sending the answers still in flight for a closed
+// one, instead of streaming gigabytes the proxy would
+// read only to drop (the bucket's own upstream connections on the loop
+// are closed: session.orphanedLane). What memcached serves is then the
+// connections' own 64 MiB each and a little more; before, 8 GB in 8 s
+// from 16 such connections.
+func TestAbandonedReadsStop(t *testing.T) {
+	p, _ := startWithBigValue(t)
+	const conns, burst = 4, 4000
+	var atts []*mcclient.Client
+	for range conns {
+		c := dial(t, p.Addr)
+		for range 100 {
+			if r, err := c.Get([]byte("small")); err != nil || r.Status() != mc.StatusSuccess {
+				t.Fatal(err, r)
+			}
+		}
+		atts = append(atts, c)
+	}
+	hits0 := memcachedGetHits(t, p.MC.Addr)
+	for _, c := range atts {
+		for range burst {
+			c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("big")})
+		}
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each connection ends up closed at the cap, or paused holding what
+	// fits under it with nothing in flight; and nothing of theirs is left
+	// upstream.
+	eventually(t, 60*time.Second, "the connections that do not read to be closed or paused with nothing in flight", func() bool {
+		settled := true
+		onLoop(t, p, func(lp *loop) {
+			for s := range lp.sessions {
+				for _, c := range atts {
+					if s.remote == c.Conn().LocalAddr().String() && (s.readsOut > 0 || !s.outPaused()) {
+						settled = false
+					}
+				}
+			}
+			for _, l := range lp.lanes {
+				if l.group != nil && l.group.Busy() {
+					settled = false
+				}
+			}
+		})
+		return settled
+	})
+	// Each connection held up to 64 MiB (67 values) before it was closed;
+	// allow as much again in all for what was on its way.
+	big := memcachedGetHits(t, p.MC.Addr) - hits0
+	if most := conns * 2 * (maxResponseBytes / (1000 * 1000)); big > most {
+		t.Errorf("memcached served %d values of 1 MB for connections that never read (%d asked); want at most %d", big, conns*burst, most)
+	}
+	t.Logf("memcached served %d values of 1 MB for %d connections that never read (%d asked)", big, conns, conns*burst)
+}
