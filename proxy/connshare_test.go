@@ -76,14 +76,17 @@ func TestConnectionsShareTheirBucket(t *testing.T) {
 		t.Errorf("the bucket ran at %.0f units/s, want its hard limit %d +-5%%", total, limit)
 	}
 	// Not starved: every connection, the one-at-a-time one included,
-	// gets at least half of an equal share. (How even the shares are
-	// beyond that depends on the machine's load: quiet, min/max was
-	// 0.86-0.91 and Jain's index 0.997-0.999; under make test's other
-	// packages, 0.56 and 0.96.)
+	// gets at least a third of an equal share (a line per command would
+	// give it about a fourteenth). How even the shares are beyond that
+	// depends on the machine's load: quiet, min/max was 0.86-0.92 and
+	// Jain's index 0.997-0.999; with two busy loops beside it, 0.40-0.73
+	// and 0.92-0.99, before leases and after; under make test's other
+	// packages the one-at-a-time connection once got 0.45 of an equal
+	// share.
 	equal := total / float64(len(rates))
 	for i, r := range rates {
-		if r < equal/2 {
-			t.Errorf("connection %d (depth %d) got %.0f GETs/s, less than half of an equal share (%.0f)", i, depths[i], r, equal)
+		if r < equal/3 {
+			t.Errorf("connection %d (depth %d) got %.0f GETs/s, less than a third of an equal share (%.0f)", i, depths[i], r, equal)
 		}
 	}
 }
