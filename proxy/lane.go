@@ -47,10 +47,10 @@ const maxReadsInFlight = 1 << 20
 // (maxResponseBytes) and in all (proxy.max_unsent_bytes); the reads in
 // flight are bounded per connection by maxPending and per upstream
 // connection by upstream.max_inflight; their units are the bucket's own
-// overdraft; and a connection that closes (or is closed for not reading)
-// with more than maxLaneReads of them in flight closes the bucket's
-// upstream connections on the loop, so that memcached stops sending
-// answers nobody will read (session.orphanedLane). Bounding them by count would cap pipelining clients instead:
+// overdraft; and once the answers of connections that went away (or were
+// closed for not reading) pass maxResponseBytes, the bucket's upstream
+// connections on the loop are closed, so that memcached stops sending
+// answers nobody will read (orphan.go). Bounding them by count would cap pipelining clients instead:
 // 32 reads per loop let memcaslap's 10-key multi-gets from 32 connections
 // reach 0.21x of memcached's rate.
 const maxLaneReads = 32
@@ -76,6 +76,11 @@ type lane struct {
 	// it, so that most admissions write only the loop's memory.
 	lease   *throttle.Lease
 	touched bool // in loop.touched: its lease was used in this pass
+
+	// Answers of connections that went away (orphan.go).
+	orphansOut  int  // reads in flight on group for closed sessions
+	orphanBytes int  // bytes of their answers read since orphansOut was last 0
+	aborting    bool // in loop.aborts: group to be aborted
 }
 
 // lane returns the loop's lane of b, creating it.

@@ -30,6 +30,7 @@ type loop struct {
 	pass        uint64                // resumePaused passes so far (lane.full)
 	leasesAt    time.Duration         // when expireLeases last ran (time since the server started)
 	touched     []*lane               // lanes whose lease was used in this pass (settleLeases)
+	aborts      []*lane               // lanes whose upstream connections abortLanes closes (orphan.go)
 	unauthSrc   unauthSources         // unauthenticated sessions by source (connlimits.go)
 
 	holds   wakeHeap // held sessions by wake-up time

@@ -22,6 +22,7 @@ type slot struct {
 	gotKV  int            // key+value bytes returned (read units)
 	hit    bool           // a read found its item (lane.go learns sizes from hits only)
 	path   upPath         // which kind of upstream connection it went on; none for local answers
+	orphan bool           // its session closed while it was in flight on its bucket's own connections (orphan.go)
 
 	reserved bool  // counted in session.readsOut until finished
 	lane     *lane // the lane its expected response is counted in (lane.go); nil: none
@@ -133,6 +134,9 @@ func (s *session) advance() {
 // session held until its bucket's reads in flight settle re-tries once
 // this loop has handled the responses at hand (lp.retry).
 func (s *session) finish(sl *slot) {
+	if sl.orphan {
+		orphanDone(sl)
+	}
 	s.unreserve(sl)
 	s.leavePath(sl)
 	if sl.grant.Domain != throttle.Held {
@@ -190,6 +194,9 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 		sl.hit = true
 	}
 	if s.closed {
+		if sl.orphan {
+			s.lp.orphanAnswer(sl, len(f.Raw))
+		}
 		if done {
 			s.finish(sl)
 		}
@@ -207,6 +214,9 @@ func (sl *slot) DeliverMeta(mr *text.MetaResponse) {
 		sl.hit = true
 	}
 	if s.closed {
+		if sl.orphan {
+			s.lp.orphanAnswer(sl, len(mr.Value)+len(mr.Code))
+		}
 		s.finish(sl)
 		return
 	}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
@@ -357,7 +356,7 @@ func (s *session) drained() bool {
 // close is called when the client connection is gone. Slots still in
 // flight upstream are released when they resolve.
 func (s *session) close() {
-	abort, orphans := s.orphanedLane()
+	s.orphan()
 	s.closed = true
 	delete(s.lp.sessions, s)
 	s.unhold()
@@ -371,42 +370,6 @@ func (s *session) close() {
 	}
 	s.q, s.qh = nil, 0
 	s.out = nil
-	if abort != nil {
-		s.lp.srv.logOrphans.event(&s.lp.srv.log, zerolog.WarnLevel).Str("remote", s.remote).Str("bucket", abort.name).Int("reads", orphans).
-			Msg("connection closed with many reads in flight; closing its bucket's upstream connections on this loop so their answers stop")
-		s.lp.lanes[abort].group.Abort()
-	}
-}
-
-// orphanedLane returns the session's bucket, and the count, when it has more than
-// maxLaneReads reads in flight on the bucket's own upstream connections
-// (the lane's group), else nil: closing now, the session leaves answers
-// nobody will read, which memcached would still send and the proxy still
-// read. Reads whose size was learned small may turn out large (the lane
-// bounds their count only on shared connections, lane.go), so a client
-// that asks for thousands of large values and stops reading, or goes,
-// could otherwise make memcached and the proxy move gigabytes for nobody
-// (measured: 8 GB in 8 s from 16 connections). Closing the bucket's
-// connections on the loop stops that; its other commands in flight there
-// fail with Etmpfail, the bucket's own loss. On the loop, from close.
-func (s *session) orphanedLane() (*bucket, int) {
-	if s.readsOut <= maxLaneReads || s.bkt == nil {
-		return nil, 0
-	}
-	l := s.lp.lanes[s.bkt]
-	if l == nil || l.group == nil {
-		return nil, 0
-	}
-	n := 0
-	for i := s.qh; i < len(s.q); i++ {
-		if sl := s.q[i]; !sl.done && sl.lane == l {
-			n++
-		}
-	}
-	if n <= maxLaneReads {
-		return nil, 0
-	}
-	return s.bkt, n
 }
 
 // asRefusal returns err's *codecReply, or nil. Apart from the decode loop
