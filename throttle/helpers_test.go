@@ -141,17 +141,7 @@ func simulateWith(t testing.TB, cfg simConfig, buckets []*simBucket, setup func(
 	r := rand.New(rand.NewSource(cfg.seed))
 	var conns []*simConn
 	for _, sb := range buckets {
-		if sb.b, err = e.AddBucket(sb.name, sb.reserved, sb.hard); err != nil {
-			t.Fatal(err)
-		}
-		if sb.maxUnits == 0 {
-			sb.maxUnits = 1
-		}
-		if sb.weight != 0 {
-			if err := sb.b.SetWeight(sb.weight); err != nil {
-				t.Fatal(err)
-			}
-		}
+		sb.add(t, e)
 		for i := 0; i < sb.conns; i++ {
 			conns = append(conns, &simConn{sb: sb, mode: sb.mode, demand: sb.demand / float64(sb.conns), wake: sb.start, heldAt: -1})
 		}
@@ -235,4 +225,22 @@ func simulateWith(t testing.TB, cfg simConfig, buckets []*simBucket, setup func(
 		got[sb.name+"/unthrottled"] = float64(sb.uUnits) / cfg.span.Seconds()
 	}
 	return got
+}
+
+// add adds the simulated bucket to e (its weight too) and defaults its
+// command size to one unit.
+func (sb *simBucket) add(t testing.TB, e *Engine) {
+	t.Helper()
+	var err error
+	if sb.b, err = e.AddBucket(sb.name, sb.reserved, sb.hard); err != nil {
+		t.Fatal(err)
+	}
+	if sb.maxUnits == 0 {
+		sb.maxUnits = 1
+	}
+	if sb.weight != 0 {
+		if err := sb.b.SetWeight(sb.weight); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -379,17 +379,7 @@ func simulateLeased(t testing.TB, cfg simConfig, buckets []*simBucket, loops int
 		ls[i] = &loop{r: rand.New(rand.NewSource(cfg.seed + int64(i)))}
 	}
 	for _, sb := range buckets {
-		if sb.b, err = e.AddBucket(sb.name, sb.reserved, sb.hard); err != nil {
-			t.Fatal(err)
-		}
-		if sb.maxUnits == 0 {
-			sb.maxUnits = 1
-		}
-		if sb.weight != 0 {
-			if err := sb.b.SetWeight(sb.weight); err != nil {
-				t.Fatal(err)
-			}
-		}
+		sb.add(t, e)
 		leases := make([]*Lease, loops)
 		for i := range leases {
 			leases[i] = sb.b.NewLease()
