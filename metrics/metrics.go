@@ -6,7 +6,10 @@
 // Only the two histograms (throttle wait time and upstream request duration)
 // are pushed, through [prometheus.Observer] children that the proxy looks up
 // once per bucket or server and caches; Observe on them is lock-free and does
-// not allocate.
+// not allocate. The upstream histogram, observed once per response, is
+// sharded: each event loop has its own counters for a server
+// ([Metrics.UpstreamLoopObserver]), summed at scrape time, so loops on
+// different cores never write the same cache line.
 //
 // Metric names, types and label names are a contract (DESIGN.md section 7):
 //
@@ -206,7 +209,7 @@ type Source interface {
 type Metrics struct {
 	reg      *prometheus.Registry
 	wait     *prometheus.HistogramVec
-	upstream *prometheus.HistogramVec
+	upstream *shardedHistogram
 	sync     prometheus.Histogram
 	scrape   http.Handler // /metrics
 
@@ -227,11 +230,9 @@ func New(src Source) *Metrics {
 			Help:    "Time in seconds a held (throttled) command waited before it was released to run.",
 			Buckets: waitBuckets,
 		}, []string{LabelBucket}),
-		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    NameUpstreamLatency,
-			Help:    "Time in seconds from sending a request to an upstream memcached server to receiving its response.",
-			Buckets: upstreamBuckets,
-		}, []string{LabelServer}),
+		upstream: newShardedHistogram(NameUpstreamLatency,
+			"Time in seconds from sending a request to an upstream memcached server to receiving its response.",
+			LabelServer, upstreamBuckets),
 	}
 	m.sync = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    NameFleetSync,
@@ -287,11 +288,19 @@ func (m *Metrics) WaitObserver(bucket string) prometheus.Observer {
 // kvthrottle_upstream_request_duration_seconds{server} child, under the same
 // rules as [Metrics.WaitObserver]; Observe takes the round trip in seconds.
 func (m *Metrics) UpstreamObserver(server string) prometheus.Observer {
-	o, err := m.upstream.GetMetricWithLabelValues(server)
-	if err != nil {
-		return discard{}
-	}
-	return o
+	return m.upstream.shared(server)
+}
+
+// UpstreamLoopObserver returns an observer of
+// kvthrottle_upstream_request_duration_seconds{server} that only one
+// goroutine, the event loop numbered loop, ever calls: it writes counters of
+// its own (no atomic read-modify-write, no cache line shared with other
+// loops), added to the series at scrape time. The same server and loop get
+// the same counters until [Metrics.ForgetUpstream]; after that a cached
+// observer still works but is no longer exported. Calling Observe on it
+// from two goroutines at once loses observations (it never panics).
+func (m *Metrics) UpstreamLoopObserver(server string, loop int) prometheus.Observer {
+	return m.upstream.owned(server, loop)
 }
 
 // FleetSyncObserver returns kvthrottle_fleet_sync_duration_seconds; Observe
@@ -311,7 +320,7 @@ func (m *Metrics) ForgetBucket(bucket string) {
 // longer configured (for example after a reload). Forgetting an unknown
 // server is a no-op.
 func (m *Metrics) ForgetUpstream(server string) {
-	m.upstream.DeleteLabelValues(server)
+	m.upstream.forget(server)
 }
 
 // discard is the Observer returned for label values Prometheus cannot accept.

@@ -76,6 +76,11 @@ type lane struct {
 	// it, so that most admissions write only the loop's memory.
 	lease   *throttle.Lease
 	touched bool // in loop.touched: its lease was used in this pass
+	// Units billed through the lease (stats: bucket.readUnits and
+	// writeUnits) not yet added to the bucket's counters: settleLeases
+	// adds them, once per pass, before the pass's answers are written.
+	readUnits, writeUnits uint64
+	b                     *bucket
 
 	// Answers of connections that went away (orphan.go).
 	orphansOut  int  // reads in flight on group for closed sessions
@@ -87,7 +92,7 @@ type lane struct {
 func (lp *loop) lane(b *bucket) *lane {
 	l := lp.lanes[b]
 	if l == nil {
-		l = &lane{lease: b.tb.NewLease()}
+		l = &lane{lease: b.tb.NewLease(), b: b}
 		if lp.srv.opts.connsPerBucket {
 			l.group = lp.pool.NewGroup()
 		}
@@ -114,6 +119,7 @@ func (lp *loop) dropIdleLanes() {
 				l.group.Close()
 			}
 			l.lease.Return()
+			l.addUnits()
 			delete(lp.lanes, b)
 		case l.group != nil && l.group.Conns() > 0 && lp.now-l.used >= groupIdle && !l.group.Busy():
 			l.group.Close()
@@ -298,9 +304,23 @@ func (lp *loop) settleLeases() {
 	for i, l := range lp.touched {
 		l.touched = false
 		l.lease.Expire()
+		l.addUnits()
 		lp.touched[i] = nil
 	}
 	lp.touched = lp.touched[:0]
+}
+
+// addUnits adds the units billed through the lane's lease since the last
+// call to its bucket's counters.
+func (l *lane) addUnits() {
+	if l.readUnits > 0 {
+		l.b.readUnits.Add(l.readUnits)
+		l.readUnits = 0
+	}
+	if l.writeUnits > 0 {
+		l.b.writeUnits.Add(l.writeUnits)
+		l.writeUnits = 0
+	}
 }
 
 // touch marks the lane's lease used in this pass (settleLeases).

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -32,6 +33,11 @@ type loop struct {
 	touched     []*lane               // lanes whose lease was used in this pass (settleLeases)
 	aborts      []*lane               // lanes whose upstream connections abortLanes closes (orphan.go)
 	unauthSrc   unauthSources         // unauthenticated sessions by source (connlimits.go)
+
+	// inflight counts the loop's client commands accepted and not yet
+	// answered. Only the loop writes it (addInflight); Server.inflight
+	// reads it from other goroutines.
+	inflight atomic.Int64
 
 	holds   wakeHeap // held sessions by wake-up time
 	timer   *time.Timer
@@ -83,14 +89,20 @@ func poolConfig(cfg *bucketcfg.Config) upstream.PoolConfig {
 	}
 }
 
-// upstreamObserver is the pool's PoolOptions.Observer: a server's
-// kvthrottle_upstream_request_duration_seconds.
-func (s *Server) upstreamObserver(addr string) func(float64) {
+// upstreamObserver is the pool's PoolOptions.Observer: loop el's counters
+// of a server's kvthrottle_upstream_request_duration_seconds, which only
+// that loop writes (one observation per response: no write shared with
+// other loops).
+func (s *Server) upstreamObserver(el gnet.EventLoop, addr string) func(float64) {
 	if s.metrics == nil {
 		return nil
 	}
-	return s.metrics.UpstreamObserver(addr).Observe
+	return s.metrics.UpstreamLoopObserver(addr, s.loopID(el)).Observe
 }
+
+// addInflight adds n to the loop's count of commands in flight. On the
+// loop: a plain store, no read-modify-write shared with other loops.
+func (lp *loop) addInflight(n int64) { lp.inflight.Store(lp.inflight.Load() + n) }
 
 // forgetUpstream is the pool's PoolOptions.OnRemove: a removed server's
 // metric series go.

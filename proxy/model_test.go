@@ -333,7 +333,7 @@ func TestChaosUpstreamRestarts(t *testing.T) {
 	close(stop)
 	<-done
 	eventually(t, 5*time.Second, "connections and in-flight commands back to 0", func() bool {
-		return p.Connections() == 0 && p.inflight.Load() == 0
+		return p.Connections() == 0 && p.inflight() == 0
 	})
 }
 
@@ -369,7 +369,7 @@ func TestChaosReloadServers(t *testing.T) {
 	close(stop)
 	<-done
 	eventually(t, 5*time.Second, "connections and in-flight commands back to 0", func() bool {
-		return p.Connections() == 0 && p.inflight.Load() == 0
+		return p.Connections() == 0 && p.inflight() == 0
 	})
 	eventually(t, 3*time.Second, "retiring upstream connections closed", func() bool {
 		n := 0

@@ -87,7 +87,7 @@ func TestOffLoopCallsEndWithTheirConnection(t *testing.T) {
 	// A closed session's commands still off the loop count as in flight
 	// until their work is back (the refusal's until its timer fires).
 	eventually(t, 5*time.Second, "connections and commands in flight back to 0", func() bool {
-		return p.Connections() == 0 && p.inflight.Load() == 0
+		return p.Connections() == 0 && p.inflight() == 0
 	})
 	c := login(t, p.Addr, "bob")
 	if r, err := c.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {

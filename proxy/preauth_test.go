@@ -363,7 +363,7 @@ func TestUnsentBudget(t *testing.T) {
 	// its unread output, or read out.
 	eventually(t, 5*time.Second, "the clients to be connected", func() bool { return p.Connections() == 5 || p.unsentShed.Load() > 0 })
 	eventually(t, 30*time.Second, "every GET to be answered or dropped", func() bool {
-		settled := p.inflight.Load() == 0
+		settled := p.inflight() == 0
 		onLoops(t, p, func(lp *loop) {
 			for s := range lp.sessions {
 				if !s.quitting && !s.outPaused() && !s.drained() {
@@ -371,7 +371,7 @@ func TestUnsentBudget(t *testing.T) {
 				}
 			}
 		})
-		return settled && p.inflight.Load() == 0
+		return settled && p.inflight() == 0
 	})
 	close(stop)
 	<-sampled

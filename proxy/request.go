@@ -160,7 +160,11 @@ func (s *session) forward(r *request, b *bucket) bool {
 		}
 		grant, leased = g, l
 		if cost.Known > 0 {
-			b.writeUnits.Add(uint64(cost.Known))
+			if l != nil {
+				l.writeUnits += uint64(cost.Known) // admit touched l: added at this pass's settleLeases
+			} else {
+				b.writeUnits.Add(uint64(cost.Known))
+			}
 		}
 	}
 	sl := s.lp.getSlot()
@@ -173,7 +177,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 	sl.sentKV = len(key) + len(r.value)
 	s.enqueue(sl)
 	s.enterPath(sl, r.meta)
-	s.lp.srv.inflight.Add(1)
+	s.lp.addInflight(1)
 	if r.meta {
 		m := &s.text.meta
 		rawKey := 0

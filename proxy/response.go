@@ -52,7 +52,7 @@ func (s *session) local(appendResp func([]byte) []byte) {
 	sl.resp = appendResp(sl.resp)
 	s.slotBytes += len(sl.resp)
 	s.enqueue(sl)
-	s.lp.srv.inflight.Add(1)
+	s.lp.addInflight(1)
 }
 
 // later queues a slot whose local response comes later, from off-loop
@@ -62,7 +62,7 @@ func (s *session) later(r *request) *slot {
 	sl.s = s
 	sl.req = r.head()
 	s.enqueue(sl)
-	s.lp.srv.inflight.Add(1)
+	s.lp.addInflight(1)
 	return sl
 }
 
@@ -146,7 +146,7 @@ func (s *session) finish(sl *slot) {
 			s.lp.retry = append(s.lp.retry, s)
 		}
 	}
-	s.lp.srv.inflight.Add(-1)
+	s.lp.addInflight(-1)
 	s.lp.putSlot(sl)
 }
 
@@ -156,13 +156,14 @@ func (s *session) finish(sl *slot) {
 // once, also when it failed or its client went away (at least one unit).
 func (srv *Server) settle(sl *slot) {
 	read, write := srv.units(sl)
-	if read > 0 {
-		sl.bkt.readUnits.Add(uint64(read))
-	}
 	if l := sl.leased; l != nil {
+		l.readUnits += uint64(read)
 		l.lease.Settle(sl.grant, read+write)
 		sl.s.lp.touch(l)
 		return
+	}
+	if read > 0 {
+		sl.bkt.readUnits.Add(uint64(read))
 	}
 	sl.bkt.tb.Settle(sl.grant, read+write)
 }

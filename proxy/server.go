@@ -86,11 +86,13 @@ type Server struct {
 	mu    sync.Mutex
 	loops map[gnet.EventLoop]*loop
 
+	idMu    sync.Mutex             // guards loopIDs (apart from mu: newLoop runs under mu and asks for ids)
+	loopIDs map[gnet.EventLoop]int // each loop's number (loopID)
+
 	booted   chan struct{} // closed when gnet has started (OnBoot)
 	served   chan struct{} // closed when Serve returns
 	draining atomic.Bool
 	conns    atomic.Int64 // open client connections
-	inflight atomic.Int64 // client commands accepted and not yet answered
 	refused  atomic.Uint64
 	started  time.Time
 	version  string
@@ -198,6 +200,7 @@ func New(opts Options) (*Server, error) {
 		},
 		log:      opts.Logger,
 		loops:    make(map[gnet.EventLoop]*loop),
+		loopIDs:  make(map[gnet.EventLoop]int),
 		booted:   make(chan struct{}),
 		served:   make(chan struct{}),
 		started:  time.Now(),
@@ -353,7 +356,7 @@ wait:
 	for s.conns.Load() > 0 {
 		select {
 		case <-ctx.Done():
-			s.log.Warn().Int64("connections", s.conns.Load()).Int64("inflight", s.inflight.Load()).
+			s.log.Warn().Int64("connections", s.conns.Load()).Int64("inflight", s.inflight()).
 				Msg("drain deadline reached; closing connections with commands in flight")
 			break wait
 		case <-tick.C:
@@ -395,6 +398,28 @@ func (s *Server) loopOf(el gnet.EventLoop) *loop {
 		s.loops[el] = lp
 	}
 	return lp
+}
+
+// loopID returns event loop el's number: 0 up, in the order loops first
+// asked. It keys the loop's own metric counters (upstreamObserver).
+func (s *Server) loopID(el gnet.EventLoop) int {
+	s.idMu.Lock()
+	defer s.idMu.Unlock()
+	id, ok := s.loopIDs[el]
+	if !ok {
+		id = len(s.loopIDs)
+		s.loopIDs[el] = id
+	}
+	return id
+}
+
+// inflight returns the client commands accepted and not yet answered, on
+// all loops (a sum of counters each loop updates on its own: it may lag a
+// command or two behind the loops).
+func (s *Server) inflight() int64 {
+	var n int64
+	s.eachLoop(func(lp *loop) { n += lp.inflight.Load() })
+	return n
 }
 
 func (s *Server) eachLoop(fn func(*loop)) {

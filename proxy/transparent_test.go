@@ -125,7 +125,7 @@ func TestDisconnectInFlight(t *testing.T) {
 		_ = c.Flush()
 		c.Close()
 	}
-	eventually(t, 5*time.Second, "in-flight commands to drain", func() bool { return p.inflight.Load() == 0 })
+	eventually(t, 5*time.Second, "in-flight commands to drain", func() bool { return p.inflight() == 0 })
 	eventually(t, 5*time.Second, "connections to close", func() bool { return p.Connections() == 1 })
 	c := dial(t, p.Addr)
 	for i := 0; i < 100; i++ {

@@ -229,7 +229,7 @@ func (lp *LoopPool) newConn(addr string) *Conn {
 	o := &lp.pool.opts
 	var observe func(float64)
 	if o.Observer != nil {
-		observe = o.Observer(addr)
+		observe = o.Observer(lp.el, addr)
 	}
 	return New(Config{
 		Addr:        addr,

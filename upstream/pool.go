@@ -72,10 +72,12 @@ type PoolOptions struct {
 	// answering, is ejected or comes back, and Update's changes. Nothing
 	// secret is logged.
 	Logger zerolog.Logger
-	// Observer, when not nil, is called once for every connection a loop
+	// Observer, when not nil, is called once for every connection loop el
 	// opens to addr (on that loop) and returns the function that receives
-	// its requests' round trips in seconds (Config.Observe), or nil.
-	Observer func(addr string) func(seconds float64)
+	// its requests' round trips in seconds (Config.Observe), or nil. That
+	// function is only ever called on el, so it may keep per-loop state
+	// without synchronization.
+	Observer func(el gnet.EventLoop, addr string) func(seconds float64)
 	// OnConnState, when not nil, is called on the owning loop when a
 	// connection goes up or down (Config.OnState), err saying why it went
 	// down; not when a loop closes a retired connection (to a removed

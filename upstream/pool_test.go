@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/panjf2000/gnet/v2"
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
@@ -120,7 +121,7 @@ func TestPoolUpdateAdoptsAndRetiresServers(t *testing.T) {
 	const a, b, c = "10.0.0.1:11211", "10.0.0.2:11211", "10.0.0.3:11211"
 	var observed, removed []string
 	p := newTestPool(t, PoolConfig{Servers: []string{a, b}}, PoolOptions{
-		Observer: func(addr string) func(float64) { observed = append(observed, addr); return nil },
+		Observer: func(_ gnet.EventLoop, addr string) func(float64) { observed = append(observed, addr); return nil },
 		OnRemove: func(addr string) { removed = append(removed, addr) },
 	})
 	lp := p.Loop(nil, nil)
