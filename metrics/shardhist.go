@@ -46,14 +46,12 @@ func newShardedHistogram(name, help, label string, bounds []float64) *shardedHis
 	}
 }
 
-// set returns value's shards, created on first use; nil when value is not
-// valid UTF-8 (Prometheus cannot export it).
-func (h *shardedHistogram) set(value string) *shardSet {
+// setLocked returns value's shards, created on first use; nil when value is
+// not valid UTF-8 (Prometheus cannot export it). h.mu is held.
+func (h *shardedHistogram) setLocked(value string) *shardSet {
 	if !utf8.ValidString(value) {
 		return nil
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	s := h.series[value]
 	if s == nil {
 		s = &shardSet{shared: h.newShard(), owned: make(map[int]*histShard)}
@@ -68,7 +66,9 @@ func (h *shardedHistogram) newShard() *histShard {
 
 // shared returns an observer of value's series that any goroutine may use.
 func (h *shardedHistogram) shared(value string) prometheus.Observer {
-	s := h.set(value)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.setLocked(value)
 	if s == nil {
 		return discard{}
 	}
@@ -78,12 +78,12 @@ func (h *shardedHistogram) shared(value string) prometheus.Observer {
 // owned returns the observer of value's series that only owner uses (one
 // goroutine at a time): the same shard for the same owner until forget.
 func (h *shardedHistogram) owned(value string, owner int) prometheus.Observer {
-	s := h.set(value)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.setLocked(value)
 	if s == nil {
 		return discard{}
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	sh := s.owned[owner]
 	if sh == nil {
 		sh = h.newShard()

@@ -77,8 +77,7 @@ type lane struct {
 	lease   *throttle.Lease
 	touched bool // in loop.touched: its lease was used in this pass
 	// Units billed through the lease (stats: bucket.readUnits and
-	// writeUnits) not yet added to the bucket's counters: settleLeases
-	// adds them, once per pass, before the pass's answers are written.
+	// writeUnits) not yet added to the bucket's counters (settleLeases).
 	readUnits, writeUnits uint64
 	b                     *bucket
 
@@ -297,9 +296,11 @@ func (lp *loop) expireLeases(force bool) {
 
 // settleLeases brings the buckets of the leases used in this pass up to
 // date (throttle.Lease.Expire: their counters, and stocks no longer
-// theirs): before the pass's responses are written, so that a client that
-// has its answer sees its command in the bucket's statistics. A few shared
-// writes per bucket and pass, not per command. On the loop.
+// theirs; the lanes' unit counts): before any answer is written
+// (flushClients, session.flush) and before a STAT reply reads them, so
+// that a client that has an answer sees its commands in the bucket's
+// statistics. A few shared writes per bucket and pass, not per command.
+// On the loop.
 func (lp *loop) settleLeases() {
 	for i, l := range lp.touched {
 		l.touched = false

@@ -141,6 +141,7 @@ func (lp *loop) requestFlush() {
 	}
 	if err := lp.el.Execute(context.Background(), lp.flushRun); err != nil {
 		lp.flushUpstreams() // the engine is stopping: write now
+		lp.settleLeases()
 		return
 	}
 	lp.flushPending = true

@@ -161,7 +161,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 		grant, leased = g, l
 		if cost.Known > 0 {
 			if l != nil {
-				l.writeUnits += uint64(cost.Known) // admit touched l: added at this pass's settleLeases
+				l.writeUnits += uint64(cost.Known) // admit touched l: added before the next client write (settleLeases)
 			} else {
 				b.writeUnits.Add(uint64(cost.Known))
 			}

@@ -326,6 +326,9 @@ func (s *session) flush() {
 		return
 	}
 	if len(s.out) > 0 {
+		if len(s.lp.touched) > 0 {
+			s.lp.settleLeases() // the statistics count what the client is told of
+		}
 		_, _ = s.c.Write(s.out)
 		s.out = s.out[:0]
 	}

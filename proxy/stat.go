@@ -103,6 +103,7 @@ func (s *session) generalStats() [][2]string {
 // session may see (admins: all; others: their own).
 func (s *session) throttleStats() [][2]string {
 	srv := s.lp.srv
+	s.lp.settleLeases() // the commands answered before this one, pipelined with it, included
 	ten := srv.ten.Load()
 	kv := [][2]string{
 		{"node:capacity", ten.cfg.Throttle.Capacity.String()},
