@@ -284,16 +284,10 @@ func (m *Metrics) WaitObserver(bucket string) prometheus.Observer {
 	return o
 }
 
-// UpstreamObserver returns the
-// kvthrottle_upstream_request_duration_seconds{server} child, under the same
-// rules as [Metrics.WaitObserver]; Observe takes the round trip in seconds.
-func (m *Metrics) UpstreamObserver(server string) prometheus.Observer {
-	return m.upstream.shared(server)
-}
-
 // UpstreamLoopObserver returns an observer of
-// kvthrottle_upstream_request_duration_seconds{server} that only one
-// goroutine, the event loop numbered loop, ever calls: it writes counters of
+// kvthrottle_upstream_request_duration_seconds{server}, whose Observe takes
+// a round trip in seconds, that only one goroutine, the event loop
+// numbered loop, ever calls: it writes counters of
 // its own (no atomic read-modify-write, no cache line shared with other
 // loops), added to the series at scrape time. The same server and loop get
 // the same counters until [Metrics.ForgetUpstream]; after that a cached

@@ -102,7 +102,7 @@ func TestScrapeContract(t *testing.T) {
 	m := New(src)
 	m.WaitObserver("alpha").Observe(0.003)
 	m.WaitObserver("alpha").Observe(0.2)
-	m.UpstreamObserver("127.0.0.1:11211").Observe(0.0002)
+	m.UpstreamLoopObserver("127.0.0.1:11211", 0).Observe(0.0002)
 	ts := httptest.NewServer(m.Handler(nil))
 	defer ts.Close()
 
@@ -265,7 +265,7 @@ func TestUnlimitedNormalisation(t *testing.T) {
 func TestLint(t *testing.T) {
 	m := New(newFake())
 	m.WaitObserver("alpha").Observe(0.01)
-	m.UpstreamObserver("127.0.0.1:11211").Observe(0.001)
+	m.UpstreamLoopObserver("127.0.0.1:11211", 0).Observe(0.001)
 	problems, err := testutil.GatherAndLint(m.Registry())
 	if err != nil {
 		t.Fatal(err)
@@ -298,7 +298,7 @@ func TestPromtool(t *testing.T) {
 	}
 	m := New(newFake())
 	m.WaitObserver("alpha").Observe(0.01)
-	m.UpstreamObserver("127.0.0.1:11211").Observe(0.001)
+	m.UpstreamLoopObserver("127.0.0.1:11211", 0).Observe(0.001)
 	ts := httptest.NewServer(m.Handler(nil))
 	defer ts.Close()
 	text := testmc.Scrape(t, ts.URL+"/metrics")
@@ -501,7 +501,7 @@ func TestShutdownDeadline(t *testing.T) {
 func TestObservers(t *testing.T) {
 	m := New(nil)
 	w := m.WaitObserver("alpha")
-	u := m.UpstreamObserver("127.0.0.1:11211")
+	u := m.UpstreamLoopObserver("127.0.0.1:11211", 0)
 	if n := testing.AllocsPerRun(1000, func() { w.Observe(0.001); u.Observe(0.0001) }); n != 0 {
 		t.Errorf("Observe allocates %v times per call", n)
 	}
@@ -519,7 +519,7 @@ func TestObservers(t *testing.T) {
 	}
 	// Invalid UTF-8 must not panic.
 	m.WaitObserver("\xff").Observe(1)
-	m.UpstreamObserver("\xff").Observe(1)
+	m.UpstreamLoopObserver("\xff", 0).Observe(1)
 }
 
 // TestConcurrentScrapes runs scrapes, observations and source changes at once

@@ -20,15 +20,11 @@ type shardedHistogram struct {
 	bounds []float64 // upper bounds, ascending; +Inf implied
 
 	mu     sync.Mutex
-	series map[string]*shardSet // by label value
+	series map[string]shardSet // by label value
 }
 
-// shardSet is one series' shards: shared, for observers on any goroutine,
-// and one per owning loop.
-type shardSet struct {
-	shared *histShard
-	owned  map[int]*histShard
-}
+// shardSet is one series' shards, one per owning loop.
+type shardSet map[int]*histShard
 
 // histShard holds counts per bucket (len(bounds)+1, the last one +Inf) and
 // the sum of the values observed, as float64 bits.
@@ -42,19 +38,19 @@ func newShardedHistogram(name, help, label string, bounds []float64) *shardedHis
 	return &shardedHistogram{
 		desc:   prometheus.NewDesc(name, help, []string{label}, nil),
 		bounds: bounds,
-		series: make(map[string]*shardSet),
+		series: make(map[string]shardSet),
 	}
 }
 
 // setLocked returns value's shards, created on first use; nil when value is
 // not valid UTF-8 (Prometheus cannot export it). h.mu is held.
-func (h *shardedHistogram) setLocked(value string) *shardSet {
+func (h *shardedHistogram) setLocked(value string) shardSet {
 	if !utf8.ValidString(value) {
 		return nil
 	}
 	s := h.series[value]
 	if s == nil {
-		s = &shardSet{shared: h.newShard(), owned: make(map[int]*histShard)}
+		s = make(shardSet)
 		h.series[value] = s
 	}
 	return s
@@ -62,17 +58,6 @@ func (h *shardedHistogram) setLocked(value string) *shardSet {
 
 func (h *shardedHistogram) newShard() *histShard {
 	return &histShard{bounds: h.bounds, counts: make([]atomic.Uint64, len(h.bounds)+1)}
-}
-
-// shared returns an observer of value's series that any goroutine may use.
-func (h *shardedHistogram) shared(value string) prometheus.Observer {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	s := h.setLocked(value)
-	if s == nil {
-		return discard{}
-	}
-	return sharedObserver{s.shared}
 }
 
 // owned returns the observer of value's series that only owner uses (one
@@ -84,10 +69,10 @@ func (h *shardedHistogram) owned(value string, owner int) prometheus.Observer {
 	if s == nil {
 		return discard{}
 	}
-	sh := s.owned[owner]
+	sh := s[owner]
 	if sh == nil {
 		sh = h.newShard()
-		s.owned[owner] = sh
+		s[owner] = sh
 	}
 	return ownedObserver{sh}
 }
@@ -120,19 +105,6 @@ func (o ownedObserver) Observe(v float64) {
 	o.s.sum.Store(math.Float64bits(math.Float64frombits(o.s.sum.Load()) + v))
 }
 
-// sharedObserver writes its shard with atomic read-modify-writes.
-type sharedObserver struct{ s *histShard }
-
-func (o sharedObserver) Observe(v float64) {
-	o.s.counts[o.s.bucket(v)].Add(1)
-	for {
-		old := o.s.sum.Load()
-		if o.s.sum.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+v)) {
-			return
-		}
-	}
-}
-
 // Describe implements prometheus.Collector.
 func (h *shardedHistogram) Describe(ch chan<- *prometheus.Desc) { ch <- h.desc }
 
@@ -153,8 +125,7 @@ func (h *shardedHistogram) Collect(ch chan<- prometheus.Metric) {
 			}
 			sum += math.Float64frombits(sh.sum.Load())
 		}
-		add(s.shared)
-		for _, sh := range s.owned {
+		for _, sh := range s {
 			add(sh)
 		}
 		buckets := make(map[float64]uint64, len(h.bounds))

@@ -11,13 +11,13 @@ import (
 )
 
 // TestUpstreamLoopObserversSum checks that the per-loop shards of a server
-// and its shared observer export exactly what one prometheus.Histogram fed
+// export exactly what one prometheus.Histogram fed
 // the same values exports.
 func TestUpstreamLoopObserversSum(t *testing.T) {
 	m := New(nil)
 	ref := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ref", Buckets: upstreamBuckets})
 	const server = "127.0.0.1:11211"
-	obs := []prometheus.Observer{m.UpstreamLoopObserver(server, 0), m.UpstreamLoopObserver(server, 1), m.UpstreamObserver(server)}
+	obs := []prometheus.Observer{m.UpstreamLoopObserver(server, 0), m.UpstreamLoopObserver(server, 1), m.UpstreamLoopObserver(server, 2)}
 	values := []float64{0, 0.00005, 0.00005000001, 0.0003, 0.001, 0.7, 2, 2.5, 100, math.Inf(1)}
 	for i, v := range values {
 		obs[i%len(obs)].Observe(v)
@@ -116,8 +116,7 @@ func upstreamHistogram(t *testing.T, m *Metrics, server string) *dto.Histogram {
 
 // BenchmarkUpstreamObserve compares one observation per response from two
 // loops at once: into a prometheus.Histogram both loops share (what the
-// upstream histogram was), into the shared observer, and into each loop's
-// own counters (UpstreamLoopObserver, what the proxy uses).
+// upstream histogram was), and into each loop's own counters (UpstreamLoopObserver, what the proxy uses).
 func BenchmarkUpstreamObserve(b *testing.B) {
 	const loops = 2
 	run := func(b *testing.B, obs func(loop int) prometheus.Observer) {
@@ -139,10 +138,6 @@ func BenchmarkUpstreamObserve(b *testing.B) {
 	b.Run("prometheus", func(b *testing.B) {
 		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "h", Buckets: upstreamBuckets})
 		run(b, func(int) prometheus.Observer { return h })
-	})
-	b.Run("shared", func(b *testing.B) {
-		m := New(nil)
-		run(b, func(int) prometheus.Observer { return m.UpstreamObserver("s:1") })
 	})
 	b.Run("loop", func(b *testing.B) {
 		m := New(nil)
