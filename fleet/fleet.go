@@ -351,10 +351,16 @@ func (f *Fleet) exchange(ctx context.Context) error {
 }
 
 // lost applies the store-loss rule once the last grants are older than
-// lossAfter periods: until then they stay in force.
+// lossAfter periods: until then they stay in force. Under Share the
+// fallback's parts are first capped by the last grants, for capPeriods
+// more periods: the instances' last good calls were up to a period apart,
+// so each falls back at its own time, and one that took its whole part
+// (more than its grant, for an instance with little demand) while the
+// others still held their grants would run the fleet over its limits.
 func (f *Fleet) lost() {
 	g := f.grants.Load()
-	if !f.contact || f.clock.Now()-f.lastOK < lossAfter*f.cfg.Period {
+	since := f.clock.Now() - f.lastOK
+	if !f.contact || since < lossAfter*f.cfg.Period {
 		if g.storeUp {
 			ng := *g
 			ng.storeUp = false
@@ -362,10 +368,13 @@ func (f *Fleet) lost() {
 		}
 		return
 	}
-	if g.mode == modeFallback {
-		return
+	capped := f.cfg.OnStoreLoss == Share && since < (lossAfter+capPeriods)*f.cfg.Period
+	switch {
+	case g.mode == modeGranted && capped:
+		f.put(&Grants{mode: modeFallback, policy: f.cfg.OnStoreLoss, live: max(1, f.lastLive), last: g})
+	case g.mode == modeGranted || (g.last != nil && !capped):
+		f.put(&Grants{mode: modeFallback, policy: f.cfg.OnStoreLoss, live: max(1, f.lastLive)})
 	}
-	f.put(&Grants{mode: modeFallback, policy: f.cfg.OnStoreLoss, live: max(1, f.lastLive)})
 }
 
 func (f *Fleet) put(g *Grants) {
@@ -422,8 +431,15 @@ func (f *Fleet) Update(ctx context.Context, change func(doc []byte) ([]byte, err
 const (
 	samplesPerPeriod = 20 // waiting callers sampled this often per period
 	lossAfter        = 3  // periods a lost store's last grants stay in force
-	growth           = 1.25
-	headroom         = 2 // units/s an idle instance asks for each bucket
+	// capPeriods is how long a Share fallback stays capped by the last
+	// grants: until every other instance must have fallen back too. Their
+	// last good calls were at most about a period before this one's (a
+	// period between calls, plus a call's duration), and each falls back
+	// at its first failed call after lossAfter periods, which comes at
+	// most a period and a half (a period, plus a call timing out) later.
+	capPeriods = 3
+	growth     = 1.25
+	headroom   = 2 // units/s an idle instance asks for each bucket
 )
 
 // request builds this period's report.

@@ -43,6 +43,12 @@ type Grants struct {
 	live     int  // instances alive at the last contact, >= 1
 	freePool int64
 	buckets  map[string]BucketGrant
+	// last, in a fallback's first periods (see capPeriods), is the last
+	// grants from the store: each limit is then the lower of the loss
+	// policy's part and this grant, so that an instance that falls back
+	// before the others cannot take its part while they still hold their
+	// shares.
+	last *Grants
 }
 
 // StoreUp reports whether the last call to the store succeeded.
@@ -86,7 +92,12 @@ func (g *Grants) Limits(name string, reserved, hard throttle.Limit) (throttle.Li
 			return r, h
 		}
 	}
-	return g.part(reserved), g.part(hard)
+	r, h := g.part(reserved), g.part(hard)
+	if g.last != nil {
+		lr, lh := g.last.Limits(name, reserved, hard)
+		r, h = minLimit(r, lr), minLimit(h, lh)
+	}
+	return r, h
 }
 
 // FreePool returns the part of the fleet's free pool (the capacity less the
@@ -95,7 +106,18 @@ func (g *Grants) FreePool(fleet throttle.Limit) throttle.Limit {
 	if g.mode == modeGranted && g.buckets != nil {
 		return g.grantLimit(g.freePool, fleet)
 	}
+	if g.last != nil {
+		return minLimit(g.part(fleet), g.last.FreePool(fleet))
+	}
 	return g.part(fleet)
+}
+
+// minLimit is the lower of two limits, Unlimited being above every other.
+func minLimit(a, b throttle.Limit) throttle.Limit {
+	if a.LessOrEqual(b) {
+		return a
+	}
+	return b
 }
 
 // grantLimit is a store grant as a Limit. A grant of -1 for a limit that is

@@ -452,31 +452,55 @@ func TestSimStoreLoss(t *testing.T) {
 				s.add().clients["b"] = c
 			}
 			s.run(3*time.Second, nil)
+			// Under Share the fleet stays within the limit in every 1 s
+			// window while the instances move to the fallback, each at its
+			// own time (their last calls were up to a period apart).
+			var ring [int(time.Second / simStep)]float64
+			steps := 0
+			overLimit := func() {
+				_, now := delta(make([]float64, len(s.inst)), s.units("b"))
+				i := steps % len(ring)
+				if steps >= len(ring) && policy == Share {
+					if used := now - ring[i]; used > 3000*1.001 {
+						t.Errorf("at %v the fleet used %.0f units in the last second, limit 3000", s.clock.Now(), used)
+					}
+				}
+				ring[i] = now
+				steps++
+			}
 			s.lose.down = true
-			s.run(2*time.Second, nil)
+			s.run(2*time.Second, overLimit)
 			for i, in := range s.inst {
 				if in.f.Grants().Fallback() {
 					t.Fatalf("instance %d fell back after 2 periods", i)
 				}
 			}
-			s.run(2*time.Second, nil)
-			want := throttle.Limit(1000)
-			if policy == Open {
-				want = 3000
-			}
+			s.run(2*time.Second, overLimit)
 			for i, in := range s.inst {
 				g := in.f.Grants()
 				if !g.Fallback() || g.StoreUp() {
 					t.Fatalf("instance %d not in fallback after 4 periods", i)
 				}
-				if _, h := g.Limits("b", 0, 3000); h != want {
-					t.Errorf("instance %d enforces %v, want %v", i, h, want)
+			}
+			s.run(4*time.Second, overLimit)
+			want := throttle.Limit(1000)
+			if policy == Open {
+				want = 3000
+			}
+			for i, in := range s.inst {
+				if _, h := in.f.Grants().Limits("b", 0, 3000); h != want {
+					t.Errorf("instance %d enforces %v after 8 periods, want %v", i, h, want)
 				}
+			}
+			u0 := s.units("b")
+			s.run(2*time.Second, overLimit)
+			if _, total := delta(u0, s.units("b")); policy == Share && total/2 < 3000*0.95 {
+				t.Errorf("in the fallback the fleet used %.0f units/s, want 3000 -5%%", total/2)
 			}
 			s.mr.FlushAll()
 			s.lose.down = false
 			s.run(2*time.Second, nil)
-			u0 := s.units("b")
+			u0 = s.units("b")
 			s.run(2*time.Second, nil)
 			per, total := delta(u0, s.units("b"))
 			if rate := total / 2; rate > 3000*1.001 || rate < 3000*0.95 {

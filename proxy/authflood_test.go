@@ -188,7 +188,15 @@ type floodProc struct {
 
 func startFloodProc(t *testing.T, addr string, n int, user, password string) *floodProc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAuthFloodHelper$", "-test.count=1")
+	// The attackers run at the lowest CPU priority: on a small test
+	// machine they share the proxy's cores, and what is judged is what
+	// the flood costs the proxy, not what generating it costs. (An
+	// attacker elsewhere costs this machine nothing but the proxy's work.)
+	args := []string{os.Args[0], "-test.run=^TestAuthFloodHelper$", "-test.count=1"}
+	if nice, err := exec.LookPath("nice"); err == nil {
+		args = append([]string{nice, "-n", "19"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = append(os.Environ(), fmt.Sprintf("KVTHROTTLE_FLOOD=%s,%d,%s,%s", addr, n, user, password))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()

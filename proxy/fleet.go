@@ -33,6 +33,7 @@ type fleetLink struct {
 	instance string
 
 	storeUp    atomic.Bool  // as of the last sync (for logging changes, and FLUSH)
+	fallback   atomic.Bool  // the loss policy in force (for logging the change once)
 	pushEpochs atomic.Bool  // local namespace epochs ahead of the store's
 	instances  atomic.Int64 // live instances last saved in hintPath
 	hintPath   string       // the state file's companion: the fleet's size
@@ -283,7 +284,7 @@ func (srv *Server) applyGrants(g *fleet.Grants) {
 		srv.adminMu.Unlock()
 	}
 	push := link.pushEpochs.Load() && g.StoreUp()
-	if g.Fallback() {
+	if link.fallback.Swap(g.Fallback()) != g.Fallback() && g.Fallback() {
 		srv.log.Warn().Int("instances", g.Instances()).Str("on_store_loss", srv.file.Fleet.OnStoreLoss).
 			Msg("fleet store lost for 3 grant periods; enforcing the loss policy")
 	}
