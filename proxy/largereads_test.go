@@ -187,16 +187,20 @@ name = "spare"
 	// measures the machine (memcached itself answers slowly under this
 	// load, as the direct figures show).
 	t.Logf("node %.0f units/s (capacity %d); neighbour: %d GETs, p50 %v, p99 %v (memcached directly: p50 %v, p99 %v), held %d; "+
-		"free-pool neighbour: p50 %v, p99 %v, longest %v; big bucket got %d units",
+		"free-pool neighbour: %d GETs, p50 %v, p90 %v, longest %v; big bucket got %d units",
 		rate, capacity, len(lat), q(lat, 50), q(lat, 99), q(directLat, 50), q(directLat, 99), st.Held,
-		q(spareLat, 50), q(spareLat, 99), spareLat[len(spareLat)-1], bigUnits)
+		len(spareLat), q(spareLat, 50), q(spareLat, 90), spareLat[len(spareLat)-1], bigUnits)
 	// The free-pool neighbour competes with the big bucket's eight
-	// connections first come, first served: it waits for pool room (one
-	// large read is 49 ms of the pool), never for the big bucket's debt
-	// (with one unit billed per GET it waited for seconds, and its GETs
-	// timed out).
-	if longest := spareLat[len(spareLat)-1]; longest > time.Second {
-		t.Errorf("the free-pool neighbour waited up to %v, want well under a second", longest)
+	// connections first come, first served: it waits for pool room, never
+	// for the big bucket's debt (with one unit billed per GET it waited
+	// for seconds, and its GETs timed out). Room comes every 54 ms (one
+	// large read of the 4500 units/s pool), and the neighbour and the big
+	// bucket's first place, woken for the same instant, take it in either
+	// order: the neighbour's wait is about geometric, a median of one or
+	// two large reads, and its longest of some 30 GETs several hundred ms
+	// (up to 1.1 s in a CI run under -race).
+	if p50, longest := q(spareLat, 50), spareLat[len(spareLat)-1]; p50 > 250*time.Millisecond || longest > 2*time.Second {
+		t.Errorf("the free-pool neighbour waited %v at the median, up to %v: want under 5 large reads (250 ms), and never seconds", p50, longest)
 	}
 	if st.Held != 0 {
 		t.Errorf("the neighbour inside its reservation was held %d times", st.Held)
