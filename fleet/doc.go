@@ -97,7 +97,12 @@
 // instances' last good calls were up to a period apart, so they fall back
 // at different times, and an instance with little demand that took its
 // whole part while the others still held their shares would run the fleet
-// over the limit (12% in a 1 s window in TestSimStoreLoss without the cap). The first good call puts the
+// over the limit (12% in a 1 s window in TestSimStoreLoss without the cap).
+// The number of instances Share divides by is the most the store counted
+// alive at any of the last six good calls, not only the last: a store
+// back for a moment has forgotten the instances whose leases ran out, and
+// tells the first caller it is alone (TestSimStoreFlap: 5/3 of the limit
+// once the store was lost again). The first good call puts the
 // store's shares back in force. Clients see none of it: admission never
 // waits for the store.
 //

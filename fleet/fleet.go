@@ -135,7 +135,8 @@ type Fleet struct {
 	known    string // the token of the last state document seen
 	lastOK   time.Duration
 	contact  bool
-	lastLive int
+	lives    [liveMemory]int // the live instance counts of the last good calls (a ring)
+	livesN   int             // good calls recorded in lives
 	lastSync time.Duration
 	samples  demandSamples
 	prev     map[string]counters
@@ -182,8 +183,26 @@ func New(cfg Config, h Hooks) (*Fleet, error) {
 	}
 	f.name.Store(&cfg.Instance)
 	f.grants.Store(&Grants{policy: cfg.OnStoreLoss, live: max(1, cfg.Instances)})
-	f.lastLive = max(1, cfg.Instances)
+	for i := range f.lives {
+		f.lives[i] = max(1, cfg.Instances)
+	}
 	return f, nil
+}
+
+// fallbackLive is the number of instances a Share fallback divides each
+// limit by: the most the store counted alive at any of the last liveMemory
+// good calls. Not only the last: a store that comes back for a moment has
+// forgotten the instances whose leases ran out meanwhile, and the first to
+// call would be told it is alone; were the store lost again, it would take
+// whole limits while the others kept their parts. Once the fleet has been
+// seen whole again the count is exact; a fleet that really shrank is
+// divided by its old size for liveMemory more good calls (erring low).
+func (f *Fleet) fallbackLive() int {
+	n := 1
+	for _, l := range f.lives {
+		n = max(n, l)
+	}
+	return n
 }
 
 // newEpoch names a new run of running totals: the wall clock in ns.
@@ -345,7 +364,9 @@ func (f *Fleet) exchange(ctx context.Context) error {
 			f.known = rep.token
 		}
 	}
-	f.contact, f.lastOK, f.lastLive = true, now, rep.instances
+	f.contact, f.lastOK = true, now
+	f.lives[f.livesN%liveMemory] = rep.instances
+	f.livesN++
 	f.put(f.fromReply(rep))
 	return nil
 }
@@ -371,9 +392,14 @@ func (f *Fleet) lost() {
 	capped := f.cfg.OnStoreLoss == Share && since < (lossAfter+capPeriods)*f.cfg.Period
 	switch {
 	case g.mode == modeGranted && capped:
-		f.put(&Grants{mode: modeFallback, policy: f.cfg.OnStoreLoss, live: max(1, f.lastLive), last: g})
+		f.put(&Grants{mode: modeFallback, policy: f.cfg.OnStoreLoss, live: f.fallbackLive(), last: g})
 	case g.mode == modeGranted || (g.last != nil && !capped):
-		f.put(&Grants{mode: modeFallback, policy: f.cfg.OnStoreLoss, live: max(1, f.lastLive)})
+		f.put(&Grants{mode: modeFallback, policy: f.cfg.OnStoreLoss, live: f.fallbackLive()})
+	default:
+		// Offered again at every failed call: a Granted hook that could
+		// not apply them once (the proxy skips a sync's grants while an
+		// admin change holds its lock) does at the next call.
+		f.put(g)
 	}
 }
 
@@ -437,7 +463,14 @@ const (
 	// period between calls, plus a call's duration), and each falls back
 	// at its first failed call after lossAfter periods, which comes at
 	// most a period and a half (a period, plus a call timing out) later.
+	// In the worst case (a slow last good call on one instance, calls
+	// timing out on another) the cap lifts exactly when the last other
+	// instance falls back: no margin; in the usual cases one to two
+	// periods.
 	capPeriods = 3
+	// liveMemory is how many good calls' live counts the Share fallback
+	// takes the largest of (fallbackLive).
+	liveMemory = lossAfter + capPeriods
 	growth     = 1.25
 	headroom   = 2 // units/s an idle instance asks for each bucket
 )
