@@ -1,0 +1,156 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// BenchmarkReservationBesideReadFlood measures, on the real clock, how much
+// of its reservation a bucket of small reads gets while a neighbour floods
+// the node with pipelined 100 KB reads (DESIGN.md section 4: a reservation
+// is honoured within -2% while others saturate). Capacity 5000 units/s;
+// "calm" reserves 4000 and pipelines GETs of a 100-byte value (1 unit
+// each) on 4 connections; the flood is the default bucket's 8 connections
+// of 100 KB GETs, 16 deep. It reports calm's rate alone (3 s), then beside
+// the flood (5 s after 1 s of warm-up), each as a percentage of the
+// reservation, and the node's rate.
+//
+// Known shortfall (2026-11-23, outside review): every read of unknown cost
+// keeps max_item_bytes less its expected size of its bucket's budget for
+// such reads, which is one burst of the bucket's fastest rate (100 ms of
+// 5000 units/s here: 500 units, against 255 per 1-unit read). So calm has
+// about one read in flight whatever its connections pipeline, its rate is
+// one read per round trip, and the flood, which lengthens the round trip,
+// pushes it below its reservation: 4954 units/s alone, 2133 beside the
+// review's flood (which also ran text multi-gets); beside this one, 79-93%
+// of the reservation in three runs on 2026-11-23 at 4ca54cf, and 100% with
+// max_item_bytes = 131072.
+// The flood also churns connections: 4 goroutines each open a connection,
+// write 64 GETs of the large value and close it without reading, over and
+// over, which costs the proxy's loops CPU (and calm round-trip time)
+// without being admitted. The b.N loop is not used: run it with
+// -benchtime 1x.
+func BenchmarkReservationBesideReadFlood(b *testing.B) {
+	const (
+		capacity = 5000
+		reserved = 4000
+	)
+	h := hashes(b)
+	p := startProxy(b, testConfig{
+		throttle: fmt.Sprintf("capacity = %d\nburst_ms = 100", capacity),
+		tail: fmt.Sprintf("[[bucket]]\nname = \"default\"\n[[bucket]]\nname = \"calm\"\nreserved = %d\n", reserved) +
+			fmt.Sprintf("[[user]]\nname = \"alice\"\npassword_hash = %q\nbuckets = [\"calm\"]\n", h["alice"]),
+	})
+	seed := dial(b, p.MC.Addr)
+	defer seed.Close()
+	for key, n := range map[string]int{"default:big": 100 << 10, "calm:small": 100} {
+		if r, err := seed.Set([]byte(key), bytes.Repeat([]byte("v"), n)); err != nil || r.Status() != mc.StatusSuccess {
+			b.Fatalf("seed %s: %v %v", key, r, err)
+		}
+	}
+	// run drives GETs of key on conns connections, depth deep each,
+	// until stop is closed; it returns a wait for their end.
+	run := func(conns func() *mcclient.Client, n, depth int, key string, stop chan struct{}) func() {
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			c := conns()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				pipelineGets(b, c, key, depth, stop, func(time.Time) {})
+			}()
+		}
+		return wg.Wait
+	}
+	calmConn := func() *mcclient.Client {
+		c := login(b, p.Addr, "alice")
+		if r, err := c.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("calm")}); err != nil || r.Status() != mc.StatusSuccess {
+			b.Fatalf("select calm: %v %v", r, err)
+		}
+		c.Timeout = 30 * time.Second
+		return c
+	}
+	floodConn := func() *mcclient.Client {
+		c := dial(b, p.Addr)
+		c.Timeout = 30 * time.Second
+		return c
+	}
+	eng := p.Engine()
+	calm := eng.Bucket("calm")
+	nodeUnits := func() uint64 {
+		var u uint64
+		for _, bk := range eng.Buckets() {
+			u += bk.Stats().Units
+		}
+		return u
+	}
+	rate := func(d time.Duration) (calmRate, nodeRate float64) {
+		c0, n0, t0 := calm.Stats().Units, nodeUnits(), time.Now()
+		time.Sleep(d) // a measurement window, not a synchronisation
+		el := time.Since(t0).Seconds()
+		return float64(calm.Stats().Units-c0) / el, float64(nodeUnits()-n0) / el
+	}
+
+	b.ResetTimer()
+	stopCalm := make(chan struct{})
+	waitCalm := run(calmConn, 4, 16, "small", stopCalm)
+	time.Sleep(time.Second) // warm-up
+	alone, _ := rate(3 * time.Second)
+	stopFlood := make(chan struct{})
+	waitFlood := run(floodConn, 8, 16, "big", stopFlood)
+	waitChurn := churn(b, p.Addr, 4, "big", stopFlood)
+	time.Sleep(time.Second) // warm-up
+	beside, node := rate(5 * time.Second)
+	b.StopTimer()
+	close(stopFlood)
+	close(stopCalm)
+	waitFlood()
+	waitChurn()
+	waitCalm()
+	b.ReportMetric(100*alone/reserved, "alone_%_of_reservation")
+	b.ReportMetric(100*beside/reserved, "beside_flood_%_of_reservation")
+	b.ReportMetric(node, "node_units/s")
+}
+
+// churn runs n goroutines that each, until stop is closed, open a
+// connection to addr, write 64 GETs of key and close it at once without
+// reading; it returns a wait for their end.
+func churn(b *testing.B, addr string, n int, key string, stop chan struct{}) func() {
+	var req []byte
+	for j := 0; j < 64; j++ {
+		req = mc.AppendFrame(req, mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpGet, Opaque: uint32(j)}, nil, nil, []byte(key), nil)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !isClosed(stop) {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					continue // the proxy at its connection limit, or closing
+				}
+				_, _ = c.Write(req)
+				_ = c.Close()
+			}
+		}()
+	}
+	return wg.Wait
+}
+
+// isClosed reports, without blocking, whether stop is closed.
+func isClosed(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
+	}
+}
