@@ -119,14 +119,11 @@ func (h *shardedHistogram) Collect(ch chan<- prometheus.Metric) {
 	for value, s := range h.series {
 		clear(counts)
 		var sum float64
-		add := func(sh *histShard) {
+		for _, sh := range s {
 			for i := range sh.counts {
 				counts[i] += sh.counts[i].Load()
 			}
 			sum += math.Float64frombits(sh.sum.Load())
-		}
-		for _, sh := range s {
-			add(sh)
 		}
 		buckets := make(map[float64]uint64, len(h.bounds))
 		var cum uint64
