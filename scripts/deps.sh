@@ -4,7 +4,8 @@
 # memcstat, memcaslap), redis-server (the fleet's store, for the fleet tests
 # and `make fleet`), nutcracker (twemproxy, the text-protocol proxy `make
 # bench` compares kvthrottle with), and the independent clients the tests
-# drive: memjs (Node.js), dalli (Ruby) and pymemcache (Python). Installs
+# drive: memjs (Node.js), dalli (Ruby), pymemcache, python-memcached and
+# pylibmc (Python), php-memcache and php-memcached (PHP). Installs
 # Debian's packages when missing and running as root; otherwise says exactly
 # what to install and fails.
 set -euo pipefail
@@ -20,6 +21,11 @@ if [ "${1:-}" != "--server-only" ]; then
   # Debian's ruby-dalli does not pull in ruby itself.
   ruby -e 'require "dalli"' >/dev/null 2>&1 || missing+=(ruby ruby-dalli)
   /usr/bin/python3 -c 'import pymemcache' >/dev/null 2>&1 || missing+=(python3-pymemcache)
+  # python-memcached and pylibmc: the first-contact tests' text and SASL clients.
+  /usr/bin/python3 -c 'import memcache' >/dev/null 2>&1 || missing+=(python3-memcache)
+  /usr/bin/python3 -c 'import pylibmc' >/dev/null 2>&1 || missing+=(python3-pylibmc)
+  # php-memcache (pecl memcache, text) and php-memcached (libmemcached, SASL).
+  { command -v php >/dev/null 2>&1 && php -r 'exit(class_exists("Memcache") && class_exists("Memcached") ? 0 : 1);' >/dev/null 2>&1; } || missing+=(php-cli php-memcache php-memcached)
 fi
 
 # memjs (an independent Node.js client) for the integration tests.
