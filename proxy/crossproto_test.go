@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
@@ -21,30 +19,6 @@ import (
 // sections 4 and 12): the same bytes cost the same units whichever protocol
 // carries them, a bucket's limit is one budget for both, its keys one
 // namespace, and two buckets stay apart whatever their clients speak.
-
-// startProxyClock is startProxy with the throttle engine reading clock, so
-// that a test decides when budgets refill: with the clock standing still a
-// bucket admits one burst and then holds until the test advances it.
-func startProxyClock(t *testing.T, tc testConfig, clock throttle.Clock) *testProxy {
-	t.Helper()
-	m := testmc.Start(t)
-	statePath := filepath.Join(t.TempDir(), "state.json")
-	listen := testmc.FreeAddr(t)
-	cfg, err := bucketcfg.Parse([]byte(tc.render(listen, []string{m.Addr}, statePath)))
-	if err != nil {
-		t.Fatalf("test config: %v", err)
-	}
-	st, err := bucketcfg.LoadState(statePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: testLogger(t), Version: "test", Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkPauseMoves(t, srv)
-	return &testProxy{Server: srv, Addr: listen, MC: m, StatePath: statePath, stop: testmc.Serve(t, srv)}
-}
 
 // unitCounts is a bucket's units so far: read and write units (as
 // /metrics and STAT throttle give them) and the engine's total charged.

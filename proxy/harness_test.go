@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -12,12 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/panjf2000/gnet/v2"
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 type testProxy struct {
@@ -44,6 +47,10 @@ type testConfig struct {
 	// (testmc.UpstreamTLSEnv) and none given, TLS verified by the test CA.
 	upstreamTLS string
 	log         io.Writer // the proxy's log (default: testLogger's)
+	// clock is the throttle engine's clock (default: the real one); a
+	// *throttle.FakeClock lets the test decide when budgets refill and
+	// held sessions wake (fakeTime).
+	clock throttle.Clock
 }
 
 func (tc testConfig) render(listen string, servers []string, statePath string) string {
@@ -118,12 +125,21 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 	if tc.log != nil {
 		log = zerolog.New(tc.log)
 	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test"})
+	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", Clock: tc.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkPauseMoves(t, srv)
 	return &testProxy{Server: srv, Addr: listen, MC: m, Upstream: cfg.Upstream.Servers[0], StatePath: statePath, stop: testmc.Serve(t, srv)}
+}
+
+// startProxyClock is startProxy with the throttle engine reading clock, so
+// that a test decides when budgets refill: with the clock standing still a
+// bucket admits one burst and then holds until the test advances it.
+func startProxyClock(t testing.TB, tc testConfig, clock throttle.Clock) *testProxy {
+	t.Helper()
+	tc.clock = clock
+	return startProxy(t, tc)
 }
 
 // checkPauseMoves makes the test fail if a session of srv attempted an
@@ -153,6 +169,33 @@ func dial(t testing.TB, addr string) *mcclient.Client {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// onLoop runs fn on each event loop of p in turn and waits for it.
+func onLoop(t testing.TB, p *testProxy, fn func(lp *loop)) {
+	t.Helper()
+	p.eachLoop(func(lp *loop) {
+		done := make(chan struct{})
+		if err := lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
+			defer close(done)
+			fn(lp)
+			return nil
+		})); err != nil {
+			t.Fatalf("run on the loop: %v", err)
+		}
+		<-done
+	})
+}
+
+// sessionOf returns the session of the client whose local address is
+// addr, or nil (closed, or not yet opened). On the loop.
+func sessionOf(lp *loop, addr net.Addr) *session {
+	for s := range lp.sessions {
+		if s.remote == addr.String() {
+			return s
+		}
+	}
+	return nil
 }
 
 // eventually is testmc.Eventually.
@@ -400,4 +443,70 @@ func readStatus(t testing.TB, conn net.Conn, d time.Duration) (mc.Header, error)
 		return h, err
 	}
 	return h, nil
+}
+
+// fakeTime drives a proxy whose throttle engine reads a fake clock: step
+// advances the clock and waits until the proxy has done everything the new
+// reading allows, so that what a test counts between steps is exact and
+// the same on every run, however loaded the machine.
+type fakeTime struct {
+	t     testing.TB
+	p     *testProxy
+	clock *throttle.FakeClock
+}
+
+// settle waits until the proxy is settled at the clock's reading (see
+// settled) with exactly held sessions held, and ready (nil: always) holds:
+// typically that the clients have read every answer the proxy sent.
+func (ft *fakeTime) settle(held int, ready func() bool) {
+	ft.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		n, ok := settled(ft.t, ft.p)
+		if ok && n == held && (ready == nil || ready()) {
+			return
+		}
+		if time.Now().After(deadline) {
+			ft.t.Fatalf("at %v the proxy did not settle with %d sessions held (%d held, settled %v)", ft.clock.Now(), held, n, ok)
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// step advances the clock by d and settles (settle).
+func (ft *fakeTime) step(d time.Duration, held int, ready func() bool) {
+	ft.t.Helper()
+	ft.clock.Advance(d)
+	ft.settle(held, ready)
+}
+
+// settled reports whether every loop of p has done all it can at the
+// engine clock's reading, and how many sessions are held: no wake-up due,
+// no session queued for a re-try or a flush, and every session either held
+// or idle (its input all dispatched), with nothing in flight upstream and
+// nothing unsent.
+func settled(t testing.TB, p *testProxy) (held int, ok bool) {
+	ok = true
+	onLoop(t, p, func(lp *loop) {
+		now := lp.srv.throttle.Now()
+		for _, e := range lp.holds {
+			if e.live() && e.at <= now {
+				ok = false
+			}
+		}
+		if len(lp.retry) > 0 || len(lp.dirty) > 0 {
+			ok = false
+		}
+		for s := range lp.sessions {
+			switch {
+			case s.pending() > 0 || s.unsent() > 0:
+				ok = false
+			case s.isHeld():
+				held++
+			case s.pause != running || !s.drained():
+				ok = false
+			}
+		}
+	})
+	return held, ok
 }

@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -81,11 +83,13 @@ func (s *session) nextTick(r *request, st binary.Status, wait time.Duration) {
 	s.localValue(r, st, body)
 }
 
-// wakeEntry is a held session's wake-up time (engine time).
+// wakeEntry is a held session's wake-up time (engine time) and its place
+// in its bucket's line when it was held.
 type wakeEntry struct {
-	at  time.Duration
-	s   *session
-	seq uint64
+	at    time.Duration
+	place uint64
+	s     *session
+	seq   uint64
 }
 
 // live reports whether the entry still stands for a held session.
@@ -108,7 +112,7 @@ func (h *wakeHeap) Pop() any {
 // schedule wakes s at engine time at. One timer per loop, armed for the
 // earliest entry; its callback only hands the work to the loop.
 func (lp *loop) schedule(s *session, at time.Duration) {
-	heap.Push(&lp.holds, wakeEntry{at: at, s: s, seq: s.holdSeq})
+	heap.Push(&lp.holds, wakeEntry{at: at, place: s.waiter.Place(), s: s, seq: s.holdSeq})
 	lp.arm()
 }
 
@@ -126,7 +130,7 @@ func (lp *loop) arm() {
 	}
 	lp.armed, lp.armedAt = true, at
 	if lp.timer == nil {
-		lp.timer = time.AfterFunc(d, lp.timerFired)
+		lp.timer = lp.srv.throttle.AfterFunc(d, lp.timerFired)
 	} else {
 		lp.timer.Reset(d)
 	}
@@ -163,12 +167,25 @@ func (lp *loop) compactHolds() {
 	heap.Init(&lp.holds)
 }
 
-// wakeDue resumes every held session whose time has come; on the loop.
+// wakeDue resumes every held session whose time has come, in the order of
+// their places in their buckets' lines: a session whose wait was a re-try
+// (its bucket's reads in flight gate it: throttle's unknownPoll) may be
+// due later than sessions behind it, and would otherwise ask the engine
+// after them, and find the room taken, every time. On the loop.
 func (lp *loop) wakeDue(context.Context) error {
 	lp.armed = false
 	now := lp.srv.throttle.Now()
+	due := lp.due[:0]
 	for len(lp.holds) > 0 && lp.holds[0].at <= now {
-		e := heap.Pop(&lp.holds).(wakeEntry)
+		if e := heap.Pop(&lp.holds).(wakeEntry); e.live() {
+			due = append(due, e)
+		}
+	}
+	slices.SortFunc(due, func(a, b wakeEntry) int {
+		return cmp.Compare(a.place-1, b.place-1) // no place (0) last
+	})
+	for i, e := range due {
+		due[i] = wakeEntry{}
 		if s := e.s; e.live() {
 			lp.srv.wakeDelay.observe(now - e.at)
 			if s.setPause(running) {
@@ -176,6 +193,7 @@ func (lp *loop) wakeDue(context.Context) error {
 			}
 		}
 	}
+	lp.due = due[:0]
 	lp.arm()
 	lp.flushClients()
 	return nil

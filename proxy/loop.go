@@ -8,6 +8,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/throttle"
 	"github.com/kvthrottle/kvthrottle/upstream"
 )
 
@@ -39,8 +40,9 @@ type loop struct {
 	// reads it from other goroutines.
 	inflight atomic.Int64
 
-	holds   wakeHeap // held sessions by wake-up time
-	timer   *time.Timer
+	holds   wakeHeap    // held sessions by wake-up time
+	due     []wakeEntry // wakeDue's scratch: the entries due in its pass
+	timer   throttle.Timer
 	armed   bool
 	armedAt time.Duration
 	wakeRun gnet.RunnableFunc

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,27 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
-
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
-
-// onLoops runs fn on each event loop of p in turn and waits for it.
-func onLoops(t testing.TB, p *testProxy, fn func(lp *loop)) {
-	t.Helper()
-	p.eachLoop(func(lp *loop) {
-		done := make(chan struct{})
-		if err := lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			fn(lp)
-			close(done)
-			return nil
-		})); err != nil {
-			t.Fatalf("execute on loop: %v", err)
-		}
-		<-done
-	})
-}
 
 // bigSetHeader is the header of a SET whose body (8 bytes of extras, key
 // "k", value) is bodyLen bytes long.
@@ -364,7 +345,7 @@ func TestUnsentBudget(t *testing.T) {
 	eventually(t, 5*time.Second, "the clients to be connected", func() bool { return p.Connections() == 5 || p.unsentShed.Load() > 0 })
 	eventually(t, 30*time.Second, "every GET to be answered or dropped", func() bool {
 		settled := p.inflight() == 0
-		onLoops(t, p, func(lp *loop) {
+		onLoop(t, p, func(lp *loop) {
 			for s := range lp.sessions {
 				if !s.quitting && !s.outPaused() && !s.drained() {
 					settled = false
@@ -376,7 +357,7 @@ func TestUnsentBudget(t *testing.T) {
 	close(stop)
 	<-sampled
 	var held int
-	onLoops(t, p, func(lp *loop) {
+	onLoop(t, p, func(lp *loop) {
 		lp.refreshUnsent()
 		for s := range lp.sessions {
 			if !s.quitting {

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"context"
 	"net"
 	"strconv"
 	"sync"
@@ -15,33 +14,6 @@ import (
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
-
-// onLoop runs fn on each event loop of p and waits for it.
-func onLoop(t *testing.T, p *testProxy, fn func(lp *loop)) {
-	t.Helper()
-	p.eachLoop(func(lp *loop) {
-		done := make(chan struct{})
-		if err := lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			defer close(done)
-			fn(lp)
-			return nil
-		})); err != nil {
-			t.Fatalf("run on the loop: %v", err)
-		}
-		<-done
-	})
-}
-
-// sessionOf returns the session of the client whose local address is
-// addr, or nil (closed, or not yet opened). On the loop.
-func sessionOf(lp *loop, addr net.Addr) *session {
-	for s := range lp.sessions {
-		if s.remote == addr.String() {
-			return s
-		}
-	}
-	return nil
-}
 
 // memcachedGetHits returns memcached's get_hits, asked directly.
 func memcachedGetHits(t *testing.T, addr string) int { return memcachedStat(t, addr, "get_hits") }

@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -20,9 +21,38 @@ func (c realClock) Now() time.Duration { return time.Since(c.start) }
 // its origin at the call.
 func NewRealClock() Clock { return realClock{start: time.Now()} }
 
+// Timer is a call of a function armed for a later reading of a Clock (see
+// [AfterFunc]). Its methods are those of [time.Timer].
+type Timer interface {
+	// Reset re-arms the timer to fire d after now; it reports whether the
+	// timer was armed.
+	Reset(d time.Duration) bool
+	// Stop disarms the timer; it reports whether the timer was armed.
+	Stop() bool
+}
+
+// AfterFunc calls f in its own goroutine once c has moved d past its
+// reading now: for a [FakeClock], when an Advance or Set brings it there
+// (so that whatever a test's clock makes due happens at that reading, not
+// after some real time); for any other clock, after d of real time
+// ([time.AfterFunc]).
+func AfterFunc(c Clock, d time.Duration, f func()) Timer {
+	if fc, ok := c.(*FakeClock); ok {
+		t := &fakeTimer{c: fc, f: f}
+		t.Reset(d)
+		return t
+	}
+	return time.AfterFunc(d, f)
+}
+
 // FakeClock is a Clock that moves only when told to, for tests. The zero
 // value reads 0. It is safe for concurrent use.
-type FakeClock struct{ ns atomic.Int64 }
+type FakeClock struct {
+	ns atomic.Int64
+
+	mu     sync.Mutex
+	timers map[*fakeTimer]struct{} // armed timers (AfterFunc)
+}
 
 // NewFakeClock returns a FakeClock reading t.
 func NewFakeClock(t time.Duration) *FakeClock {
@@ -34,13 +64,69 @@ func NewFakeClock(t time.Duration) *FakeClock {
 // Now returns the clock's current reading.
 func (c *FakeClock) Now() time.Duration { return time.Duration(c.ns.Load()) }
 
-// Advance moves the clock forward by d (a negative d is ignored).
+// Advance moves the clock forward by d (a negative d is ignored) and
+// fires the timers the new reading makes due.
 func (c *FakeClock) Advance(d time.Duration) {
 	if d > 0 {
 		c.ns.Add(int64(d))
+		c.fire()
 	}
 }
 
-// Set sets the clock to t. Setting it backwards is allowed only in tests
-// that know what they do: the engine assumes a monotonic clock.
-func (c *FakeClock) Set(t time.Duration) { c.ns.Store(int64(t)) }
+// Set sets the clock to t and fires the timers that makes due. Setting it
+// backwards is allowed only in tests that know what they do: the engine
+// assumes a monotonic clock.
+func (c *FakeClock) Set(t time.Duration) {
+	c.ns.Store(int64(t))
+	c.fire()
+}
+
+// fire disarms every timer due at the clock's reading and starts its
+// function, each in its own goroutine as time.AfterFunc does.
+func (c *FakeClock) fire() {
+	now := c.Now()
+	c.mu.Lock()
+	var due []func()
+	for t := range c.timers {
+		if t.at <= now {
+			delete(c.timers, t)
+			due = append(due, t.f)
+		}
+	}
+	c.mu.Unlock()
+	for _, f := range due {
+		go f()
+	}
+}
+
+// fakeTimer is a Timer of a FakeClock.
+type fakeTimer struct {
+	c  *FakeClock
+	f  func()
+	at time.Duration // the reading it fires at; guarded by c.mu
+}
+
+func (t *fakeTimer) Reset(d time.Duration) bool {
+	c := t.c
+	c.mu.Lock()
+	_, armed := c.timers[t]
+	t.at = c.Now() + d
+	if c.timers == nil {
+		c.timers = make(map[*fakeTimer]struct{})
+	}
+	c.timers[t] = struct{}{}
+	c.mu.Unlock()
+	if d <= 0 {
+		c.fire()
+	}
+	return armed
+}
+
+func (t *fakeTimer) Stop() bool {
+	c := t.c
+	c.mu.Lock()
+	_, armed := c.timers[t]
+	delete(c.timers, t)
+	c.mu.Unlock()
+	return armed
+}

@@ -110,6 +110,11 @@ func (e *Engine) Now() time.Duration { return e.clock.Now() }
 
 func (e *Engine) now() int64 { return int64(e.clock.Now()) }
 
+// AfterFunc calls f in its own goroutine once the engine's clock has moved
+// d past now (see [AfterFunc]): how a caller wakes at a time the engine
+// computed, on a fake clock as on the real one.
+func (e *Engine) AfterFunc(d time.Duration, f func()) Timer { return AfterFunc(e.clock, d, f) }
+
 // Burst returns the engine's burst duration.
 func (e *Engine) Burst() time.Duration { return time.Duration(e.burst) }
 

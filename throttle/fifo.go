@@ -37,6 +37,11 @@ type Waiter struct {
 // Waiting reports whether w holds a place in a line.
 func (w *Waiter) Waiting() bool { return w.b != nil }
 
+// Place returns w's place in its bucket's line (places are numbered in the
+// order they were taken: a lower place is further ahead), or 0 when it
+// holds none.
+func (w *Waiter) Place() uint64 { return w.place }
+
 // Cancel gives w's place back, if it holds one, so that the places behind
 // it move up at once. Call it when a held connection closes or drops its
 // command; calling it again, or on a Waiter without a place, does nothing.
