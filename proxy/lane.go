@@ -277,15 +277,17 @@ func (s *session) leaveLaneWait() {
 const leaseEvery = time.Millisecond
 
 // expireLeases gives back the lease stocks that are no longer the loop's
-// to use, and adds the leases' counters to their buckets'. force: now
-// (the tick); otherwise at most every leaseEvery (after a pass). On the
-// loop.
-func (lp *loop) expireLeases(force bool) {
+// to use, and adds the leases' counters to their buckets', at most every
+// leaseEvery of the engine's clock (after a pass, and at the tick). The
+// engine's clock, not the loop's: a lease's idleness is counted in calls
+// to Expire, so with a test's fake clock the stocks go back at the same
+// readings on every run. On the loop.
+func (lp *loop) expireLeases() {
 	if len(lp.lanes) == 0 {
 		return
 	}
-	now := time.Since(lp.srv.started)
-	if !force && now-lp.leasesAt < leaseEvery {
+	now := lp.srv.throttle.Now()
+	if now-lp.leasesAt < leaseEvery {
 		return
 	}
 	lp.leasesAt = now

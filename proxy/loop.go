@@ -30,7 +30,7 @@ type loop struct {
 	retry       []*session            // held sessions to re-admit now (one of their reads settled), and waitingOrder ones to resume
 	lanes       map[*bucket]*lane     // each bucket's reads in flight upstream (lane.go)
 	pass        uint64                // resumePaused passes so far (lane.full)
-	leasesAt    time.Duration         // when expireLeases last ran (time since the server started)
+	leasesAt    time.Duration         // when expireLeases last ran (engine time)
 	touched     []*lane               // lanes whose lease was used in this pass (settleLeases)
 	aborts      []*lane               // lanes whose upstream connections abortLanes closes (orphan.go)
 	unauthSrc   unauthSources         // unauthenticated sessions by source (connlimits.go)
@@ -74,7 +74,7 @@ func newLoop(s *Server, el gnet.EventLoop) *loop {
 		lp.flushPending = false
 		lp.flushUpstreams()
 		lp.settleLeases()
-		lp.expireLeases(false)
+		lp.expireLeases()
 		return nil
 	}
 	lp.pool = s.pool.Loop(el, lp.flushClients)
@@ -241,7 +241,7 @@ func (lp *loop) flushClients() {
 func (lp *loop) tick(context.Context) error {
 	lp.pool.Tick(time.Now())
 	lp.compactHolds()
-	lp.expireLeases(true)
+	lp.expireLeases()
 	lp.dropIdleLanes()
 	lp.clock()
 	lp.sweepConns()
