@@ -43,7 +43,8 @@ type testConfig struct {
 	// the proxy to the server's TLSAddr. With KVTHROTTLE_TEST_UPSTREAM_TLS=1
 	// (testmc.UpstreamTLSEnv) and none given, TLS verified by the test CA.
 	upstreamTLS string
-	log         io.Writer // the proxy's log (default: testLogger's)
+	log         io.Writer        // the proxy's log (default: testLogger's)
+	wall        func() time.Time // the proxy's wall clock (Options.WallClock; default time.Now)
 }
 
 func (tc testConfig) render(listen string, servers []string, statePath string) string {
@@ -118,7 +119,7 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 	if tc.log != nil {
 		log = zerolog.New(tc.log)
 	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test"})
+	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", WallClock: tc.wall})
 	if err != nil {
 		t.Fatal(err)
 	}
