@@ -292,6 +292,16 @@ func TestFleetFlushAllDelayed(t *testing.T) {
 	w.advance(50 * time.Second)
 	wantKeys(t, ta, "past the cancelled deadline, through a", map[string]bool{"k3": true})
 	wantKeys(t, tb, "past the cancelled deadline, through b", map[string]bool{"k3": true})
+
+	// Scheduled while the store is stopped: answered at once, and sent
+	// to the store once it is back.
+	thaw := f.redis.Freeze(t)
+	testmc.Eventually(t, 3*time.Second, "a notices the store is gone", func() bool { return !a.fleet.storeUp.Load() })
+	textFlush(t, ta, "flush_all 30")
+	thaw()
+	testmc.Eventually(t, 5*time.Second, "the pending flush reaches b once the store is back", func() bool { return pending(b) != nil })
+	w.advance(30 * time.Second)
+	wantKeys(t, tb, "at the deadline of a flush scheduled without the store, through b", map[string]bool{"k3": false})
 }
 
 // TestFlushAllDelayedMatchesMemcached runs one script of delayed and
