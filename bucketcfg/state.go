@@ -44,18 +44,21 @@ const maxStateBytes = 64 << 20
 //	  "buckets": {"b1": {"reserved": 100, "hard_limit": 1000}},
 //	  "weights": {"b1": 3},
 //	  "epochs": {"b1": 0, "b2": 3, "old": 1},
-//	  "retired": ["old"]
+//	  "retired": ["old"],
+//	  "flushes": {"b2": {"at": 1780000000, "epoch": 4}}
 //	}
 //
 // where capacity and the two defaults are optional (the defaults go
 // together) and null means absent; epochs and retired are the key
 // namespaces (see Epochs, Retired), written by the proxy, absent in files
-// written before they existed; weights (see Weights) is absent when empty,
-// and in files written before weights existed.
+// written before they existed; weights (see Weights) and flushes (see
+// Flushes) are absent when empty, and in files written before they
+// existed.
 //
-// Only a State with weights is unreadable by a proxy that predates them
-// (it refuses unknown fields), as in a fleet upgraded one instance at a
-// time: set weights once every instance reads them.
+// Only a State with weights or pending flushes is unreadable by a proxy
+// that predates them (it refuses unknown fields), as in a fleet upgraded
+// one instance at a time: set weights, or send delayed flushes, once every
+// instance reads them.
 type State struct {
 	// Capacity overrides throttle.capacity when not nil.
 	Capacity *throttle.Limit
@@ -80,11 +83,15 @@ type State struct {
 	// from the configuration, their epoch already raised for when the name
 	// comes back. Never nil in a State from this package.
 	Retired map[string]bool
+	// Flushes are the buckets' delayed flushes not yet in effect (see
+	// PendingFlush): at most one per bucket, a later one replacing it.
+	// Never nil in a State from this package.
+	Flushes map[string]PendingFlush
 }
 
 // NewState returns an empty State: nothing overridden.
 func NewState() *State {
-	return &State{Buckets: map[string]BucketThrottle{}, Weights: map[string]int{}, Epochs: map[string]uint64{}, Retired: map[string]bool{}}
+	return &State{Buckets: map[string]BucketThrottle{}, Weights: map[string]int{}, Epochs: map[string]uint64{}, Retired: map[string]bool{}, Flushes: map[string]PendingFlush{}}
 }
 
 // TrackBuckets records that exactly the buckets named inService are in
@@ -159,6 +166,9 @@ func (s *State) Clone() *State {
 	}
 	for k, v := range s.Retired {
 		n.Retired[k] = v
+	}
+	for k, v := range s.Flushes {
+		n.Flushes[k] = v
 	}
 	return n
 }
@@ -270,7 +280,7 @@ func (s *State) Validate() error {
 			return fmt.Errorf("bucket %q: %w", name, err)
 		}
 	}
-	return nil
+	return s.validateFlushes()
 }
 
 // stateJSON is the file format of State.
@@ -283,6 +293,7 @@ type stateJSON struct {
 	Weights          map[string]int             `json:"weights,omitempty"`
 	Epochs           map[string]uint64          `json:"epochs,omitempty"`
 	Retired          []string                   `json:"retired,omitempty"`
+	Flushes          map[string]PendingFlush    `json:"flushes,omitempty"`
 }
 
 type stateBucketJSON struct {
@@ -293,7 +304,7 @@ type stateBucketJSON struct {
 // MarshalJSON encodes s in the state file format (map keys sorted, so the
 // output is deterministic).
 func (s State) MarshalJSON() ([]byte, error) {
-	j := stateJSON{Version: StateVersion, Capacity: s.Capacity, Buckets: make(map[string]stateBucketJSON, len(s.Buckets)), Weights: s.Weights, Epochs: s.Epochs}
+	j := stateJSON{Version: StateVersion, Capacity: s.Capacity, Buckets: make(map[string]stateBucketJSON, len(s.Buckets)), Weights: s.Weights, Epochs: s.Epochs, Flushes: s.Flushes}
 	if s.Defaults != nil {
 		r, h := s.Defaults.Reserved, s.Defaults.HardLimit
 		j.DefaultReserved, j.DefaultHardLimit = &r, &h
@@ -355,6 +366,9 @@ func (s *State) UnmarshalJSON(data []byte) error {
 			return fmt.Errorf("retired: bucket %q has no epoch", name)
 		}
 		n.Retired[name] = true
+	}
+	for name, f := range j.Flushes {
+		n.Flushes[name] = f
 	}
 	if err := n.Validate(); err != nil {
 		return err

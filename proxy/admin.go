@@ -3,18 +3,13 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
-	be "encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
-	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
-	"github.com/kvthrottle/kvthrottle/throttle"
 	"github.com/kvthrottle/kvthrottle/upstream"
 )
 
@@ -186,6 +181,7 @@ func (srv *Server) apply(eff *bucketcfg.Config) error {
 	}
 	ten, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs, srv.localLimits)
 	srv.ten.Store(ten)
+	srv.syncPending()
 	srv.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.recheckSessions))
 	})
@@ -336,218 +332,6 @@ func (lp *loop) recheckSessions(context.Context) error {
 	lp.flushClients()
 	return nil
 }
-
-// flushBucket handles FLUSH/FLUSHQ: only for buckets with flush_enabled,
-// and only that bucket's keys: the bucket moves to a fresh namespace, whose
-// epoch is persisted (off the loop) before the response, so flushed keys
-// stay gone across restarts. A FLUSH is metered as a write of one unit and
-// admitted like any metered command: held, or answered EWouldThrottle, when
-// its bucket has no room. A delay (non-zero 4-byte extras) is refused with
-// NotSupported. It returns false when the session is held and r must be
-// dispatched again. From its admission until the new epoch is in effect
-// the bucket's key commands wait (bucket.flushing).
-func (s *session) flushBucket(r *request) bool {
-	if err := binary.ValidateRequest(&r.frame); err != nil {
-		s.localStatus(r, binary.StatusEinval, err.Error())
-		return true
-	}
-	b := s.bkt
-	if b == nil {
-		s.noBucket(r)
-		return true
-	}
-	if !b.flushEnabled.Load() {
-		s.localStatus(r, binary.StatusEaccess, "FLUSH is disabled for bucket "+b.name)
-		return true
-	}
-	if len(r.extras) == 4 && be.BigEndian.Uint32(r.extras) != 0 {
-		// memcached empties the cache when the delay has passed; here that
-		// would be a timer per bucket that has to survive restarts (a
-		// delay that ends while the proxy is down must still flush), for a
-		// feature clients rarely use: refuse it, the client can send the
-		// FLUSH when the time comes.
-		s.localStatus(r, binary.StatusNotSupported, "FLUSH with a delay is not supported; send it when the bucket should be emptied")
-		return true
-	}
-	srv := s.lp.srv
-	if g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), throttle.Cost{Known: 1}); g.Domain == throttle.Held {
-		return s.throttled(r, b, g, wait)
-	}
-	if s.heldAt != 0 {
-		srv.throttleWait(b, srv.throttle.Now()-s.heldAt)
-		s.heldAt = 0
-	}
-	b.writeUnits.Add(1) // the one unit, billed in full at admission
-	quiet := r.op == binary.OpFlushQ
-	b.flushing.Add(1)
-	c := s.offLoop(r)
-	if !c.handOff(func() bool {
-		srv.queueFlush(b, func(err error) {
-			b.flushing.Add(-1)
-			srv.wakeHeld()
-			c.reply(func(out []byte) []byte {
-				switch {
-				case err != nil:
-					return s.codec.appendError(out, c.sl.req, binary.StatusEinternal, "could not persist the flush")
-				case quiet:
-					return out
-				default:
-					return s.codec.appendError(out, c.sl.req, binary.StatusSuccess, "")
-				}
-			})
-		})
-		return true
-	}) {
-		b.flushing.Add(-1)
-		c.answer(func(out []byte) []byte {
-			return s.codec.appendError(out, c.sl.req, binary.StatusEtmpfail, "the proxy is shutting down")
-		})
-	}
-	return true
-}
-
-// flushQueue batches the state file writes of FLUSHes (group commit): the
-// FLUSHes queued while one write runs share the next, so a burst of them,
-// from any number of connections and buckets, costs one fsync per write
-// time instead of one each. The zero value is ready.
-type flushQueue struct {
-	mu      sync.Mutex
-	pending []flushReq
-	running bool // a goroutine (counted in Server.jobs) is writing batches
-}
-
-// flushReq is one admitted FLUSH of bucket b; done receives the outcome of
-// the state file write, off the loop.
-type flushReq struct {
-	b    *bucket
-	done func(error)
-}
-
-// queueFlush moves b to a fresh namespace with the next batched state file
-// write and then calls done (from another goroutine) with its error. Safe
-// from any goroutine.
-func (srv *Server) queueFlush(b *bucket, done func(error)) {
-	q := &srv.flushes
-	q.mu.Lock()
-	q.pending = append(q.pending, flushReq{b: b, done: done})
-	start := !q.running
-	q.running = true
-	q.mu.Unlock()
-	if start {
-		if !srv.jobs.add() {
-			// Shutting down, past waiting for jobs: the batch is dropped
-			// with the connections.
-			return
-		}
-		go srv.runFlushes()
-	}
-}
-
-// runFlushes writes batches until none is pending.
-func (srv *Server) runFlushes() {
-	defer srv.jobs.done()
-	q := &srv.flushes
-	for {
-		q.mu.Lock()
-		batch := q.pending
-		q.pending = nil
-		if len(batch) == 0 {
-			q.running = false
-			q.mu.Unlock()
-			return
-		}
-		q.mu.Unlock()
-		err := srv.flushBuckets(batch)
-		for _, r := range batch {
-			r.done(err)
-		}
-	}
-}
-
-// flushBuckets moves every bucket of batch to a new namespace epoch (one
-// per bucket, however many of its FLUSHes the batch holds: they all arrived
-// before the move) with one state file write. The new epochs take effect
-// only once persisted: were the epoch raised first, writes acknowledged in
-// the new namespace before a crash would be there again after the next
-// FLUSH following the restart.
-func (srv *Server) flushBuckets(batch []flushReq) error {
-	srv.adminMu.Lock()
-	defer srv.adminMu.Unlock()
-	var bs []*bucket
-	for _, r := range batch {
-		if !slices.Contains(bs, r.b) {
-			bs = append(bs, r.b)
-		}
-	}
-	if link := srv.fleet; link != nil && link.storeUp.Load() {
-		// In fleet mode the new epoch is chosen in the store, against the
-		// fleet's (compare-and-set): a FLUSH on another instance at the
-		// same time gets a later one, so neither is lost. The other
-		// instances move at their next sync.
-		ctx, cancel := context.WithTimeout(context.Background(), min(fleetTimeout, link.fl.Period()))
-		defer cancel()
-		err := srv.fleetChange(ctx, func(st *bucketcfg.State) error {
-			for _, b := range bs {
-				if cur := b.gen.Load(); st.Epochs[b.name] < cur {
-					st.Epochs[b.name] = cur
-				}
-				st.BumpEpoch(b.name)
-			}
-			return nil
-		})
-		if err == nil {
-			for _, b := range bs {
-				srv.log.Info().Str("bucket", b.name).Uint64("epoch", b.gen.Load()).Msg("bucket flushed")
-			}
-			return nil
-		}
-		srv.log.Warn().Err(err).Msg("FLUSH: the fleet store did not answer; flushing here, the store learns it later")
-	}
-	next := srv.state.Clone()
-	epochs := make(map[*bucket]uint64, len(bs))
-	for _, b := range bs {
-		if cur := b.gen.Load(); next.Epochs[b.name] < cur {
-			next.Epochs[b.name] = cur
-		}
-		epochs[b] = next.BumpEpoch(b.name)
-		if srv.fleet != nil {
-			// Without the store, instances FLUSHing one bucket must not
-			// pick the same epoch (the later FLUSH would be lost when
-			// the epochs merge, the greatest winning): the epoch is the
-			// time in ms since 2026, later FLUSHes getting greater ones
-			// (as far as the instances' clocks agree).
-			e := max(epochs[b], uint64(max(0, time.Since(flushEpochBase).Milliseconds())))
-			next.Epochs[b.name] = e
-			epochs[b] = e
-		}
-	}
-	if testHookFlushSave != nil {
-		testHookFlushSave()
-	}
-	if err := next.Save(srv.opts.statePath); err != nil {
-		srv.log.Error().Err(err).Int("flushes", len(batch)).Msg("could not persist a flush; buckets not flushed")
-		return err
-	}
-	srv.state = next
-	for b, e := range epochs {
-		b.setEpoch(e)
-		srv.log.Info().Str("bucket", b.name).Uint64("epoch", e).Msg("bucket flushed")
-	}
-	if srv.fleet != nil {
-		// A store that cannot be reached does not fail the FLUSH: the
-		// epochs go to the store once it is back (the later epoch wins).
-		srv.fleet.pushEpochs.Store(true)
-	}
-	return nil
-}
-
-// testHookFlushSave, when set (by tests, before the Server starts), runs
-// before a FLUSH's epoch is written to the state file.
-var testHookFlushSave func()
-
-// flushEpochBase is the origin of the namespace epochs chosen by a FLUSH
-// while the fleet store is unreachable.
-var flushEpochBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // fileLimitChanges returns a change that writes the throttle values that
 // differ between two configuration files (capacity, defaults, limits and

@@ -215,31 +215,6 @@ func flushDelayed(op mc.Opcode, sec uint32) mcclient.Request {
 	return mcclient.Request{Opcode: op, Extras: []byte{byte(sec >> 24), byte(sec >> 16), byte(sec >> 8), byte(sec)}}
 }
 
-// TestFlushDelayRefused: a FLUSH with a delay is refused NotSupported and
-// flushes nothing; a zero delay flushes at once.
-func TestFlushDelayRefused(t *testing.T) {
-	p := startProxy(t, testConfig{})
-	c := dial(t, p.Addr)
-	if r, err := c.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
-		t.Fatal(r.Status())
-	}
-	for _, op := range []mc.Opcode{mc.OpFlush, mc.OpFlushQ} {
-		r, err := c.Do(flushDelayed(op, 30))
-		if status(t, r, err) != mc.StatusNotSupported || !strings.Contains(string(r.Value), "delay") {
-			t.Fatalf("%s with a delay: %s %q, want NotSupported with the reason", op, r.Status(), r.Value)
-		}
-	}
-	if r, err := c.Get([]byte("k")); status(t, r, err) != mc.StatusSuccess {
-		t.Fatalf("key after refused FLUSHes: %s", r.Status())
-	}
-	if r, err := c.Do(flushDelayed(mc.OpFlush, 0)); status(t, r, err) != mc.StatusSuccess {
-		t.Fatalf("FLUSH with delay 0: %s", r.Status())
-	}
-	if r, err := c.Get([]byte("k")); status(t, r, err) != mc.StatusKeyEnoent {
-		t.Fatalf("key after FLUSH: %s", r.Status())
-	}
-}
-
 // TestFlushMetered: a FLUSH costs its bucket one write unit and is
 // admitted like a write: refused EWouldThrottle in non-blocking mode, held
 // otherwise, when the bucket is at its hard limit.

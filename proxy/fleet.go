@@ -409,19 +409,29 @@ func parseFleetDoc(doc []byte) (*bucketcfg.State, error) {
 	return st, nil
 }
 
-// mergeFleetState returns the fleet's document as this instance keeps it:
-// the fleet's limits, each bucket's namespace epoch the later of the two
-// (a FLUSH on any instance moves the bucket everywhere), and this
-// instance's own retired buckets. ahead reports local epochs the fleet's
-// document lacks.
-func mergeFleetState(fleetSt, local *bucketcfg.State) (merged *bucketcfg.State, ahead bool) {
+// mergeFleetState returns the fleet's document as this instance keeps it
+// at Unix time now: the fleet's limits, each bucket's namespace epoch the
+// later of the two (a FLUSH on any instance moves the bucket everywhere),
+// the fleet's pending flushes and those of this instance the fleet lacks
+// (scheduled while the store was unreachable, not overtaken since), every
+// flush due by now applied, and this instance's own retired buckets. ahead
+// reports local epochs or pending flushes the fleet's document lacks.
+func mergeFleetState(fleetSt, local *bucketcfg.State, now int64) (merged *bucketcfg.State, ahead bool) {
 	merged = fleetSt.Clone()
+	merged.ApplyFlushes(now) // as every instance does: not ahead of the fleet
 	for name, e := range local.Epochs {
 		if e > merged.Epochs[name] {
 			merged.Epochs[name] = e
 			ahead = true
 		}
 	}
+	for name, f := range local.Flushes {
+		if _, ok := merged.Flushes[name]; !ok && f.Epoch > merged.Epochs[name] {
+			merged.Flushes[name] = f
+			ahead = true
+		}
+	}
+	merged.ApplyFlushes(now)
 	clear(merged.Retired)
 	for name := range local.Retired {
 		merged.Retired[name] = true
@@ -448,7 +458,7 @@ func (srv *Server) adoptFleetState(doc []byte, token string) error {
 	}
 	st, err := parseFleetDoc(doc)
 	if err == nil {
-		merged, ahead := mergeFleetState(st, srv.state)
+		merged, ahead := mergeFleetState(st, srv.state, srv.wall().Unix())
 		if err = srv.commit(merged); err == nil {
 			link.token = token
 			srv.syncEpochs()
@@ -472,7 +482,8 @@ func (srv *Server) adoptFleetState(doc []byte, token string) error {
 }
 
 // syncEpochs moves every bucket to the namespace epoch of the state in
-// force, if that is later. The caller holds adminMu.
+// force, if that is later (the state's pending flushes are the buckets'
+// already: apply). The caller holds adminMu.
 func (srv *Server) syncEpochs() {
 	for name, b := range srv.ten.Load().buckets {
 		if e := srv.state.Epochs[name]; e > b.gen.Load() {
@@ -514,7 +525,7 @@ func (srv *Server) fleetChange(ctx context.Context, change func(*bucketcfg.State
 				base = st
 			}
 		}
-		st, _ := mergeFleetState(base, srv.state)
+		st, _ := mergeFleetState(base, srv.state, srv.wall().Unix())
 		if err := change(st); err != nil {
 			return nil, err
 		}

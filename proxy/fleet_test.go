@@ -34,6 +34,7 @@ type fleetTest struct {
 	throttle string
 	insts    []*testProxy
 	tcs      []testConfig
+	wall     func() time.Time // every instance's wall clock (default time.Now)
 }
 
 func newFleetTest(t *testing.T, tail, period string) *fleetTest {
@@ -59,6 +60,7 @@ func (f *fleetTest) start(i int, proxyLines string) *testProxy {
 			throttle:  th,
 			statePath: filepath.Join(f.t.TempDir(), "state.json"),
 			loops:     1,
+			wall:      f.wall,
 			tail: f.tail + fmt.Sprintf("[fleet]\nredis_url = %q\nname = \"test\"\ninstance = \"i%d\"\ngrant_period = %q\n",
 				f.redis.URL(), i, f.period),
 		}

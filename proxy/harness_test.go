@@ -46,7 +46,8 @@ type testConfig struct {
 	// the proxy to the server's TLSAddr. With KVTHROTTLE_TEST_UPSTREAM_TLS=1
 	// (testmc.UpstreamTLSEnv) and none given, TLS verified by the test CA.
 	upstreamTLS string
-	log         io.Writer // the proxy's log (default: testLogger's)
+	log         io.Writer        // the proxy's log (default: testLogger's)
+	wall        func() time.Time // the proxy's wall clock (Options.WallClock; default time.Now)
 	// clock is the throttle engine's clock (default: the real one); a
 	// *throttle.FakeClock lets the test decide when budgets refill and
 	// held sessions wake (fakeTime).
@@ -125,7 +126,7 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 	if tc.log != nil {
 		log = zerolog.New(tc.log)
 	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", Clock: tc.clock})
+	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", Clock: tc.clock, WallClock: tc.wall})
 	if err != nil {
 		t.Fatal(err)
 	}

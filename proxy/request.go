@@ -120,6 +120,9 @@ func (s *session) forward(r *request, b *bucket) bool {
 			s.waitFlush()
 			return false
 		}
+		if b.pending.Load() != nil {
+			s.lp.srv.applyDueFlush(b)
+		}
 		prefix = *b.prefix.Load()
 	}
 	if r.meta && s.text.meta.tooLong(len(prefix)) || !r.meta && len(prefix)+len(key) > binary.MaxKeyLen {

@@ -43,6 +43,10 @@ type Options struct {
 	EventLoops int
 	// Clock is the throttle engine's clock (default: the real clock).
 	Clock throttle.Clock
+	// WallClock reads the wall clock against which delayed flushes'
+	// deadlines (Unix times, kept across restarts) are checked (default
+	// time.Now).
+	WallClock func() time.Time
 	// Logger receives the proxy's logs.
 	Logger zerolog.Logger
 	// Version is reported by STAT.
@@ -116,6 +120,7 @@ type Server struct {
 	adminMu sync.Mutex // serialises admin changes and reloads
 	file    *bucketcfg.Config
 	state   *bucketcfg.State // guarded by adminMu
+	wall    func() time.Time // Options.WallClock
 
 	wakeDelay delayHist // how late held sessions are woken
 
@@ -157,6 +162,13 @@ func New(opts Options) (*Server, error) {
 	// been checked, before anything is served: a refused start leaves the
 	// state file as it was.
 	st, tracked := trackBuckets(st, cfg)
+	wall := opts.WallClock
+	if wall == nil {
+		wall = time.Now
+	}
+	// Delayed flushes whose time came while the proxy was down apply now.
+	st, due := applyDueState(st, wall())
+	tracked = tracked || due
 	eff, err := bucketcfg.Effective(cfg, st)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: apply runtime state: %w", err)
@@ -204,6 +216,7 @@ func New(opts Options) (*Server, error) {
 		booted:   make(chan struct{}),
 		served:   make(chan struct{}),
 		started:  time.Now(),
+		wall:     wall,
 		version:  opts.Version,
 		throttle: eng,
 		file:     cfg,
@@ -245,6 +258,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: buckets: %w", err)
 	}
 	s.ten.Store(ten)
+	s.syncPending()
 	if tracked {
 		if err := st.Save(cfg.Throttle.StateFile); err != nil {
 			s.stopFleet()

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -24,6 +26,13 @@ type bucket struct {
 	prefix atomic.Pointer[[]byte] // key namespace upstream; changes on FLUSH
 	gen    atomic.Uint64          // flush generation
 	gone   atomic.Bool            // removed by a reload
+
+	// pending is the bucket's delayed flush not yet in effect (nil: none),
+	// applied by the first key command at or after its deadline
+	// (applyDueFlush). epochMu orders its application with the admin
+	// path's changes of the epoch and of pending.
+	pending atomic.Pointer[bucketcfg.PendingFlush]
+	epochMu sync.Mutex
 
 	// flushing counts the FLUSHes admitted and not yet in effect (their
 	// new epoch is being persisted). While it is non-zero the bucket's
@@ -59,9 +68,50 @@ func newBucket(name string, flushEnabled bool, tb *throttle.Bucket, epoch uint64
 // setEpoch moves the bucket to namespace generation e; after a FLUSH the
 // old keys are unreachable and age out of memcached.
 func (b *bucket) setEpoch(e uint64) {
+	b.epochMu.Lock()
+	defer b.epochMu.Unlock()
+	b.storeEpoch(e)
+}
+
+// storeEpoch is setEpoch with epochMu held.
+func (b *bucket) storeEpoch(e uint64) {
 	b.gen.Store(e)
 	p := keyPrefix(b.name, e)
 	b.prefix.Store(&p)
+}
+
+// setPending makes f (nil: none) the bucket's delayed flush; a flush whose
+// epoch the bucket has reached already is void and dropped.
+func (b *bucket) setPending(f *bucketcfg.PendingFlush) {
+	b.epochMu.Lock()
+	defer b.epochMu.Unlock()
+	if f != nil && f.Epoch <= b.gen.Load() {
+		f = nil
+	}
+	b.pending.Store(f)
+}
+
+// applyDueFlush puts the bucket's delayed flush in effect when its
+// deadline (Unix seconds) has come by now, which wall reads only when
+// there is one; it reports whether the epoch moved. The state file needs
+// no write: the pending flush it holds says the same (State.ApplyFlushes).
+// Safe from any goroutine; without a pending flush it is one atomic load.
+func (b *bucket) applyDueFlush(wall func() time.Time) bool {
+	f := b.pending.Load()
+	if f == nil || wall().Unix() < f.At {
+		return false
+	}
+	b.epochMu.Lock()
+	defer b.epochMu.Unlock()
+	if b.pending.Load() != f {
+		return false // replaced or applied meanwhile
+	}
+	b.pending.Store(nil)
+	if f.Epoch <= b.gen.Load() {
+		return false
+	}
+	b.storeEpoch(f.Epoch)
+	return true
 }
 
 // tenants is the bucket table and user database every loop reads. It is

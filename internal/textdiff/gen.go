@@ -505,12 +505,17 @@ func (g *gen) misc() Command {
 		}
 		return Command{Text: []byte("verbosity 0" + g.eol()), Replies: 1, Kind: "verbosity"}
 	default:
-		// A delayed flush (flush_all N, N != 0) would depend on the clock.
-		switch g.r.IntN(3) {
+		// A delayed flush due during the run would depend on the clock;
+		// one a day away never is (a later flush_all replaces it).
+		switch g.r.IntN(5) {
 		case 0:
 			return Command{Text: []byte("flush_all" + g.eol()), Replies: 1, Kind: "flush_all"}
 		case 1:
 			return Command{Text: []byte("flush_all 0" + g.eol()), Replies: 1, Kind: "flush_all"}
+		case 2:
+			return Command{Text: []byte("flush_all 86400" + g.eol()), Replies: 1, Kind: "flush_all"}
+		case 3:
+			return Command{Text: []byte("flush_all 86400 noreply" + g.eol()), Replies: 0, Kind: "flush_all"}
 		default:
 			return Command{Text: []byte("flush_all noreply" + g.eol()), Replies: 0, Kind: "flush_all"}
 		}
