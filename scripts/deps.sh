@@ -5,7 +5,8 @@
 # and `make fleet`), nutcracker (twemproxy, the text-protocol proxy `make
 # bench` compares kvthrottle with), and the independent clients the tests
 # drive: memjs (Node.js), dalli (Ruby), pymemcache, python-memcached and
-# pylibmc (Python), php-memcache and php-memcached (PHP). Installs
+# pylibmc (Python), php-memcache and php-memcached (PHP); nc and curl for the
+# README's tour. Installs
 # Debian's packages when missing and running as root; otherwise says exactly
 # what to install and fails.
 set -euo pipefail
@@ -24,6 +25,9 @@ if [ "${1:-}" != "--server-only" ]; then
   # python-memcached and pylibmc: the first-contact tests' text and SASL clients.
   /usr/bin/python3 -c 'import memcache' >/dev/null 2>&1 || missing+=(python3-memcache)
   /usr/bin/python3 -c 'import pylibmc' >/dev/null 2>&1 || missing+=(python3-pylibmc)
+  # nc and curl: the README's tour, which internal/docscheck runs.
+  command -v nc >/dev/null 2>&1 || missing+=(netcat-openbsd)
+  command -v curl >/dev/null 2>&1 || missing+=(curl)
   # php-memcache (pecl memcache, text) and php-memcached (libmemcached, SASL).
   { command -v php >/dev/null 2>&1 && php -r 'exit(class_exists("Memcache") && class_exists("Memcached") ? 0 : 1);' >/dev/null 2>&1; } || missing+=(php-cli php-memcache php-memcached)
 fi

@@ -9,6 +9,14 @@ import (
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 )
 
+const hashPasswordUsage = `usage: kvthrottle hash-password < PASSWORD
+
+Reads one password line on standard input and prints what a [[user]] needs to
+log in with it, salted at random: the scram_sha256 and scram_sha512 lines
+(TOML, for SCRAM), then the bare password_hash value (bcrypt, for SASL PLAIN
+and text authentication) as the last line.
+`
+
 // cmdHashPassword reads one password line on stdin and prints what a
 // [[user]] table needs to log in with it:
 //
@@ -21,6 +29,10 @@ import (
 // password_hash value, as DESIGN.md section 6 promises scripts that take
 // it with `tail -n 1`. The password is never printed.
 func cmdHashPassword(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Fprint(stdout, hashPasswordUsage)
+		return 0
+	}
 	if len(args) != 0 {
 		fmt.Fprintln(stderr, "kvthrottle hash-password takes no arguments; it reads the password on standard input")
 		return 2

@@ -23,12 +23,14 @@ func main() {
 
 const usage = `usage:
   kvthrottle serve --config FILE       run the proxy
-  kvthrottle ctl --addr HOST:PORT [--user U] [--password-file F] COMMAND
+  kvthrottle ctl [--addr HOST:PORT] [--user U] [--password-file F] COMMAND
       set-node JSON | set-bucket NAME JSON | stats [GROUP] | top
                                        administer a running proxy
-                                       (password also from $KVTHROTTLE_PASSWORD)
-  kvthrottle hash-password             read a password on stdin, print the [[user]]'s scram lines, then its password_hash value
-                                       password_hash, scram_sha256 and scram_sha512
+                                       (password also from $KVTHROTTLE_PASSWORD;
+                                       kvthrottle ctl --help lists every flag)
+  kvthrottle hash-password             read a password on stdin, print the [[user]]'s
+                                       scram_sha256 and scram_sha512 lines, then
+                                       its password_hash value
   kvthrottle version                   print the version
 `
 

@@ -22,6 +22,9 @@ func cmdServe(args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "path of the TOML configuration file")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0 // the usage is printed; asking for it is no error
+		}
 		return 2
 	}
 	if *path == "" {

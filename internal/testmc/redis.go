@@ -27,7 +27,7 @@ type Redis struct {
 	// exited is closed when the process started last has exited and been
 	// waited for.
 	exited chan struct{}
-	log    *lockedBuffer
+	log    *LockedBuffer
 }
 
 // StartRedis runs redis-server on a free loopback port, with no
@@ -58,7 +58,7 @@ func (r *Redis) start(t testing.TB) {
 		"--save", "", "--appendonly", "no",
 		"--protected-mode", "no", "--daemonize", "no",
 		"--dir", r.dir, "--logfile", "", "--loglevel", "warning")
-	log := &lockedBuffer{}
+	log := &LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start redis-server: %v", err)
@@ -198,20 +198,20 @@ func (r *Redis) Restart(t testing.TB) {
 	r.start(t)
 }
 
-// lockedBuffer is a bytes.Buffer that the process's output copier and the
+// LockedBuffer is a bytes.Buffer that a process's output copier and a
 // test may use at once.
-type lockedBuffer struct {
+type LockedBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *lockedBuffer) Write(p []byte) (int, error) {
+func (b *LockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *lockedBuffer) String() string {
+func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
