@@ -34,7 +34,8 @@ func certUsersTail(t *testing.T) string {
 // (/CN=nobody/CN=admin, which Go's x509 reads as CN admin; two DNS names,
 // e-mail addresses or URIs) is refused at the handshake and logged with
 // its whole subject, quoted; no session opens. A certificate with one
-// value of the field still logs in as that user.
+// value of the field still logs in as that user (the general stats of a
+// tenant name it).
 func TestTLSCertNamesOneUser(t *testing.T) {
 	cases := []struct {
 		field     string
@@ -43,13 +44,13 @@ func TestTLSCertNamesOneUser(t *testing.T) {
 		logSubstr string
 	}{
 		{"subject.cn", testcerts.Leaf{CN: "nobody", MoreCNs: []string{"admin"}},
-			testcerts.Leaf{CN: "admin"}, "admin", `"CN=admin,CN=nobody"`},
+			testcerts.Leaf{CN: "nobody"}, "nobody", `"CN=admin,CN=nobody"`},
 		{"san.dns", testcerts.Leaf{CN: "x", DNS: []string{"nobody.test", "admin.test"}},
-			testcerts.Leaf{CN: "x", DNS: []string{"admin.test"}}, "admin.test", `"CN=x"`},
+			testcerts.Leaf{CN: "x", DNS: []string{"nobody.test"}}, "nobody.test", `"CN=x"`},
 		{"san.email", testcerts.Leaf{CN: "x", Emails: []string{"admin@example.test", "nobody@example.test"}},
-			testcerts.Leaf{CN: "x", Emails: []string{"admin@example.test"}}, "admin@example.test", `"CN=x"`},
+			testcerts.Leaf{CN: "x", Emails: []string{"nobody@example.test"}}, "nobody@example.test", `"CN=x"`},
 		{"san.uri", testcerts.Leaf{CN: "x", URIs: []string{"spiffe://test/admin", "spiffe://test/nobody"}},
-			testcerts.Leaf{CN: "x", URIs: []string{"spiffe://test/admin"}}, "spiffe://test/admin", `"CN=x"`},
+			testcerts.Leaf{CN: "x", URIs: []string{"spiffe://test/nobody"}}, "spiffe://test/nobody", `"CN=x"`},
 	}
 	for _, x := range cases {
 		t.Run(x.field, func(t *testing.T) {
