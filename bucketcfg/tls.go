@@ -10,9 +10,9 @@ import (
 // certificate names the [[user]] the client is.
 const (
 	CertUserSubjectCN = "subject.cn" // the subject's common name
-	CertUserSANDNS    = "san.dns"    // the first DNS subject alternative name
-	CertUserSANEmail  = "san.email"  // the first e-mail subject alternative name
-	CertUserSANURI    = "san.uri"    // the first URI subject alternative name
+	CertUserSANDNS    = "san.dns"    // the DNS subject alternative name
+	CertUserSANEmail  = "san.email"  // the e-mail subject alternative name
+	CertUserSANURI    = "san.uri"    // the URI subject alternative name
 )
 
 // The values of tls.min_version.
@@ -48,8 +48,9 @@ type TLSConfig struct {
 	ClientCAFile string
 	// ClientCertUser names the certificate field that names the user (key
 	// client_cert_user, default "subject.cn"): one of CertUserSubjectCN,
-	// CertUserSANDNS, CertUserSANEmail, CertUserSANURI (for a SAN, the
-	// first of its kind).
+	// CertUserSANDNS, CertUserSANEmail, CertUserSANURI. A certificate
+	// whose field has more than one value (two CNs, two SANs of the kind)
+	// names no single user and is refused.
 	ClientCertUser string
 	// MinVersion is the oldest TLS version accepted, TLSVersion12 or
 	// TLSVersion13 (key min_version, default "1.2").

@@ -79,6 +79,7 @@ type lane struct {
 	// Units billed through the lease (stats: bucket.readUnits and
 	// writeUnits) not yet added to the bucket's counters (settleLeases).
 	readUnits, writeUnits uint64
+	cmds                  [nCmdStats]uint64 // likewise, the bucket's command counters (cmdstats.go)
 	b                     *bucket
 
 	// Answers of connections that went away (orphan.go).
@@ -314,7 +315,7 @@ func (lp *loop) settleLeases() {
 }
 
 // addUnits adds the units billed through the lane's lease since the last
-// call to its bucket's counters.
+// call, and the commands counted on the lane, to its bucket's counters.
 func (l *lane) addUnits() {
 	if l.readUnits > 0 {
 		l.b.readUnits.Add(l.readUnits)
@@ -324,6 +325,7 @@ func (l *lane) addUnits() {
 		l.b.writeUnits.Add(l.writeUnits)
 		l.writeUnits = 0
 	}
+	l.addCmds()
 }
 
 // touch marks the lane's lease used in this pass (settleLeases).

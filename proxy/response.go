@@ -20,7 +20,7 @@ type slot struct {
 	units  bool           // ReportUnitUsage was on when the command was sent
 	sentKV int            // key+value bytes the client sent (write units)
 	gotKV  int            // key+value bytes returned (read units)
-	hit    bool           // a read found its item (lane.go learns sizes from hits only)
+	hit    bool           // succeeded; a read: found its item (lane.go learns sizes from hits only)
 	path   upPath         // which kind of upstream connection it went on; none for local answers
 	orphan bool           // its session closed while it was in flight on its bucket's own connections (orphan.go)
 
@@ -155,6 +155,7 @@ func (s *session) finish(sl *slot) {
 // the key and value returned. Every metered command is settled exactly
 // once, also when it failed or its client went away (at least one unit).
 func (srv *Server) settle(sl *slot) {
+	countCmd(sl)
 	read, write := srv.units(sl)
 	if l := sl.leased; l != nil {
 		l.readUnits += uint64(read)
@@ -250,9 +251,13 @@ func (sl *slot) emit(resp response, done bool) {
 	s.overCap()
 }
 
-// Silent implements upstream.Waiter.
+// Silent implements upstream.Waiter: a quiet command's silence, a miss
+// for a read, a success for anything else.
 func (sl *slot) Silent() {
 	s := sl.s
+	if c := sl.req.op.Class(); c != binary.ClassRead && c != binary.ClassReadWrite {
+		sl.hit = true
+	}
 	if s.closed {
 		s.finish(sl)
 		return

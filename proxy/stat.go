@@ -11,54 +11,89 @@ import (
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
-// stat answers STAT. The general group and the "throttle" group are
-// answered by the proxy and show a tenant only its own bucket; other
-// groups are memcached's and, since they describe every tenant, are
-// forwarded for admins only (statRefused answers the others).
+// stat answers STAT (text: stats), in the shapes memcached 1.6 answers
+// them, so that no client waits for an answer that does not come:
+//   - the general group: for admins, memcached's own (server-wide);
+//     for others, the proxy's view of their own bucket (generalStats);
+//   - "throttle": the proxy's (throttleStats);
+//   - a group memcached does not know (statGroupOf): memcached's answer,
+//     ERROR for a text client, KeyEnoent "Not found" for a binary one;
+//   - memcached's other groups describe every tenant: forwarded for
+//     admins, refused to others (statRefused); memcached's text-only
+//     groups (conns, extstore, cachedump), which the binary protocol the
+//     proxy speaks upstream cannot ask for, are empty for everyone.
 func (s *session) stat(r *request) bool {
 	group := string(r.key)
-	switch group {
-	case "":
-		s.statReply(r, s.generalStats())
-	case "throttle":
+	text := s.codec == codec(&s.text)
+	switch {
+	case group == "throttle":
 		s.statReply(r, s.throttleStats())
-	default:
-		if !s.isAdmin() {
-			s.statRefused(r, group)
-			return true
-		}
+	case group == "" && !s.isAdmin():
+		s.statReply(r, s.generalStats())
+	case group == "" || s.isAdmin() && statGroupOf(group, text) == statForward:
 		return s.forward(r, nil)
+	case statGroupOf(group, text) == statUnknown:
+		s.localStatus(r, binary.StatusKeyEnoent, statNotFound)
+	case statGroupOf(group, text) == statEmpty:
+		s.statReply(r, nil)
+	default:
+		s.statRefused(r, group)
 	}
 	return true
 }
 
-// statRefused answers a STAT group the session may not see, in a shape
-// every binary client reads to its end. Clients read a STAT answer in one
-// of two ways: as a stream of stats up to a success frame with no key and
-// no body (dalli, python-binary-memcached, libmemcached, spymemcached,
-// memjs; dalli skips error frames and the python client any frame with a
-// body, so an error frame leaves both waiting for their timeout, as it does
-// against memcached itself), or, for the groups memcached answers with a
-// single frame (reset, detail ...), as one frame (dalli's reset_stats).
-// So the streamed groups get a well-formed, empty group holding one stat,
-// "error", whose value is the reason; the single-frame groups get what
-// memcached answers for a group it does not know: KeyEnoent (0x01), the
-// reason as the body, and no terminator.
-//
-// A text client gets an error line instead ("CLIENT_ERROR STAT items needs
-// the admin privilege"): text stats are lines, and a reason with spaces in
-// a STAT line reads as its first word to most parsers.
+// statNotFound is memcached's binary answer to a stats group it does not
+// know (a text client gets ERROR: appendTextError).
+const statNotFound = "Not found"
+
+// statGroup is what the proxy does with a stats group memcached answers.
+type statGroup uint8
+
+const (
+	statUnknown statGroup = iota // memcached does not know it
+	statForward                  // memcached's; admins only
+	statEmpty                    // memcached's text-only groups: empty
+)
+
+// statGroupOf classifies a stats group other than the general one and
+// "throttle" as memcached 1.6 does for a client of that protocol (text:
+// true). memcached's binary protocol takes "reset", "settings" and
+// "detail" by prefix; its text protocol compares whole words and knows a
+// few groups more.
+func statGroupOf(group string, text bool) statGroup {
+	switch group {
+	case "items", "slabs", "sizes", "sizes_enable", "sizes_disable", "settings", "reset", "detail":
+		return statForward
+	case "conns", "extstore", "cachedump":
+		if text {
+			return statEmpty
+		}
+	}
+	if !text {
+		for _, p := range [...]string{"reset", "settings", "detail"} {
+			if strings.HasPrefix(group, p) {
+				return statForward
+			}
+		}
+	}
+	return statUnknown
+}
+
+// statRefused answers a group of memcached's the session may not see as
+// memcached answers a group with nothing to show, so that every client
+// reads the answer to its end and goes on: an empty group (text: END; a
+// binary client: the terminator alone). Clients read a binary STAT answer
+// either as a stream of stats up to a success frame with no key (dalli,
+// libmemcached, spymemcached, memjs ...), or, for the groups memcached
+// answers with a single frame (reset, detail), as one frame (dalli's
+// reset_stats): those get KeyEnoent with the reason, memcached's answer to
+// a detail command it does not take.
 func (s *session) statRefused(r *request, group string) {
-	reason := "STAT " + group + " needs the admin privilege"
-	if s.codec == codec(&s.text) {
-		s.localStatus(r, binary.StatusEaccess, reason)
+	if s.codec != codec(&s.text) && (strings.HasPrefix(group, "reset") || strings.HasPrefix(group, "detail")) {
+		s.localStatus(r, binary.StatusKeyEnoent, "STAT "+group+" needs the admin privilege")
 		return
 	}
-	if strings.HasPrefix(group, "reset") || strings.HasPrefix(group, "detail") {
-		s.localStatus(r, binary.StatusKeyEnoent, reason)
-		return
-	}
-	s.statReply(r, [][2]string{{"error", reason}})
+	s.statReply(r, nil)
 }
 
 // statReply queues one STAT response per pair, then the terminator.
@@ -72,6 +107,14 @@ func (s *session) statReply(r *request, kv [][2]string) {
 	})
 }
 
+// generalStats is the general group of a session that is not an admin's:
+// memcached's names for what the proxy knows of the session's bucket. Its
+// pid, uptime and time are the proxy's; its version is memcached's, the
+// VERSION command's answer (absent while no server's is known, when
+// VERSION is forwarded); curr_connections, the command counters
+// (cmdstats.go), cmd_total and units_total are the bucket's. memcached's
+// item and memory counters (curr_items, bytes ...) are not shown: they
+// count every tenant's items, and the proxy cannot count a bucket's.
 func (s *session) generalStats() [][2]string {
 	srv := s.lp.srv
 	now := time.Now()
@@ -79,22 +122,25 @@ func (s *session) generalStats() [][2]string {
 		{"pid", strconv.Itoa(os.Getpid())},
 		{"uptime", strconv.FormatInt(int64(now.Sub(srv.started)/time.Second), 10)},
 		{"time", strconv.FormatInt(now.Unix(), 10)},
-		{"version", srv.version},
 	}
+	if v := srv.pool.Version(); v != nil {
+		kv = append(kv, [2]string{"version", string(v)})
+	}
+	kv = append(kv, [2]string{"kvthrottle_version", srv.version})
 	if s.user != nil {
 		kv = append(kv, [2]string{"user", s.user.Name})
 	}
 	if b := s.bkt; b != nil {
+		s.lp.settleLeases() // the commands answered before this one included
 		st := b.tb.Stats()
 		kv = append(kv,
 			[2]string{"bucket", b.name},
-			[2]string{"curr_connections", strconv.FormatInt(b.conns.Load(), 10)},
+			[2]string{"curr_connections", strconv.FormatInt(b.conns.Load(), 10)})
+		kv = appendCmdStats(kv, b)
+		kv = append(kv,
 			[2]string{"cmd_total", strconv.FormatUint(st.Commands, 10)},
 			[2]string{"units_total", strconv.FormatUint(st.Units, 10)},
 		)
-	}
-	if s.isAdmin() {
-		kv = append(kv, [2]string{"total_connections", strconv.FormatInt(srv.conns.Load(), 10)})
 	}
 	return kv
 }

@@ -46,6 +46,7 @@ type bucket struct {
 	conns      atomic.Int64
 	readUnits  atomic.Uint64
 	writeUnits atomic.Uint64
+	cmds       [nCmdStats]atomic.Uint64 // cmdstats.go
 }
 
 // keyPrefix returns the bucket's upstream key namespace for generation

@@ -16,12 +16,7 @@ import (
 // ends with want's last line, or the deadline.
 func textExchange(t *testing.T, addr, in string, wantLen int) string {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	c := dialDeadline(t, addr)
 	if _, err := io.WriteString(c, in); err != nil {
 		t.Fatal(err)
 	}

@@ -255,6 +255,13 @@ func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []b
 		}
 	case tkVerbosity:
 		return append(dst, text.OK...) // memcached answers OK, whatever the level
+	case tkStats:
+		if st == binary.StatusKeyEnoent {
+			// A group memcached does not know (the proxy's answer, or
+			// memcached's binary one to an admin): its text answer
+			// (memcached 1.6's proto_text.c, process_stat).
+			return append(dst, text.ErrorLine...)
+		}
 	case tkFlushAll:
 		if st == binary.StatusEaccess {
 			return append(dst, "CLIENT_ERROR flush_all not allowed\r\n"...)

@@ -492,9 +492,6 @@ func (h *tlsHandshake) configForClient(*tls.ClientHelloInfo) (*tls.Config, error
 	return c, nil
 }
 
-// errNoCertUser: the client's certificate does not name a [[user]].
-var errNoCertUser = errors.New("client certificate names no user")
-
 // verify runs after the client's certificate chain has been verified: the
 // certificate's tls.client_cert_user field must name a [[user]].
 func (h *tlsHandshake) verify(cs tls.ConnectionState) error {
@@ -502,10 +499,10 @@ func (h *tlsHandshake) verify(cs tls.ConnectionState) error {
 		return errors.New("no client certificate") // not reached: RequireAndVerifyClientCert
 	}
 	cert := cs.PeerCertificates[0]
-	h.subject = cert.Subject.String()
-	name := certUserName(cert, h.st.field)
-	if name == "" {
-		return fmt.Errorf("%w: the certificate has no %s", errNoCertUser, h.st.field)
+	h.subject = certSubject(cert)
+	name, err := certUserName(cert, h.st.field)
+	if err != nil {
+		return err
 	}
 	u := h.f.srv.ten.Load().cfg.User(name)
 	if u == nil {
@@ -525,28 +522,6 @@ var testHookTLSHello atomic.Pointer[func()]
 // testHookTLSVerified, when set (by tests), runs on the handshake's
 // goroutine once a client certificate has been found to name a user.
 var testHookTLSVerified atomic.Pointer[func()]
-
-// certUserName returns the value of a certificate's field (a
-// tls.client_cert_user value) that names its user; "" when it has none.
-func certUserName(c *x509.Certificate, field string) string {
-	switch field {
-	case bucketcfg.CertUserSubjectCN:
-		return c.Subject.CommonName
-	case bucketcfg.CertUserSANDNS:
-		if len(c.DNSNames) > 0 {
-			return c.DNSNames[0]
-		}
-	case bucketcfg.CertUserSANEmail:
-		if len(c.EmailAddresses) > 0 {
-			return c.EmailAddresses[0]
-		}
-	case bucketcfg.CertUserSANURI:
-		if len(c.URIs) > 0 {
-			return c.URIs[0].String()
-		}
-	}
-	return ""
-}
 
 // handshake runs one connection's handshake and hands the connection to
 // an event loop.
@@ -603,10 +578,10 @@ func (f *tlsFront) handshakeFailed(h *tlsHandshake, remote string, err error) {
 	subject := h.subject
 	var cve *tls.CertificateVerificationError
 	if errors.As(err, &cve) && len(cve.UnverifiedCertificates) > 0 {
-		subject = cve.UnverifiedCertificates[0].Subject.String()
+		subject = certSubject(cve.UnverifiedCertificates[0])
 	}
 	lvl := zerolog.InfoLevel
-	if errors.Is(err, errNoCertUser) {
+	if errors.Is(err, errNoCertUser) || errors.Is(err, errCertManyUsers) {
 		lvl = zerolog.WarnLevel
 	}
 	ev := f.logFail.event(&f.srv.log, lvl).Err(err).Str("remote", remote)

@@ -53,8 +53,8 @@ func startTLSProxyTail(t testing.TB, mutual bool, proxy, tail string) *tlsSetup 
 }
 
 // startTLSProxyWith is startTLSProxy with tc, to which it adds the [tls]
-// table.
-func startTLSProxyWith(t testing.TB, mutual bool, tc testConfig) *tlsSetup {
+// table, with tlsLines in it.
+func startTLSProxyWith(t testing.TB, mutual bool, tc testConfig, tlsLines ...string) *tlsSetup {
 	t.Helper()
 	s := &tlsSetup{ca: testcerts.NewCA(t, "kvthrottle test CA"), dir: t.TempDir()}
 	s.certFile, s.keyFile = s.ca.Server(t).Write(t, s.dir, "server")
@@ -65,6 +65,9 @@ func startTLSProxyWith(t testing.TB, mutual bool, tc testConfig) *tlsSetup {
 			t.Fatal(err)
 		}
 		tlsTable += fmt.Sprintf("client_ca_file = %q\n", caFile)
+	}
+	for _, l := range tlsLines {
+		tlsTable += l + "\n"
 	}
 	tc.tail += tlsTable
 	s.tc = tc

@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"encoding/pem"
 	"math/big"
 	"net"
@@ -53,13 +54,19 @@ func NewCA(t testing.TB, name string) *CA {
 	return &CA{Cert: cert, Key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
+// oidCommonName is the X.520 commonName attribute type.
+var oidCommonName = asn1.ObjectIdentifier{2, 5, 4, 3}
+
 // Leaf describes a certificate to issue.
 type Leaf struct {
-	CN     string
-	DNS    []string
-	IPs    []net.IP
-	Emails []string
-	URIs   []string
+	CN string
+	// MoreCNs are further CN attributes of the subject, each its own RDN
+	// after CN's (a subject such as /CN=nobody/CN=admin).
+	MoreCNs []string
+	DNS     []string
+	IPs     []net.IP
+	Emails  []string
+	URIs    []string
 	// Client makes a client certificate (ExtKeyUsageClientAuth); otherwise
 	// a server certificate.
 	Client bool
@@ -117,6 +124,12 @@ func (ca *CA) Issue(t testing.TB, l Leaf) Issued {
 		EmailAddresses: l.Emails,
 		KeyUsage:       x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:    []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if len(l.MoreCNs) > 0 {
+		// A CN in ExtraNames replaces Subject.CommonName: all go there.
+		for _, cn := range append([]string{l.CN}, l.MoreCNs...) {
+			tmpl.Subject.ExtraNames = append(tmpl.Subject.ExtraNames, pkix.AttributeTypeAndValue{Type: oidCommonName, Value: cn})
+		}
 	}
 	if l.Client {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}

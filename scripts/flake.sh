@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# flake.sh N [--hog] [go test args...]: runs the test suite N times and
+# prints each test that failed, with how many of the N runs it failed in.
+# --hog runs a `nice -n 19` busy loop on every core meanwhile, so that the
+# suite meets a machine whose other work shares its cores.
+# Without go test arguments it runs what `make test` runs (after vet):
+#   go test -race -count=1 ./...
+# Logs of failed runs are kept in $FLAKE_DIR (default: a temp dir).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:?usage: scripts/flake.sh N [--hog] [go test args...]}
+shift
+hog=0
+if [ "${1:-}" = "--hog" ]; then hog=1; shift; fi
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(-race -count=1 ./...)
+dir=${FLAKE_DIR:-$(mktemp -d)}
+pids=()
+stop_hogs() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap stop_hogs EXIT
+if [ $hog = 1 ]; then
+  for _ in $(seq "$(nproc)"); do nice -n 19 sh -c 'while :; do :; done' & pids+=($!); done
+fi
+failed_runs=0
+for i in $(seq "$n"); do
+  log="$dir/run$i.json"
+  start=$(date +%s)
+  if go test -json "${args[@]}" >"$log" 2>&1; then
+    rm -f "$log"
+    echo "run $i/$n: ok ($(( $(date +%s) - start )) s)"
+  else
+    failed_runs=$((failed_runs + 1))
+    echo "run $i/$n: FAILED ($(( $(date +%s) - start )) s), log $log"
+  fi
+done
+echo "== $failed_runs of $n runs failed${hog:+$( [ $hog = 1 ] && echo ' (beside a CPU hog)')}"
+# Each failing test, with the number of runs it failed in.
+cat "$dir"/run*.json 2>/dev/null | grep '"Action":"fail"' | grep '"Test"' |
+  sed -E 's/.*"Package":"([^"]*)".*"Test":"([^"]*)".*/\1 \2/' | sort | uniq -c | sort -rn || true
+[ $failed_runs = 0 ]
