@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,6 +209,7 @@ func TestAuthPoolTLS64(t *testing.T) {
 		raw[i] = c
 	}
 	var wg sync.WaitGroup
+	var handshakeFailures atomic.Int32
 	errs := make([]error, n)
 	for i, c := range raw {
 		wg.Add(1)
@@ -216,6 +218,7 @@ func TestAuthPoolTLS64(t *testing.T) {
 			tc := tls.Client(c, &tls.Config{RootCAs: s.ca.Pool(), ServerName: "localhost"})
 			_ = tc.SetDeadline(time.Now().Add(20 * time.Second))
 			if err := tc.Handshake(); err != nil {
+				handshakeFailures.Add(1)
 				errs[i] = fmt.Errorf("handshake: %w", err)
 				return
 			}
@@ -241,7 +244,7 @@ func TestAuthPoolTLS64(t *testing.T) {
 		}
 	}
 	if failed > 0 {
-		t.Fatalf("%d of %d TLS connections from one host failed", failed, n)
+		t.Fatalf("%d of %d TLS connections from one host failed, %d of them at the handshake", failed, n, handshakeFailures.Load())
 	}
 	kv := map[string]string{}
 	for i := range n {
