@@ -47,9 +47,10 @@ type authFlights struct {
 // authFlight is one password check and the logins (SASL AUTHs, on any
 // loop) waiting for its answer.
 type authFlight struct {
-	cred  [sha256.Size]byte
-	src   string // the source (authPair) whose turn the check takes
-	calls []*offLoopCall
+	cred      [sha256.Size]byte
+	src       string // the source (authPair) whose turn the check takes
+	penalised bool   // src was under a failure penalty when the check was queued
+	calls     []*offLoopCall
 }
 
 func newAuthFlights() *authFlights {
@@ -75,8 +76,9 @@ func (f *authFlights) credKey(user, pass string) [sha256.Size]byte {
 
 // join makes c wait for the check of j's credentials (j.user, j.pass)
 // from source src: an existing flight of src, or, when penalised is false
-// (src is not under a failure penalty), of any source; otherwise a new
-// flight whose check push queues (j). It reports false when c was not
+// (src is not under a failure penalty), of any source that was not either
+// (its check does not wait for a penalty); otherwise a new flight whose
+// check push queues (j). It reports false when c was not
 // taken: push refused the check (a bound of the queue), or
 // maxPenalisedWaiters wait already for src's check.
 func (f *authFlights) join(c *offLoopCall, j *authJob, src string, penalised bool, push func(*authJob) bool) bool {
@@ -89,7 +91,7 @@ func (f *authFlights) join(c *offLoopCall, j *authJob, src string, penalised boo
 			fl = x
 			break
 		}
-		if !penalised && fl == nil {
+		if !penalised && !x.penalised && fl == nil {
 			fl = x
 		}
 	}
@@ -100,7 +102,7 @@ func (f *authFlights) join(c *offLoopCall, j *authJob, src string, penalised boo
 		fl.calls = append(fl.calls, c)
 		return true
 	}
-	fl = &authFlight{cred: cred, src: src, calls: []*offLoopCall{c}}
+	fl = &authFlight{cred: cred, src: src, penalised: penalised, calls: []*offLoopCall{c}}
 	j.flight = fl
 	if !push(j) {
 		return false

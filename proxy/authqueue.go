@@ -110,10 +110,13 @@ func authPair(addr, user string) string { return addr + "\x00" + user }
 
 // notBefore is when as's next check may start: its own penalty, or its
 // address's while the address guesses across users. Under q.mu.
-func (q *authQueue) notBefore(as *authSrc) time.Time {
-	nb := as.notBefore
-	if a := q.addrs[as.addr]; a != nil && a.notBefore.After(nb) {
-		nb = a.notBefore
+func (q *authQueue) notBefore(as *authSrc) time.Time { return q.addrNotBefore(as.notBefore, as.addr) }
+
+// addrNotBefore is the later of nb and the penalty of address addr. Under
+// q.mu.
+func (q *authQueue) addrNotBefore(nb time.Time, addr string) time.Time {
+	if a := q.addrs[addr]; a != nil && addr != "" && a.notBefore.After(nb) {
+		return a.notBefore
 	}
 	return nb
 }
@@ -129,11 +132,11 @@ func (q *authQueue) penalised(src, addr string, now time.Time) bool {
 	if q.hurry || q.stopped {
 		return false
 	}
-	as := q.sources[src]
-	if as == nil {
-		as = &authSrc{addr: addr}
+	var nb time.Time
+	if as := q.sources[src]; as != nil {
+		nb = as.notBefore
 	}
-	return now.Before(q.notBefore(as))
+	return now.Before(q.addrNotBefore(nb, addr))
 }
 
 // authSource is the queue's fairness key for a client address ("ip:port"):
@@ -198,10 +201,16 @@ func (q *authQueue) push(src string, j *authJob, now time.Time) bool {
 	return true
 }
 
-// addr returns address a's entry, made if need be. Under q.mu.
+// addr returns address a's entry, made if need be (after forgetting what
+// is over, when maxAuthSources addresses are remembered: those left have
+// checks queued or users under penalty, which other bounds limit). Under
+// q.mu.
 func (q *authQueue) addr(a string) *authAddr {
 	e := q.addrs[a]
 	if e == nil {
+		if len(q.addrs) >= maxAuthSources {
+			q.forget(time.Now())
+		}
 		e = &authAddr{}
 		q.addrs[a] = e
 	}
@@ -282,7 +291,12 @@ func (q *authQueue) pop(now time.Time) (*authJob, time.Duration) {
 		}
 		q.n--
 		if a := q.addrs[j.addr]; a != nil && j.addr != "" {
-			a.n--
+			if a.n--; a.n == 0 {
+				a.prune(now)
+				if len(a.failing) == 0 && !now.Before(a.notBefore) {
+					delete(q.addrs, j.addr)
+				}
+			}
 		}
 		return j, 0
 	}
@@ -398,11 +412,11 @@ func (q *authQueue) scramTurnFrom(src, addr string, now time.Time) (time.Duratio
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	as := q.sources[src]
-	probe := as
-	if probe == nil {
-		probe = &authSrc{key: src, addr: addr}
+	var nb time.Time
+	if as != nil {
+		nb = as.notBefore
 	}
-	nb := q.notBefore(probe)
+	nb = q.addrNotBefore(nb, addr)
 	if q.hurry || q.stopped || !now.Before(nb) {
 		return 0, true
 	}

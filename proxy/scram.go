@@ -146,6 +146,7 @@ func (s *session) scramStep(r *request) {
 	sc := s.scram
 	s.scram = nil
 	if sc == nil {
+		s.authMech = authMechOther
 		s.refuseAuthNow(r, binary.StatusAuthError, "SASL STEP without a SCRAM conversation in progress: send SASL AUTH first")
 		return
 	}

@@ -23,7 +23,8 @@ import (
 //     (silent connections, a flood of slow handshakes) has its parked
 //     connections closed, as the bound closed them before;
 //   - a source whose handshake failed less than tlsFailMemory ago parks
-//     nothing: its connections beyond the bound are closed at once;
+//     nothing: its connections beyond the bound are closed at once, and
+//     those waiting when the handshake failed too;
 //   - at most tlsMaxParkedPerSource per source and tlsMaxParked in all wait,
 //     each at most tlsHandshakeTimeout from its accept.
 const (
@@ -92,6 +93,16 @@ func (f *tlsFront) handshakeEnded(e *hsEntry, ok bool, now time.Time) (net.Conn,
 		}
 		if len(f.failedAt) < tlsMaxFailedSources {
 			f.failedAt[e.src] = now
+		}
+		// A failing source's waiting connections are closed, as the
+		// bound closes its new ones.
+		if ps != nil {
+			for _, p := range ps.conns {
+				_ = p.c.Close()
+			}
+			f.nParked -= len(ps.conns)
+			delete(f.parked, e.src)
+			ps = nil
 		}
 	}
 	for ps != nil && len(ps.conns) > 0 && !f.closed {
