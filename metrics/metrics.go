@@ -26,6 +26,7 @@
 //	kvthrottle_connections{bucket}                            gauge
 //	kvthrottle_upstream_up{server}                            gauge
 //	kvthrottle_upstream_request_duration_seconds{server}      histogram
+//	kvthrottle_auth_total{mechanism,result}                   counter
 //
 // and in fleet mode (DESIGN.md section 10):
 //
@@ -67,6 +68,7 @@ const (
 	NameUpstreamUp      = "kvthrottle_upstream_up"
 	NameUpstreamEjected = "kvthrottle_upstream_ejected"
 	NameUpstreamLatency = "kvthrottle_upstream_request_duration_seconds"
+	NameAuth            = "kvthrottle_auth_total"
 
 	NameFleetStoreUp       = "kvthrottle_fleet_store_up"
 	NameFleetInstances     = "kvthrottle_fleet_instances"
@@ -82,6 +84,8 @@ const (
 	LabelBucket = "bucket"
 	LabelKind   = "kind"
 	LabelServer = "server"
+	LabelMech   = "mechanism"
+	LabelResult = "result"
 	KindRead    = "read"
 	KindWrite   = "write"
 )
@@ -150,6 +154,21 @@ type UpstreamSnapshot struct {
 	Ejected bool
 }
 
+// AuthCount is how many authentications of one mechanism ended with one
+// result since the process started.
+type AuthCount struct {
+	// Mechanism is the value of the mechanism label: "PLAIN",
+	// "SCRAM-SHA256", "SCRAM-SHA512", "text" (memcached's text
+	// authentication) or "other" (a mechanism the proxy does not offer).
+	Mechanism string
+	// Result is the value of the result label: "success", "failure"
+	// (wrong credentials), "refused" (not checked: too many in progress,
+	// or the proxy is stopping) or "invalid" (not checked: malformed,
+	// unsupported, or not allowed on the connection).
+	Result string
+	Count  uint64
+}
+
 // FleetSnapshot is fleet mode as one instance sees it at scrape time.
 type FleetSnapshot struct {
 	// StoreUp is true when the last call to the store succeeded.
@@ -201,6 +220,9 @@ type Source interface {
 	// AppendUpstreams appends one snapshot per configured upstream server to
 	// dst and returns the extended slice, under the same rules as AppendBuckets.
 	AppendUpstreams(dst []UpstreamSnapshot) []UpstreamSnapshot
+	// AppendAuth appends the authentication counts (one per mechanism and
+	// result, each pair once) to dst, under the same rules as AppendBuckets.
+	AppendAuth(dst []AuthCount) []AuthCount
 }
 
 // Metrics owns kvthrottle's private Prometheus registry, its two histograms
@@ -329,6 +351,7 @@ type sourceCollector struct {
 	mu        sync.Mutex // guards the scratch slices across concurrent scrapes
 	buckets   []BucketSnapshot
 	upstreams []UpstreamSnapshot
+	auth      []AuthCount
 }
 
 var (
@@ -365,6 +388,9 @@ var (
 	descUpstreamUp = prometheus.NewDesc(NameUpstreamUp,
 		"Whether the upstream memcached server is usable: 1 up, 0 down (boolean).",
 		[]string{LabelServer}, nil)
+	descAuth = prometheus.NewDesc(NameAuth,
+		"SASL and text authentications by mechanism and result: success, failure (wrong credentials), refused (not checked: too many in progress, or stopping), invalid (malformed, unsupported or not allowed) (count of authentications).",
+		[]string{LabelMech, LabelResult}, nil)
 	descUpstreamEjected = prometheus.NewDesc(NameUpstreamEjected,
 		"Whether the upstream memcached server is ejected after repeated failures, its keys served by the others: 1 ejected, 0 in service (boolean).",
 		[]string{LabelServer}, nil)
@@ -378,7 +404,7 @@ func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descCommands, descUnits, descThrottled, descRejected,
 		descReserved, descHardLimit, descWeight, descNodeCapacity, descFreePool,
-		descConnections, descUpstreamUp, descUpstreamEjected,
+		descConnections, descUpstreamUp, descUpstreamEjected, descAuth,
 	} {
 		ch <- d
 	}
@@ -429,6 +455,11 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 		send(descUpstreamEjected, prometheus.GaugeValue, ejected, u.Server)
 	}
 	clear(c.upstreams)
+
+	c.auth = c.src.AppendAuth(c.auth[:0])
+	for _, a := range c.auth {
+		send(descAuth, prometheus.CounterValue, float64(a.Count), a.Mechanism, a.Result)
+	}
 }
 
 // limit normalises a limit for export. +Inf means unlimited; so do a

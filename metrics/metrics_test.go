@@ -27,6 +27,7 @@ type fakeSource struct {
 	mu        sync.Mutex
 	buckets   []BucketSnapshot
 	upstreams []UpstreamSnapshot
+	auth      []AuthCount
 	capacity  float64
 	pool      float64
 }
@@ -41,6 +42,12 @@ func (f *fakeSource) AppendUpstreams(dst []UpstreamSnapshot) []UpstreamSnapshot 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append(dst, f.upstreams...)
+}
+
+func (f *fakeSource) AppendAuth(dst []AuthCount) []AuthCount {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append(dst, f.auth...)
 }
 
 func (f *fakeSource) NodeCapacity() float64 {
@@ -64,6 +71,7 @@ func newFake() *fakeSource {
 				WriteUnits: 0, Throttled: 0, Rejected: 0, Connections: 0},
 		},
 		upstreams: []UpstreamSnapshot{{Server: "127.0.0.1:11211", Up: true}, {Server: "10.0.0.2:11211", Up: false}},
+		auth:      []AuthCount{{Mechanism: "PLAIN", Result: "success", Count: 3}, {Mechanism: "PLAIN", Result: "refused", Count: 1}},
 		capacity:  25000,
 		pool:      24000,
 	}
@@ -90,6 +98,7 @@ var contract = map[string]wantFamily{
 	NameUpstreamUp:      {dto.MetricType_GAUGE, []string{"server"}},
 	NameUpstreamEjected: {dto.MetricType_GAUGE, []string{"server"}},
 	NameUpstreamLatency: {dto.MetricType_HISTOGRAM, []string{"server"}},
+	NameAuth:            {dto.MetricType_COUNTER, []string{"mechanism", "result"}},
 	// a sample of the runtime collectors
 	"go_goroutines":                 {dto.MetricType_GAUGE, nil},
 	"go_gc_duration_seconds":        {dto.MetricType_SUMMARY, nil},

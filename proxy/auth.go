@@ -48,21 +48,32 @@ var errAuthUnavailable = errors.New("authentication unavailable: the proxy is st
 // (scram.go). With PLAIN, where proxy.plain_auth allows it on the
 // connection (else AuthError with the reason, before any bcrypt), a
 // password verified recently (Server.authCache) logs in at once, on the
-// loop. Otherwise the check (bcrypt, tens of milliseconds) is queued for
-// the Server's single auth worker (an offLoopCall); the session dispatches
-// nothing else until it is answered, so later commands see the new
-// identity. Any refusal logs the session out (as memcached does) and is
-// paced by refuseAuth. A new SASL AUTH ends a SCRAM conversation in
-// progress.
+// loop, unless the user's logins from this address are under a failure
+// penalty. Otherwise the login waits for a check of its credentials
+// (authflight.go): one already in flight for the same user and password,
+// or a new one, queued for the Server's single auth worker (bcrypt, tens
+// of milliseconds); the session dispatches nothing else until it is
+// answered, so later commands see the new identity. Any refusal logs the
+// session out (as memcached does) and is paced by refuseAuth. A new SASL
+// AUTH ends a SCRAM conversation in progress.
 func (s *session) saslAuth(r *request) {
 	s.scram = nil
+	s.authMech = authMechOther
 	if h, ok := scramMech(r.key); ok {
+		s.authMech = authMechSCRAMSHA256
+		if h == bucketcfg.SCRAMSHA512 {
+			s.authMech = authMechSCRAMSHA512
+		}
 		s.scramStart(r, h)
 		return
 	}
 	if string(r.key) != mechPlain {
 		s.refuseAuthNow(r, binary.StatusAuthError, "unsupported SASL mechanism; use SCRAM-SHA512, SCRAM-SHA256 or PLAIN")
 		return
+	}
+	s.authMech = authMechPlain
+	if _, ok := s.codec.(*textCodec); ok {
+		s.authMech = authMechText
 	}
 	authz, user, pass, ok := parsePlain(r.value)
 	if !ok {
@@ -82,14 +93,22 @@ func (s *session) saslAuth(r *request) {
 		s.refuseAuth(s.offLoop(r), user, binary.StatusAuthError, plainRefusal(p))
 		return
 	}
-	if u := srv.authCache.Lookup(ten.cfg, user, pass); u != nil {
-		s.login(ten, u)
-		s.localValue(r, binary.StatusSuccess, authenticated)
-		return
+	addr := authSource(s.remote)
+	src := authPair(addr, user)
+	now := time.Now()
+	penalised := srv.authQ.penalised(src, addr, now)
+	if !penalised {
+		if u := srv.authCache.Lookup(ten.cfg, user, pass); u != nil {
+			s.login(ten, u)
+			s.authSucceeded()
+			s.localValue(r, binary.StatusSuccess, authenticated)
+			return
+		}
 	}
 	c := s.offLoop(r)
-	j := &authJob{call: c, user: user, pass: pass}
-	if !c.handOff(func() bool { return srv.authQ.push(authSource(s.remote), j, time.Now()) }) {
+	j := &authJob{user: user, pass: pass, addr: addr}
+	push := func(j *authJob) bool { return srv.authQ.push(src, j, now) }
+	if !c.handOff(func() bool { return srv.flights.join(c, j, src, penalised, push) }) {
 		s.refuseAuth(c, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
 		return
 	}
@@ -97,15 +116,21 @@ func (s *session) saslAuth(r *request) {
 }
 
 // checkAuth runs one queued password check on the auth worker, against
-// the configuration in force when it starts, and reports whether the
-// credentials were wrong. While the proxy drains, queued checks are
-// answered Etmpfail without bcrypt.
+// the configuration in force when it starts, answers every login waiting
+// for it, and reports whether the credentials were wrong. Credentials
+// verified meanwhile (by another check, or before a penalty made their
+// login wait its turn) cost no bcrypt. While the proxy drains, queued
+// checks are answered Etmpfail without bcrypt.
 func (srv *Server) checkAuth(j *authJob) (refused bool) {
 	var u *bucketcfg.User
 	err := errAuthUnavailable
 	if !srv.draining.Load() {
 		j.cfg = srv.ten.Load().cfg
-		u, err = srv.authCache.Authenticate(j.cfg, j.user, j.pass)
+		if u = srv.authCache.Lookup(j.cfg, j.user, j.pass); u != nil {
+			err = nil
+		} else {
+			u, err = srv.authCache.Authenticate(j.cfg, j.user, j.pass)
+		}
 	}
 	srv.authAnswer(j, u, err)
 	return errors.Is(err, bucketcfg.ErrAuthFailed)
@@ -114,9 +139,15 @@ func (srv *Server) checkAuth(j *authJob) (refused bool) {
 // dropAuth answers a check the stopped worker did not run.
 func (srv *Server) dropAuth(j *authJob) { srv.authAnswer(j, nil, errAuthUnavailable) }
 
-// authAnswer hands a check's result back to its session's loop.
+// authAnswer hands a check's result back to the loop of each login that
+// waited for it.
 func (srv *Server) authAnswer(j *authJob, u *bucketcfg.User, err error) {
-	j.call.back(func() { j.call.s.authDone(j, u, err) })
+	if j.flight == nil {
+		return
+	}
+	for _, c := range srv.flights.finish(j.flight) {
+		c.back(func() { c.s.authDone(c, j, u, err) })
+	}
 }
 
 // parsePlain splits a PLAIN message: [authzid] NUL authcid NUL passwd.
@@ -128,16 +159,16 @@ func parsePlain(v []byte) (authz, user, pass string, ok bool) {
 	return string(parts[0]), string(parts[1]), string(parts[2]), true
 }
 
-// authDone applies a password check's result to the open session; on
-// the loop, outside dispatch (offLoopCall.back).
-func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
-	c, name := j.call, j.user
+// authDone applies a password check's result to the open session whose
+// login c waited for it; on the loop, outside dispatch (offLoopCall.back).
+func (s *session) authDone(c *offLoopCall, j *authJob, u *bucketcfg.User, err error) {
+	name := j.user
 	s.checking = false
 	switch {
 	case errors.Is(err, errAuthUnavailable):
 		s.refuseAuth(c, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")
 	case err != nil:
-		s.refuseAuth(c, name, binary.StatusAuthError, "authentication failed")
+		s.refuseAuth(c, name, binary.StatusAuthError, authFailedReason)
 	default:
 		srv := s.lp.srv
 		ten := srv.ten.Load()
@@ -149,10 +180,11 @@ func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
 		}
 		if u == nil {
 			srv.log.Warn().Str("user", name).Str("remote", s.remote).Msg("authentication failed: user changed or removed by a reload during the check")
-			s.refuseAuth(c, name, binary.StatusAuthError, "authentication failed")
+			s.refuseAuth(c, name, binary.StatusAuthError, authFailedReason)
 			break
 		}
 		s.login(ten, u)
+		s.authSucceeded()
 		c.answer(func(b []byte) []byte {
 			return s.codec.appendResponse(b, c.sl.req, response{op: c.sl.req.op, status: binary.StatusSuccess, value: authenticated})
 		})
@@ -162,6 +194,7 @@ func (s *session) authDone(j *authJob, u *bucketcfg.User, err error) {
 // login makes u the session's user and selects its bucket.
 func (s *session) login(ten *tenants, u *bucketcfg.User) {
 	s.user = u
+	s.authFailed = false
 	s.authenticated()
 	switch {
 	case ten.bucket(u.Name) != nil && u.CanAccess(u.Name):
@@ -174,11 +207,21 @@ func (s *session) login(ten *tenants, u *bucketcfg.User) {
 	s.lp.srv.log.Debug().Str("user", u.Name).Str("remote", s.remote).Msg("authenticated")
 }
 
-// logout drops the session's identity after a refused SASL AUTH: it gets
-// what an unauthenticated connection gets (proxy.default_bucket, or no
-// bucket, and then the pre-authentication bounds again).
+// authSucceeded counts a successful SASL login of the session.
+func (s *session) authSucceeded() {
+	s.lp.srv.authStats.add(s.authMech, authSuccess)
+}
+
+// logout drops the session's identity after a refused SASL AUTH. A client
+// that tried to authenticate and failed never falls back to its home
+// bucket (proxy.default_bucket or its listener's): its data commands get
+// Eaccess until a login succeeds (a client such as memjs that takes a
+// refusal for success must not write its tenant's data into the
+// anonymous bucket). It is unauthenticated again, under the
+// pre-authentication bounds. A TLS client certificate's user stays.
 func (s *session) logout() {
 	s.user = nil
+	s.authFailed = true
 	ten := s.lp.srv.ten.Load()
 	if s.certLogin(ten) { // a TLS client certificate's user stays (tls.go)
 		return
@@ -197,12 +240,13 @@ func (s *session) refuseAuthNow(r *request, st binary.Status, reason string) {
 	s.refuseAuth(s.offLoop(r), "", st, reason)
 }
 
-// refuseAuth answers c (a SASL AUTH) with st and reason: it logs the
-// session out, counts the failure, and answers after authFailDelay,
-// closing the connection at maxAuthFailures. With no delay it answers
-// before returning (from dispatch, the dispatch loop goes on; from
-// offLoopCall.back, back resumes the session); otherwise a timer answers
-// (offLoopCall.after). On the loop.
+// refuseAuth answers c (a SASL AUTH or STEP) with st and reason: it logs
+// the session out, counts the failure (kvthrottle_auth_total, and towards
+// the connection's maxAuthFailures), logs it (sampled), and answers after
+// authFailDelay, closing the connection at maxAuthFailures. With no delay
+// it answers before returning (from dispatch, the dispatch loop goes on;
+// from offLoopCall.back, back resumes the session); otherwise a timer
+// answers (offLoopCall.after). On the loop.
 func (s *session) refuseAuth(c *offLoopCall, name string, st binary.Status, reason string) {
 	if s.closed {
 		c.answer(nil)
@@ -214,11 +258,22 @@ func (s *session) refuseAuth(c *offLoopCall, name string, st binary.Status, reas
 		s.authFails++
 	}
 	n := int(s.authFails)
-	if st == binary.StatusAuthError {
-		// Sampled: a client can cause this at will, on new connections.
-		srv.logAuthFail.event(&srv.log, zerolog.WarnLevel).Str("user", name).Str("remote", s.remote).
-			Int("failures", n).Str("reason", reason).Msg("authentication failed")
+	result := uint8(authInvalid)
+	switch {
+	case st == binary.StatusEtmpfail:
+		result = authRefused
+	case reason == authFailedReason:
+		result = authFailure
 	}
+	srv.authStats.add(s.authMech, result)
+	// Sampled: a client can cause these at will, on new connections.
+	ls, msg := &srv.logAuthFail, "authentication failed"
+	if result == authRefused {
+		ls, msg = &srv.logAuthRefused, "authentication refused"
+	}
+	ls.event(&srv.log, zerolog.WarnLevel).Str("user", name).Str("remote", s.remote).
+		Str("mechanism", authMechNames[s.authMech]).Str("result", authResultNames[result]).
+		Int("failures", n).Str("reason", reason).Msg(msg)
 	answer := func() {
 		c.answer(func(b []byte) []byte { return s.codec.appendError(b, c.sl.req, st, reason) })
 		if n >= maxAuthFailures && !s.closed {
@@ -237,6 +292,10 @@ func (s *session) refuseAuth(c *offLoopCall, name string, st binary.Status, reas
 	// with the connection.
 	c.after(d, answer)
 }
+
+// authFailedReason is the reason given for wrong credentials (never
+// saying which part was wrong).
+const authFailedReason = "authentication failed"
 
 // selectBucket handles SelectBucket: the key names the bucket.
 func (s *session) selectBucket(r *request) {

@@ -8,14 +8,30 @@ import (
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 )
 
-// Bounds on the password checks waiting for the auth worker. Past either,
+// Bounds on the password checks waiting for the auth worker. Past one,
 // SASL AUTH gets Etmpfail at once instead of queueing: bcrypt is slow on
 // purpose, and a flood of attempts must not delay real logins for minutes.
+// They count distinct credentials, not connections: logins that present
+// the same credentials share one check (authflight.go), so that a pool of
+// connections opened at once costs one check. In the proxy a queue
+// "source" is a user at an address (authPair): what one address's failures
+// slow down is its guesses at that user, not its other users' logins.
 const (
 	// maxQueuedAuth bounds the checks waiting, all sources together.
 	maxQueuedAuth = 64
-	// maxQueuedAuthPerSource bounds one source's (see authSource).
+	// maxQueuedAuthPerSource bounds one source's (see authPair): distinct
+	// credentials of one user from one address.
 	maxQueuedAuthPerSource = 8
+	// maxQueuedAuthPerAddr bounds one address's (see authSource), all its
+	// users together, so that one address cannot fill the queue by
+	// naming many users.
+	maxQueuedAuthPerAddr = 16
+	// maxFailingUsersPerAddr: when more than this many users of one
+	// address are under a failure penalty at once, the address is
+	// guessing across user names, and its logins for every user wait as
+	// one source's do (the penalty of its latest failure). Below it, a
+	// wrong password costs only its own user's logins from that address.
+	maxFailingUsersPerAddr = 4
 	// failedAuthShare caps the share of the worker's time that one
 	// source's failed checks may use, at 1/failedAuthShare: after a failed
 	// check that took d, the source's next check waits (failedAuthShare-1)
@@ -43,6 +59,8 @@ type authJob struct {
 	user, pass string
 	cfg        *bucketcfg.Config // the configuration checked against (set by the worker)
 	src        *authSrc          // set by push
+	flight     *authFlight       // the logins waiting for this check (nil in unit tests)
+	addr       string            // the address, for its bounds; "": none (unit tests)
 }
 
 // authQueue holds the password checks waiting for the Server's one auth
@@ -57,9 +75,10 @@ type authJob struct {
 type authQueue struct {
 	mu      sync.Mutex
 	sources map[string]*authSrc
-	order   []*authSrc // sources with waiting checks, next served first
-	n       int        // waiting checks
-	hurry   bool       // the proxy drains: penalties no longer apply
+	addrs   map[string]*authAddr // addresses with checks queued or users under penalty
+	order   []*authSrc           // sources with waiting checks, next served first
+	n       int                  // waiting checks
+	hurry   bool                 // the proxy drains: penalties no longer apply
 	stopped bool
 	wake    chan struct{}
 }
@@ -68,12 +87,56 @@ type authQueue struct {
 // next check may start (after failures).
 type authSrc struct {
 	key       string
+	addr      string // its address ("": none)
 	jobs      []*authJob
 	notBefore time.Time
 }
 
+// authAddr is one address's checks queued (all its users), and its users
+// under a failure penalty, by source key, with the penalty's end.
+type authAddr struct {
+	n         int
+	failing   map[string]time.Time
+	notBefore time.Time // set while more than maxFailingUsersPerAddr fail
+}
+
 func newAuthQueue() *authQueue {
-	return &authQueue{sources: make(map[string]*authSrc), wake: make(chan struct{}, 1)}
+	return &authQueue{sources: make(map[string]*authSrc), addrs: make(map[string]*authAddr), wake: make(chan struct{}, 1)}
+}
+
+// authPair is the queue's source for a login of user from address addr
+// (an authSource).
+func authPair(addr, user string) string { return addr + "\x00" + user }
+
+// notBefore is when as's next check may start: its own penalty, or its
+// address's while the address guesses across users. Under q.mu.
+func (q *authQueue) notBefore(as *authSrc) time.Time { return q.addrNotBefore(as.notBefore, as.addr) }
+
+// addrNotBefore is the later of nb and the penalty of address addr. Under
+// q.mu.
+func (q *authQueue) addrNotBefore(nb time.Time, addr string) time.Time {
+	if a := q.addrs[addr]; a != nil && addr != "" && a.notBefore.After(nb) {
+		return a.notBefore
+	}
+	return nb
+}
+
+// penalised reports whether a login of source src (an authPair) from addr
+// must wait for its turn now: a recent failure of that user from that
+// address, or of the address across users. Such a login may not use the
+// password cache nor join another source's check at once: a correct
+// guess would otherwise be told apart from a wrong one without waiting.
+func (q *authQueue) penalised(src, addr string, now time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.hurry || q.stopped {
+		return false
+	}
+	var nb time.Time
+	if as := q.sources[src]; as != nil {
+		nb = as.notBefore
+	}
+	return now.Before(q.addrNotBefore(nb, addr))
 }
 
 // authSource is the queue's fairness key for a client address ("ip:port"):
@@ -117,6 +180,14 @@ func (q *authQueue) push(src string, j *authJob, now time.Time) bool {
 	if len(as.jobs) >= maxQueuedAuthPerSource {
 		return false
 	}
+	if j.addr != "" {
+		as.addr = j.addr
+		a := q.addr(j.addr)
+		if a.n >= maxQueuedAuthPerAddr {
+			return false
+		}
+		a.n++
+	}
 	if len(as.jobs) == 0 {
 		q.order = append(q.order, as)
 	}
@@ -130,12 +201,64 @@ func (q *authQueue) push(src string, j *authJob, now time.Time) bool {
 	return true
 }
 
-// forget drops the sources with nothing queued whose penalty is over.
+// addr returns address a's entry, made if need be (after forgetting what
+// is over, when maxAuthSources addresses are remembered: those left have
+// checks queued or users under penalty, which other bounds limit). Under
+// q.mu.
+func (q *authQueue) addr(a string) *authAddr {
+	e := q.addrs[a]
+	if e == nil {
+		if len(q.addrs) >= maxAuthSources {
+			q.forget(time.Now())
+		}
+		e = &authAddr{}
+		q.addrs[a] = e
+	}
+	return e
+}
+
+// forget drops the sources with nothing queued whose penalty is over, and
+// the addresses with nothing left to remember.
 func (q *authQueue) forget(now time.Time) {
 	for k, as := range q.sources {
 		if len(as.jobs) == 0 && !now.Before(as.notBefore) {
 			delete(q.sources, k)
 		}
+	}
+	for k, a := range q.addrs {
+		a.prune(now)
+		if a.n == 0 && len(a.failing) == 0 && !now.Before(a.notBefore) {
+			delete(q.addrs, k)
+		}
+	}
+}
+
+// prune forgets the users whose penalty is over.
+func (a *authAddr) prune(now time.Time) {
+	for k, end := range a.failing {
+		if !now.Before(end) {
+			delete(a.failing, k)
+		}
+	}
+}
+
+// userFailed records that source key of the address failed, penalised
+// until nb; past maxFailingUsersPerAddr users failing at once, the whole
+// address waits until nb. Under q.mu.
+func (q *authQueue) userFailed(addr, key string, nb, now time.Time) {
+	if addr == "" {
+		return
+	}
+	a := q.addr(addr)
+	if a.failing == nil {
+		a.failing = make(map[string]time.Time)
+	}
+	a.prune(now)
+	if nb.After(a.failing[key]) {
+		a.failing[key] = nb
+	}
+	if len(a.failing) > maxFailingUsersPerAddr && nb.After(a.notBefore) {
+		a.notBefore = nb
 	}
 }
 
@@ -148,7 +271,7 @@ func (q *authQueue) pop(now time.Time) (*authJob, time.Duration) {
 	defer q.mu.Unlock()
 	var wait time.Duration
 	for i, as := range q.order {
-		if d := as.notBefore.Sub(now); d > 0 && !q.hurry {
+		if d := q.notBefore(as).Sub(now); d > 0 && !q.hurry {
 			if wait == 0 || d < wait {
 				wait = d
 			}
@@ -167,6 +290,14 @@ func (q *authQueue) pop(now time.Time) (*authJob, time.Duration) {
 			}
 		}
 		q.n--
+		if a := q.addrs[j.addr]; a != nil && j.addr != "" {
+			if a.n--; a.n == 0 {
+				a.prune(now)
+				if len(a.failing) == 0 && !now.Before(a.notBefore) {
+					delete(q.addrs, j.addr)
+				}
+			}
+		}
 		return j, 0
 	}
 	return nil, wait
@@ -198,9 +329,11 @@ func (q *authQueue) failed(src *authSrc, took time.Duration, end time.Time) {
 	} else {
 		q.sources[src.key] = src
 	}
-	if nb := end.Add(min(took*(failedAuthShare-1), maxFailedAuthPenalty)); nb.After(src.notBefore) {
+	nb := end.Add(min(took*(failedAuthShare-1), maxFailedAuthPenalty))
+	if nb.After(src.notBefore) {
 		src.notBefore = nb
 	}
+	q.userFailed(src.addr, src.key, nb, end)
 }
 
 // start runs the worker: it hands the queued checks to check, one at a
@@ -252,7 +385,7 @@ func (q *authQueue) start(check func(*authJob) (refused bool), drop func(*authJo
 		for _, as := range q.order {
 			left = append(left, as.jobs...)
 		}
-		q.order, q.sources, q.n = nil, nil, 0
+		q.order, q.sources, q.addrs, q.n = nil, nil, nil, 0
 		q.mu.Unlock()
 		for _, j := range left {
 			drop(j)
@@ -269,41 +402,78 @@ func (q *authQueue) start(check func(*authJob) (refused bool), drop func(*authJo
 // costs the proxy nothing, than with PLAIN. false: maxQueuedAuthPerSource
 // turns are taken already (refuse the proof with Etmpfail).
 func (q *authQueue) scramTurn(src string, now time.Time) (time.Duration, bool) {
+	return q.scramTurnFrom(src, "", now)
+}
+
+// scramTurnFrom is scramTurn for source src of address addr (authPair),
+// whose proofs also wait while the address guesses across users; a turn
+// taken then is taken from the address's too.
+func (q *authQueue) scramTurnFrom(src, addr string, now time.Time) (time.Duration, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	as := q.sources[src]
-	if as == nil || q.hurry || q.stopped || !now.Before(as.notBefore) {
+	var nb time.Time
+	if as != nil {
+		nb = as.notBefore
+	}
+	nb = q.addrNotBefore(nb, addr)
+	if q.hurry || q.stopped || !now.Before(nb) {
 		return 0, true
 	}
-	wait := as.notBefore.Sub(now)
+	wait := nb.Sub(now)
 	if wait > maxQueuedAuthPerSource*maxFailedAuthPenalty {
 		return 0, false
 	}
-	as.notBefore = as.notBefore.Add(maxFailedAuthPenalty)
+	if as == nil {
+		if as = q.source(src, addr, now); as == nil {
+			return wait, true
+		}
+	}
+	as.notBefore = nb.Add(maxFailedAuthPenalty)
+	if a := q.addrs[addr]; addr != "" && a != nil && now.Before(a.notBefore) {
+		a.notBefore = as.notBefore // the address's next turn comes after this one
+	}
 	return wait, true
+}
+
+// source returns src's entry, made (for address addr) if need be; nil
+// when maxAuthSources are remembered and none can be forgotten. Under q.mu.
+func (q *authQueue) source(src, addr string, now time.Time) *authSrc {
+	as := q.sources[src]
+	if as != nil {
+		return as
+	}
+	if len(q.sources) >= maxAuthSources {
+		q.forget(now)
+		if len(q.sources) >= maxAuthSources {
+			return nil
+		}
+	}
+	as = &authSrc{key: src, addr: addr}
+	q.sources[src] = as
+	return as
 }
 
 // scramFailed records a wrong SCRAM proof from source src as a failed
 // check: src's next check (PLAIN or SCRAM) waits maxFailedAuthPenalty.
 // With maxAuthSources remembered and none to forget, it records nothing.
-func (q *authQueue) scramFailed(src string, now time.Time) {
+func (q *authQueue) scramFailed(src string, now time.Time) { q.scramFailedFrom(src, "", now) }
+
+// scramFailedFrom is scramFailed for source src of address addr
+// (authPair): it counts towards the address's users under penalty.
+func (q *authQueue) scramFailedFrom(src, addr string, now time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.stopped {
 		return
 	}
-	as := q.sources[src]
+	as := q.source(src, addr, now)
 	if as == nil {
-		if len(q.sources) >= maxAuthSources {
-			q.forget(now)
-			if len(q.sources) >= maxAuthSources {
-				return
-			}
-		}
-		as = &authSrc{key: src}
-		q.sources[src] = as
+		return
 	}
-	if nb := now.Add(maxFailedAuthPenalty); nb.After(as.notBefore) {
+	nb := now.Add(maxFailedAuthPenalty)
+	if nb.After(as.notBefore) {
 		as.notBefore = nb
 	}
+	q.userFailed(addr, src, nb, now)
 }

@@ -91,8 +91,13 @@ func sameListeners(a, b []bucketcfg.Listener) bool {
 }
 
 // homeBucket returns the name of the bucket an unauthenticated session
-// uses: its listener's, else proxy.default_bucket ("" for none).
+// uses: its listener's, else proxy.default_bucket ("" for none); none
+// once a SASL login of the session has failed, until one succeeds
+// (session.logout).
 func (s *session) homeBucket(ten *tenants) string {
+	if s.authFailed {
+		return ""
+	}
 	if s.listenerBucket != "" {
 		return s.listenerBucket
 	}

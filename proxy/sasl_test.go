@@ -93,7 +93,8 @@ func TestSASLAuthzid(t *testing.T) {
 
 // TestSASLFailedReauthLogsOut: as in memcached, a refused SASL AUTH on an
 // authenticated connection logs it out: it loses the user's buckets and
-// privileges and falls back to proxy.default_bucket (or to none).
+// privileges, and does not fall back to proxy.default_bucket either (its
+// data commands get Eaccess until a login succeeds: issue 27).
 func TestSASLFailedReauthLogsOut(t *testing.T) {
 	auth := func(c *mcclient.Client, v string) mc.Status {
 		t.Helper()
@@ -114,8 +115,11 @@ func TestSASLFailedReauthLogsOut(t *testing.T) {
 		if st := auth(alice, "\x00alice\x00wrong"); st != mc.StatusAuthError {
 			t.Fatalf("wrong password: %s", st)
 		}
-		if r, err := alice.Get(key); status(t, r, err) != mc.StatusSuccess || string(r.Value) != "default's" {
-			t.Errorf("GET after the failed re-auth: %s %q, want the default bucket's value", r.Status(), r.Value)
+		if r, err := alice.Get(key); status(t, r, err) != mc.StatusEaccess {
+			t.Errorf("GET after the failed re-auth: %s %q, want Eaccess (never the default bucket's value)", r.Status(), r.Value)
+		}
+		if r, err := alice.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("default")}); status(t, r, err) != mc.StatusEaccess {
+			t.Errorf("select default after the failed re-auth: %s, want Eaccess", r.Status())
 		}
 		if r, err := alice.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("alice")}); status(t, r, err) != mc.StatusEaccess {
 			t.Errorf("select alice after the failed re-auth: %s, want Eaccess", r.Status())

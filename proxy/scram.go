@@ -138,11 +138,15 @@ func (s *session) scramStart(r *request, h bucketcfg.SCRAMHash) {
 // anything else is refused AuthError, paced (refuseAuth). A source whose
 // authentications failed lately waits its turn first (authQueue.scramTurn),
 // and a wrong proof counts against its source as a wrong password does.
+// The source is the user at the client's address (authPair): wrong proofs
+// for one user slow that user's logins from that address only (unless the
+// address guesses across many users: authAddr).
 // On the loop.
 func (s *session) scramStep(r *request) {
 	sc := s.scram
 	s.scram = nil
 	if sc == nil {
+		s.authMech = authMechOther
 		s.refuseAuthNow(r, binary.StatusAuthError, "SASL STEP without a SCRAM conversation in progress: send SASL AUTH first")
 		return
 	}
@@ -153,23 +157,24 @@ func (s *session) scramStep(r *request) {
 		return
 	}
 	srv := s.lp.srv
-	src := authSource(s.remote)
-	wait, ok := srv.authQ.scramTurn(src, time.Now())
+	addr := authSource(s.remote)
+	src := authPair(addr, name)
+	wait, ok := srv.authQ.scramTurnFrom(src, addr, time.Now())
 	if !ok {
 		s.refuseAuth(c, name, binary.StatusEtmpfail, "too many authentications in progress; retry")
 		return
 	}
 	final := string(r.value) // r aliases the input buffer
 	if wait == 0 {
-		s.scramFinish(c, sc, src, final)
+		s.scramFinish(c, sc, src, addr, final)
 		return
 	}
-	c.after(wait, func() { s.scramFinish(c, sc, src, final) })
+	c.after(wait, func() { s.scramFinish(c, sc, src, addr, final) })
 }
 
 // scramFinish checks the client-final message of sc and answers c. On
 // the loop.
-func (s *session) scramFinish(c *offLoopCall, sc *scramConv, src, clientFinal string) {
+func (s *session) scramFinish(c *offLoopCall, sc *scramConv, src, addr, clientFinal string) {
 	name := sc.conv.Username()
 	final, err := sc.conv.Step(clientFinal)
 	srv := s.lp.srv
@@ -177,7 +182,7 @@ func (s *session) scramFinish(c *offLoopCall, sc *scramConv, src, clientFinal st
 		if final == scram.ErrInvalidProof {
 			// A password guess (not a malformed message): it counts
 			// against the source.
-			srv.authQ.scramFailed(src, time.Now())
+			srv.authQ.scramFailedFrom(src, addr, time.Now())
 		}
 		if sc.user == nil && sc.cfg.User(name) != nil {
 			// The client cannot tell this from a wrong password; the
@@ -185,7 +190,7 @@ func (s *session) scramFinish(c *offLoopCall, sc *scramConv, src, clientFinal st
 			srv.logAuthFail.event(&srv.log, zerolog.WarnLevel).Str("user", name).Str("remote", s.remote).
 				Str("mechanism", sc.mech).Msg("SCRAM login for a user without a credential for this hash (add it with kvthrottle hash-password)")
 		}
-		s.refuseAuth(c, name, binary.StatusAuthError, "authentication failed")
+		s.refuseAuth(c, name, binary.StatusAuthError, authFailedReason)
 		return
 	}
 	ten := srv.ten.Load()
@@ -197,11 +202,12 @@ func (s *session) scramFinish(c *offLoopCall, sc *scramConv, src, clientFinal st
 			u = cur
 		} else {
 			srv.log.Warn().Str("user", name).Str("remote", s.remote).Msg("authentication failed: user changed or removed by a reload during the SCRAM conversation")
-			s.refuseAuth(c, name, binary.StatusAuthError, "authentication failed")
+			s.refuseAuth(c, name, binary.StatusAuthError, authFailedReason)
 			return
 		}
 	}
 	s.login(ten, u)
+	s.authSucceeded()
 	v := []byte(final)
 	c.answer(func(b []byte) []byte {
 		return s.codec.appendResponse(b, c.sl.req, response{op: c.sl.req.op, status: binary.StatusSuccess, value: v})

@@ -221,8 +221,9 @@ func TestSCRAMLogin(t *testing.T) {
 		if err != nil || auth != mc.StatusAuthContinue || step != mc.StatusAuthError {
 			t.Errorf("%s as %s/%s: AUTH %s, STEP %s, %v; want AuthContinue then AuthError", r.mech, r.user, r.pw, auth, step, err)
 		}
-		if st, _ := c.do(mc.OpGet, "k", ""); st != mc.StatusKeyEnoent {
-			t.Errorf("%s as %s/%s: GET after the refusal: %s, want the default bucket's miss", r.mech, r.user, r.pw, st)
+		// A failed login never falls back to the default bucket.
+		if st, _ := c.do(mc.OpGet, "k", ""); st != mc.StatusEaccess {
+			t.Errorf("%s as %s/%s: GET after the refusal: %s, want Eaccess", r.mech, r.user, r.pw, st)
 		}
 	}
 	if st, _ := dialFrom(t, p.Addr, "127.0.0.1").do(mc.OpSASLAuth, "PLAIN", "\x00carol\x00carol-pw"); st != mc.StatusAuthError {

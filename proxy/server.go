@@ -124,12 +124,13 @@ type Server struct {
 
 	wakeDelay delayHist // how late held sessions are woken
 
-	logAuthFail   logSample // refused SASL AUTHs
-	logBadInput   logSample // malformed frames, text-protocol clients
-	logOrphans    logSample // connections closed with many reads in flight (session.orphanedLane)
-	logUpDown     perKeyLog // upstream connections down, per server
-	logFleetSync  logSample // failed fleet syncs
-	logFleetState logSample // fleet state documents not adopted
+	logAuthFail    logSample // SASL AUTHs refused: wrong or invalid credentials
+	logAuthRefused logSample // SASL AUTHs refused unchecked: Etmpfail
+	logBadInput    logSample // malformed frames, text-protocol clients
+	logOrphans     logSample // connections closed with many reads in flight (session.orphanedLane)
+	logUpDown      perKeyLog // upstream connections down, per server
+	logFleetSync   logSample // failed fleet syncs
+	logFleetState  logSample // fleet state documents not adopted
 
 	fleet *fleetLink // fleet mode (fleet.go); nil for a single instance
 
@@ -140,6 +141,8 @@ type Server struct {
 	flushes   flushQueue           // FLUSHes waiting for their state file write
 	authQ     *authQueue           // password checks for the one auth worker (runs during Serve)
 	authCache *bucketcfg.AuthCache // recently verified passwords (keyed MACs, never plaintext)
+	flights   *authFlights         // password checks in flight, shared by the logins presenting the same credentials
+	authStats authCounters         // kvthrottle_auth_total{mechanism,result}
 }
 
 // New validates opts, builds the throttle engine and the bucket table, and
@@ -222,6 +225,7 @@ func New(opts Options) (*Server, error) {
 		file:     cfg,
 		state:    st,
 		authQ:    newAuthQueue(),
+		flights:  newAuthFlights(),
 		authCache: bucketcfg.NewAuthCache(bucketcfg.DefaultAuthCacheTTL,
 			bucketcfg.DefaultAuthCacheEntries, nil),
 	}

@@ -69,6 +69,8 @@ type session struct {
 	overTLS     bool            // the connection came through the TLS listener (tls.go), which sets it before the first byte
 	scram       *scramConv      // a SCRAM conversation between SASL AUTH and STEP (scram.go); nil: none
 	authFails   uint8           // SASL AUTHs refused on this connection (auth.go)
+	authMech    uint8           // the mechanism of the SASL AUTH under way (authMechPlain ...), for kvthrottle_auth_total
+	authFailed  bool            // a SASL login failed, none succeeded since: no home bucket (logout)
 	bkt         *bucket         // selected bucket; nil: none
 	nonBlocking bool            // HELLO feature 0x1b
 	reportUnits bool            // HELLO feature ReportUnitUsage: responses carry their units

@@ -160,6 +160,11 @@ type tlsFront struct {
 	sources map[string]int        // handshakes in progress per source
 	active  map[string][]*hsEntry // the same handshakes, oldest first, for eviction
 
+	parked    map[string]*parkedSrc // connections waiting for their source's turn (tlspark.go)
+	nParked   int
+	parkTimer *time.Timer          // sweepParked, while connections are parked
+	failedAt  map[string]time.Time // each source's last failed handshake, within tlsFailMemory
+
 	logFail    logSample // failed handshakes
 	logRefused logSample // connections closed: their source at its handshake limit
 	logEvicted logSample // handshakes ended to make room
@@ -187,6 +192,8 @@ func newTLSFront(srv *Server, cfg *bucketcfg.Config) (*tlsFront, error) {
 		stopping: make(chan struct{}),
 		sources:  make(map[string]int),
 		active:   make(map[string][]*hsEntry),
+		parked:   make(map[string]*parkedSrc),
+		failedAt: make(map[string]time.Time),
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.cur.Store(st)
@@ -302,6 +309,7 @@ func (f *tlsFront) stop() {
 		close(f.stopping)
 	}
 	f.closed = true
+	f.closeParked()
 	f.mu.Unlock()
 	f.wg.Wait()
 }
@@ -333,6 +341,9 @@ func (f *tlsFront) acceptLoop() {
 		backoff = 0
 		src := authSource(c.RemoteAddr().String())
 		e, ok := f.takeSource(src)
+		if !ok && f.park(c, src, time.Now()) {
+			continue // its turn comes when one of its source's handshakes ends
+		}
 		if !ok {
 			_ = c.Close()
 			f.logRefused.event(&f.srv.log, zerolog.WarnLevel).Str("source", src).Int("per_source_limit", tlsMaxHandshakesPerSource).
@@ -450,6 +461,11 @@ func (f *tlsFront) releaseSource(e *hsEntry) {
 	e.cancel()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.releaseSourceLocked(e)
+}
+
+// releaseSourceLocked is releaseSource under f.mu.
+func (f *tlsFront) releaseSourceLocked(e *hsEntry) {
 	if f.sources[e.src] <= 1 {
 		delete(f.sources, e.src)
 	} else {
@@ -533,8 +549,12 @@ func (f *tlsFront) handshake(c net.Conn, e *hsEntry) {
 	tc := tls.Server(rec, &tls.Config{GetConfigForClient: h.configForClient})
 	err := tc.HandshakeContext(e.ctx)
 	hc.release()
-	f.releaseSource(e)
-	<-f.slots
+	if nc, ne := f.handshakeEnded(e, err == nil, time.Now()); ne != nil {
+		f.wg.Add(1) // this handshake's slot and place pass to a parked connection
+		go f.handshake(nc, ne)
+	} else {
+		<-f.slots
+	}
 	remote := c.RemoteAddr().String()
 	if err != nil {
 		_ = c.Close()
