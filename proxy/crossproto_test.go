@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
@@ -27,23 +25,8 @@ import (
 // bucket admits one burst and then holds until the test advances it.
 func startProxyClock(t *testing.T, tc testConfig, clock throttle.Clock) *testProxy {
 	t.Helper()
-	m := testmc.Start(t)
-	statePath := filepath.Join(t.TempDir(), "state.json")
-	listen := testmc.FreeAddr(t)
-	cfg, err := bucketcfg.Parse([]byte(tc.render(listen, []string{m.Addr}, statePath)))
-	if err != nil {
-		t.Fatalf("test config: %v", err)
-	}
-	st, err := bucketcfg.LoadState(statePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: testLogger(t), Version: "test", Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkPauseMoves(t, srv)
-	return &testProxy{Server: srv, Addr: listen, MC: m, StatePath: statePath, stop: testmc.Serve(t, srv)}
+	tc.clock = clock
+	return startProxyTo(t, testmc.Start(t), tc)
 }
 
 // unitCounts is a bucket's units so far: read and write units (as

@@ -18,6 +18,7 @@ import (
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 type testProxy struct {
@@ -43,7 +44,8 @@ type testConfig struct {
 	// the proxy to the server's TLSAddr. With KVTHROTTLE_TEST_UPSTREAM_TLS=1
 	// (testmc.UpstreamTLSEnv) and none given, TLS verified by the test CA.
 	upstreamTLS string
-	log         io.Writer // the proxy's log (default: testLogger's)
+	log         io.Writer      // the proxy's log (default: testLogger's)
+	clock       throttle.Clock // the throttle engine's clock (default: the real one)
 }
 
 func (tc testConfig) render(listen string, servers []string, statePath string) string {
@@ -118,7 +120,7 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 	if tc.log != nil {
 		log = zerolog.New(tc.log)
 	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test"})
+	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", Clock: tc.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
