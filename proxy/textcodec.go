@@ -169,7 +169,11 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 		}
 		return n, nil
 	case 0: // memcached's administrative commands
-		return 0, &codecReply{reply: errAdminUnsupported, skip: n}
+		re := &codecReply{skip: n}
+		if !cmd.NoReply { // memcached sends nothing then, errors included
+			re.reply = errAdminUnsupported
+		}
+		return 0, re
 	}
 	c.scratch = buildTextRequest(c.scratch, tc, r)
 	return n, nil

@@ -158,3 +158,28 @@ func TestTextErrorLineWording(t *testing.T) {
 		}
 	}
 }
+
+// TestTextAdminRefusalNoreply: memcached's administrative commands are
+// refused with one error line, except that those memcached reads noreply
+// on (cache_memlimit, lru, extstore, slabs automove, watch) are refused
+// silently when they end in noreply, since memcached sends nothing then,
+// not even an error: the client reads no reply for them.
+func TestTextAdminRefusalNoreply(t *testing.T) {
+	p := startProxy(t, testConfig{})
+	tc := dialText(t, p.Addr)
+	refused := "SERVER_ERROR command not supported through kvthrottle\r\n"
+	for in, want := range map[string]string{
+		"cache_memlimit 100 noreply\r\n": "",
+		"lru mode flat noreply\r\n":      "",
+		"slabs automove 0 noreply\r\n":   "",
+		"watch noreply\r\n":              "",
+		"extstore x noreply\r\n":         "",
+		"cache_memlimit 100\r\n":         refused,
+		"slabs reassign 1 2 noreply\r\n": refused,
+		"shutdown\r\n":                   refused,
+	} {
+		if got := metaExchange(t, tc, in+"get k\r\nmn\r\n"); got != want+"END\r\nMN\r\n" {
+			t.Errorf("%q: %q, want %q", in, got, want+"END\r\nMN\r\n")
+		}
+	}
+}
