@@ -19,9 +19,9 @@ import (
 // is answered with its error line and the retrieval goes on to END.
 
 // upstreamFailure matches the error line of a command whose upstream
-// timed out, or was found down (the connection is re-dialled after a
-// short backoff).
-var upstreamFailure = regexp.MustCompile(`SERVER_ERROR upstream (timed out; the command may have run|unavailable)\r\n`)
+// timed out or was lost, or was found down (the connection is re-dialled
+// after a short backoff).
+var upstreamFailure = regexp.MustCompile(`SERVER_ERROR upstream ((timed out|connection lost); the command may have run|unavailable)\r\n`)
 
 // textBatch is metaExchange (the replies to in, up to the "MN" it must
 // end with) with every upstream failure line read as
