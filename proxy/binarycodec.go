@@ -32,6 +32,9 @@ func (binaryCodec) starts(b byte) bool { return binary.Magic(b).IsRequest() }
 
 func (binaryCodec) partDone(bool) {}
 
+// passes lets every answer go: each binary request has its own.
+func (binaryCodec) passes(reqHead, []byte) bool { return true }
+
 // appendResponse appends a classic answer, memcached's own frame (with the
 // client's opaque) when the answer is it unchanged, or a flexible-framing
 // answer carrying the read and write units (framing-info IDs 0x01 and

@@ -135,4 +135,14 @@ type codec interface {
 	// appendError appends a status-only answer to q: st, with reason as
 	// its human-readable explanation ("" for none).
 	appendError(dst []byte, q reqHead, st binary.Status, reason string) []byte
+
+	// passes is told of every reply the two methods above made, in
+	// request order, as it goes to the client (answers are made as they
+	// arrive, which may be before the commands ahead of them are
+	// answered), and reports whether it goes: the one place where a
+	// protocol whose failed command part ends its command's reply (a
+	// text retrieval's error line: memcached sends nothing after it)
+	// drops what the command's later parts answered. reply is the whole
+	// answer to one request, or a piece of a streamed one (STAT).
+	passes(q reqHead, reply []byte) bool
 }

@@ -127,7 +127,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 	}
 	if r.meta && s.text.meta.tooLong(len(prefix)) || !r.meta && len(prefix)+len(key) > binary.MaxKeyLen {
 		// The namespace grew (a FLUSH) since the codec checked.
-		s.localStatus(r, binary.StatusEinval, "key too long")
+		s.localStatus(r, binary.StatusEinval, reasonKeyTooLong)
 		return true
 	}
 	var u *upstream.Conn
@@ -193,6 +193,11 @@ func (s *session) forward(r *request, b *bucket) bool {
 	_ = u.Forward(&r.frame, prefix, sl) // a failure has already answered sl
 	return true
 }
+
+// reasonKeyTooLong is the reason of the Einval a command gets when its
+// key is too long for memcached in its bucket's namespace (a text client
+// gets memcached's own words for a key over 250 bytes, errBadCommandLine).
+const reasonKeyTooLong = "key too long"
 
 // cost is what a metered command of class cls, with kv bytes of key and
 // value sent, is known to cost before it runs (DESIGN.md section 4): a

@@ -39,15 +39,18 @@ func (s *session) enqueue(sl *slot) {
 	s.reserve(sl)
 }
 
-// local queues a response produced by the proxy itself, in order.
-func (s *session) local(appendResp func([]byte) []byte) {
+// local queues a response to q produced by the proxy itself, in order.
+func (s *session) local(q reqHead, appendResp func([]byte) []byte) {
 	if s.pending() == 0 {
+		n := len(s.out)
 		s.out = appendResp(s.out)
+		s.passOut(n, q)
 		s.markDirty()
 		return
 	}
 	sl := s.lp.getSlot()
 	sl.s = s
+	sl.req = q
 	sl.done = true
 	sl.resp = appendResp(sl.resp)
 	s.slotBytes += len(sl.resp)
@@ -84,7 +87,7 @@ func (s *session) completeLater(sl *slot, appendResp func([]byte) []byte) {
 // ("" for none).
 func (s *session) localStatus(r *request, st binary.Status, reason string) {
 	q := r.head()
-	s.local(func(b []byte) []byte { return s.codec.appendError(b, q, st, reason) })
+	s.local(q, func(b []byte) []byte { return s.codec.appendError(b, q, st, reason) })
 }
 
 // localValue queues the proxy's answer to r: st and value, which must stay
@@ -92,9 +95,19 @@ func (s *session) localStatus(r *request, st binary.Status, reason string) {
 // takes it).
 func (s *session) localValue(r *request, st binary.Status, value []byte) {
 	q := r.head()
-	s.local(func(b []byte) []byte {
+	s.local(q, func(b []byte) []byte {
 		return s.codec.appendResponse(b, q, response{op: q.op, status: st, value: value})
 	})
+}
+
+// passOut takes back what was just appended to the client's output from
+// offset n, the reply to q, unless the codec lets it go (codec.passes).
+// Every reply reaches the output in request order through here or
+// advance.
+func (s *session) passOut(n int, q reqHead) {
+	if !s.codec.passes(q, s.out[n:]) {
+		s.out = s.out[:n]
+	}
 }
 
 // advance moves every answered command at the head of the queue to the
@@ -104,7 +117,9 @@ func (s *session) advance() {
 		sl := s.q[s.qh]
 		s.q[s.qh] = nil
 		s.qh++
-		s.out = append(s.out, sl.resp...)
+		if s.codec.passes(sl.req, sl.resp) {
+			s.out = append(s.out, sl.resp...)
+		}
 		s.slotBytes -= len(sl.resp)
 		s.finish(sl)
 	}
@@ -122,7 +137,9 @@ func (s *session) advance() {
 			// A streaming response (STAT) that began while an earlier
 			// command was pending: what it has so far goes out now, the
 			// rest directly.
-			s.out = append(s.out, head.resp...)
+			if s.codec.passes(head.req, head.resp) {
+				s.out = append(s.out, head.resp...)
+			}
 			s.slotBytes -= len(head.resp)
 			head.resp = head.resp[:0]
 		}
@@ -236,7 +253,9 @@ func (sl *slot) DeliverMeta(mr *text.MetaResponse) {
 func (sl *slot) emit(resp response, done bool) {
 	s := sl.s
 	if sl.isHead() {
+		n := len(s.out)
 		s.out = s.codec.appendResponse(s.out, sl.req, resp)
+		s.passOut(n, sl.req)
 	} else {
 		n := len(sl.resp)
 		sl.resp = s.codec.appendResponse(sl.resp, sl.req, resp)

@@ -223,7 +223,7 @@ func (s *session) onTraffic() gnet.Action {
 		if refused != nil {
 			// Its answer, then on with the next command (or closed).
 			if len(refused.reply) > 0 {
-				s.local(func(b []byte) []byte { return append(b, refused.reply...) })
+				s.local(reqHead{}, func(b []byte) []byte { return append(b, refused.reply...) })
 			}
 			if refused.close {
 				s.quit()

@@ -99,7 +99,7 @@ func (s *session) statRefused(r *request, group string) {
 // statReply queues one STAT response per pair, then the terminator.
 func (s *session) statReply(r *request, kv [][2]string) {
 	q := r.head()
-	s.local(func(b []byte) []byte {
+	s.local(q, func(b []byte) []byte {
 		for _, p := range kv {
 			b = s.codec.appendResponse(b, q, response{op: q.op, status: binary.StatusSuccess, key: []byte(p[0]), value: []byte(p[1])})
 		}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 
@@ -28,6 +29,11 @@ type textCodec struct {
 	scratch []byte      // the binary frame of the request being dispatched
 	meta    metaCommand // the meta command being dispatched (textmeta.go)
 	part    int         // which part of a retrieval command comes next
+
+	// failed: in the order replies go out (passes), a key of the
+	// retrieval command being answered failed, and the rest of its reply
+	// is dropped up to its end.
+	failed bool
 }
 
 var _ codec = (*textCodec)(nil)
@@ -163,7 +169,11 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 		}
 		return n, nil
 	case 0: // memcached's administrative commands
-		return 0, &codecReply{reply: errAdminUnsupported, skip: n}
+		re := &codecReply{skip: n}
+		if !cmd.NoReply { // memcached sends nothing then, errors included
+			re.reply = errAdminUnsupported
+		}
+		return 0, re
 	}
 	c.scratch = buildTextRequest(c.scratch, tc, r)
 	return n, nil
@@ -208,6 +218,35 @@ func (c *textCodec) appendResponse(dst []byte, q reqHead, resp response) []byte 
 func (c *textCodec) appendError(dst []byte, q reqHead, st binary.Status, reason string) []byte {
 	return appendTextError(dst, q, st, reason)
 }
+
+// passes frames a failed retrieval command as memcached does: its reply
+// ends with the one error line (memcached's own get, gets, gat and gats
+// send "SERVER_ERROR ..." or "CLIENT_ERROR ..." alone, with no END, and
+// stop at the failing key), so the replies of its later keys and its END
+// are dropped. Whatever its earlier keys answered has gone out already
+// (memcached, which sends nothing before END, drops those too): the
+// client still reads one reply, which the error line ends. Every other
+// reply passes; so do a noreply command's errors, which appendTextError
+// never makes (memcached sends none either).
+func (c *textCodec) passes(q reqHead, reply []byte) bool {
+	switch k, _ := tagOf(q.opaque); k {
+	case tkGet, tkGets, tkGat, tkGats:
+		if c.failed {
+			return false
+		}
+		// A key answers its VALUE block, nothing (a miss), or else the
+		// error line appendTextError made of its failure.
+		c.failed = len(reply) > 0 && !bytes.HasPrefix(reply, valuePrefix)
+	case tkEnd:
+		if c.failed {
+			c.failed = false
+			return false
+		}
+	}
+	return true
+}
+
+var valuePrefix = []byte("VALUE ")
 
 // textKinds maps the commands proto/text parses to those the codec
 // translates; 0 for the ones it does not (memcached's administrative

@@ -228,9 +228,14 @@ func appendTextResponse(dst []byte, q reqHead, resp response) []byte {
 }
 
 // appendTextError appends the text reply to a failed request q: the line
-// memcached gives for the same failure, or for the proxy's own refusals a
-// SERVER_ERROR (CLIENT_ERROR for the client's fault) with the reason. A
-// retrieval miss answers nothing; noreply suppresses every reply.
+// memcached gives for the same failure, or for the proxy's own refusals
+// (an upstream timed out or down, throttle.max_hold, ...) a SERVER_ERROR
+// (CLIENT_ERROR for the client's fault) with the reason. It is one line,
+// which a retrieval's key sends instead of the rest of the command's reply
+// (textCodec.passes). A retrieval miss answers nothing; noreply
+// suppresses every reply, errors included, as memcached's does (a meta
+// command's q is not noreply: its errors are sent, as memcached sends
+// them).
 func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []byte {
 	k, noreply := tagOf(q.opaque)
 	if noreply || k == tkQuit {
@@ -241,6 +246,9 @@ func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []b
 	}
 	if st == binary.StatusEaccess && reason == "authentication required" {
 		return append(dst, "CLIENT_ERROR unauthenticated\r\n"...)
+	}
+	if st == binary.StatusEinval && reason == reasonKeyTooLong {
+		return append(dst, errBadCommandLine...)
 	}
 	switch k {
 	case tkAuth:

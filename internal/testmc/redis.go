@@ -172,7 +172,8 @@ func (r *Redis) forget(cmd *exec.Cmd) {
 
 // Freeze stops the server process (SIGSTOP) until the returned function
 // is called (SIGCONT), which the test's cleanup also does: its connections
-// stay open and what is sent to it waits unanswered.
+// stay open and what is sent to it waits unanswered. It returns once the
+// process has stopped, as Server.Freeze does.
 func (r *Redis) Freeze(t testing.TB) (thaw func()) {
 	t.Helper()
 	cmd, _ := r.process()
@@ -181,6 +182,10 @@ func (r *Redis) Freeze(t testing.TB) (thaw func()) {
 	}
 	proc := cmd.Process
 	if err := proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("freeze redis-server: %v", err)
+	}
+	if err := waitStopped(proc.Pid, 5*time.Second); err != nil {
+		_ = proc.Signal(syscall.SIGCONT)
 		t.Fatalf("freeze redis-server: %v", err)
 	}
 	var once sync.Once

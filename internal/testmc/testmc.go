@@ -9,7 +9,9 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -121,7 +123,9 @@ func (s *Server) Stop() {
 
 // Freeze stops the server process (SIGSTOP) until the returned function
 // is called (SIGCONT), which the test's cleanup also does: its connections
-// stay open and what is sent to it waits unanswered.
+// stay open and what is sent to it waits unanswered. It returns once every
+// thread of the process has stopped (waitStopped), so that nothing sent
+// afterwards is answered.
 func (s *Server) Freeze(t testing.TB) (thaw func()) {
 	t.Helper()
 	if s.cmd == nil || s.cmd.Process == nil {
@@ -129,6 +133,10 @@ func (s *Server) Freeze(t testing.TB) (thaw func()) {
 	}
 	proc := s.cmd.Process
 	if err := proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("freeze memcached: %v", err)
+	}
+	if err := waitStopped(proc.Pid, 5*time.Second); err != nil {
+		_ = proc.Signal(syscall.SIGCONT)
 		t.Fatalf("freeze memcached: %v", err)
 	}
 	var once sync.Once
@@ -185,5 +193,39 @@ func Eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitStopped waits until every thread of process pid is stopped by a
+// signal (state T in /proc/PID/task/TID/stat): a stop signal is delivered
+// to each thread as it next enters the kernel, so a thread busy at the
+// moment it is sent still runs for a while. Where /proc has no such files
+// it returns at once.
+func waitStopped(pid int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+		if err != nil || len(tasks) == 0 {
+			return nil
+		}
+		running := ""
+		for _, f := range tasks {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue // the thread is gone
+			}
+			// The state follows the command name, which ends with ") ".
+			if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] != 'T' && b[i+2] != 't' {
+				running = f
+				break
+			}
+		}
+		if running == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not stopped after %v", running, timeout)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

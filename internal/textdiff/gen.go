@@ -39,6 +39,12 @@ type GenOptions struct {
 	// server that speaks only the classic text commands; malformed meta
 	// lines, which are refused before they run, stay).
 	NoMeta bool
+	// Failures adds failure batches (Batch.Fails; see the package doc),
+	// about one batch in FailEvery (default 25). Run needs
+	// Options.FailAddrs for them. With NoHuge they hold no storage
+	// commands, whose memcached equivalent is a value over its limit.
+	Failures  bool
+	FailEvery int
 }
 
 // ttls are the exptimes the generator uses: never, already expired
@@ -82,9 +88,19 @@ func Generate(o GenOptions) *Stream {
 	if o.TooLarge <= 0 {
 		o.TooLarge = 1<<20 + 16<<10
 	}
+	if o.FailEvery <= 0 {
+		o.FailEvery = 25
+	}
 	g := &gen{r: rand.New(rand.NewPCG(o.Seed, 0x7465787464696666)), o: o, s: &Stream{Seed: o.Seed}}
 	prev := map[string]bool{} // keys the previous batch names
 	for g.n < o.Commands {
+		if o.Failures && len(g.s.Batches) > 0 && g.chance(o.FailEvery) {
+			// On keys of its own: prev and the counters are untouched.
+			b := g.failureBatch()
+			g.s.Batches = append(g.s.Batches, b)
+			g.n += len(b.Cmds)
+			continue
+		}
 		b := Batch{NewConn: len(g.s.Batches) == 0 || g.s.Batches[len(g.s.Batches)-1].Closes() || g.r.IntN(50) == 0}
 		if b.NewConn {
 			g.fresh = true

@@ -50,6 +50,14 @@ type Options struct {
 	// Quote caps the bytes of a reply or a command quoted in a Diff
 	// (default 300).
 	Quote int
+	// FailAddrs are addresses ("host:port") of the second server at
+	// which every command that needs its backend fails (a proxy whose
+	// memcached never answers, a bucket whose budget is spent). Each
+	// failure batch (Batch.Fails) goes to the next of them in turn, on a
+	// connection kept for it, while the first server gets the batch's Alt
+	// commands on its usual connection (see the package doc). A stream
+	// with failure batches needs at least one.
+	FailAddrs []string
 }
 
 // Report is what Run found.
@@ -137,16 +145,20 @@ func Run(ctx context.Context, addrA, addrB string, stream *Stream, opts Options)
 	if opts.Quote <= 0 {
 		opts.Quote = 300
 	}
-	sides := [2]*side{{addr: addrA, cas: map[string]uint64{}, casIDs: map[string]int{}}, {addr: addrB, cas: map[string]uint64{}, casIDs: map[string]int{}}}
+	sides := [2]*side{newSide(addrA), newSide(addrB)}
+	fails := make([]*side, len(opts.FailAddrs))
+	for i, a := range opts.FailAddrs {
+		fails[i] = newSide(a)
+	}
 	defer func() {
-		for _, s := range sides {
+		for _, s := range append(sides[:], fails...) {
 			if s.conn != nil {
 				_ = s.conn.Close()
 			}
 		}
 	}()
 	var rep Report
-	first := 0
+	first, failed := 0, 0
 	needConn := true
 	for bi := range stream.Batches {
 		b := &stream.Batches[bi]
@@ -161,18 +173,31 @@ func Run(ctx context.Context, addrA, addrB string, stream *Stream, opts Options)
 			}
 			rep.Conns++
 		}
+		run := sides
+		if b.Fails {
+			if len(fails) == 0 {
+				return rep, fmt.Errorf("textdiff: batch %d is a failure batch, and Options.FailAddrs names no address for it", bi)
+			}
+			run[1] = fails[failed%len(fails)]
+			failed++
+			if run[1].conn == nil {
+				if err := run[1].dial(ctx, opts.DialTimeout); err != nil {
+					return rep, fmt.Errorf("textdiff: batch %d: %w", bi, err)
+				}
+			}
+		}
 		var outs [2]outcome
 		var wg sync.WaitGroup
-		ca, cb := sides[0].conn, sides[1].conn
+		ca, cb := run[0].conn, run[1].conn
 		stop := context.AfterFunc(ctx, func() {
 			_ = ca.SetDeadline(time.Unix(1, 0))
 			_ = cb.SetDeadline(time.Unix(1, 0))
 		})
-		for i, s := range sides {
+		for i, s := range run {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				outs[i] = s.exec(b, time.Now().Add(opts.Timeout), &opts)
+				outs[i] = s.exec(b, i == 0, time.Now().Add(opts.Timeout), &opts)
 			}()
 		}
 		wg.Wait()
@@ -198,9 +223,17 @@ func Run(ctx context.Context, addrA, addrB string, stream *Stream, opts Options)
 			return rep, fmt.Errorf("textdiff: batch %d: both sides: %s", bi, a.end)
 		}
 		needConn = a.end == "closed"
+		if b.Fails && bb.end == "closed" {
+			_ = run[1].conn.Close()
+			run[1].conn = nil
+		}
 		first += len(b.Cmds)
 	}
 	return rep, nil
+}
+
+func newSide(addr string) *side {
+	return &side{addr: addr, cas: map[string]uint64{}, casIDs: map[string]int{}}
 }
 
 // dial replaces s's connection by a new one.
@@ -219,30 +252,35 @@ func (s *side) dial(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// wire returns the bytes of b as written to s: its commands with their
-// CAS placeholders filled in from s's replies, then the fence unless the
-// batch closes the connection. It also returns how many MN replies
+// wire returns the bytes of b as written to s: its commands (in a
+// failure batch, their Alt forms when first: s is the first server) with
+// their CAS placeholders filled in from s's replies, then the fence unless
+// the batch closes the connection. It also returns how many MN replies
 // complete the batch.
-func (s *side) wire(b *Batch) ([]byte, int) {
+func (s *side) wire(b *Batch, first bool) ([]byte, int) {
 	var out []byte
 	mns := 0
 	for i := range b.Cmds {
 		c := &b.Cmds[i]
-		if c.isMN() {
+		text, data := c.Text, c.Data
+		if b.Fails && first && c.Alt != nil {
+			text, data = c.Alt, c.AltData
+		}
+		if c.isMN() { // its Alt too (a failing retrieval's)
 			mns++
 		}
 		if c.CASKey == "" {
-			out = append(out, c.Text...)
+			out = append(out, text...)
 		} else {
 			v, ok := s.cas[c.CASKey]
 			if !ok {
 				v = 987654321
 			}
 			v += uint64(c.CASDelta)
-			out = append(out, bytes.Replace(c.Text, []byte(CASPlaceholder), strconv.AppendUint(nil, v, 10), 1)...)
+			out = append(out, bytes.Replace(text, []byte(CASPlaceholder), strconv.AppendUint(nil, v, 10), 1)...)
 		}
-		if c.Data != nil {
-			out = append(append(out, c.Data...), "\r\n"...)
+		if data != nil {
+			out = append(append(out, data...), "\r\n"...)
 		}
 	}
 	if b.Closes() {
@@ -252,9 +290,9 @@ func (s *side) wire(b *Batch) ([]byte, int) {
 }
 
 // exec writes b to s's connection and reads the replies, all before
-// deadline.
-func (s *side) exec(b *Batch, deadline time.Time, opts *Options) outcome {
-	data, wantMN := s.wire(b)
+// deadline; first: s is the first server (see wire).
+func (s *side) exec(b *Batch, first bool, deadline time.Time, opts *Options) outcome {
+	data, wantMN := s.wire(b, first)
 	o := outcome{sent: len(data)}
 	_ = s.conn.SetDeadline(deadline)
 	werr := make(chan error, 1)
@@ -262,7 +300,7 @@ func (s *side) exec(b *Batch, deadline time.Time, opts *Options) outcome {
 		_, err := s.conn.Write(data)
 		werr <- err
 	}()
-	o.end = s.read(&o, wantMN, opts)
+	o.end = s.read(&o, wantMN, opts, b.Fails)
 	if err := <-werr; err != nil && o.end == "fenced" {
 		o.end = "write: " + err.Error()
 	}
@@ -270,8 +308,9 @@ func (s *side) exec(b *Batch, deadline time.Time, opts *Options) outcome {
 }
 
 // read reads reply units into o until the wantMN-th MN (or, if wantMN is
-// 0, until the connection closes) and returns how it ended.
-func (s *side) read(o *outcome, wantMN int, opts *Options) string {
+// 0, until the connection closes) and returns how it ended. In a failure
+// batch (fails), every error line reads as failureLine.
+func (s *side) read(o *outcome, wantMN int, opts *Options, fails bool) string {
 	mns := 0
 	for {
 		line, err := readLine(s.br)
@@ -291,6 +330,9 @@ func (s *side) read(o *outcome, wantMN int, opts *Options) string {
 		}
 		if opts.CASByIdentity {
 			hdr = s.casIdentities(hdr, f)
+		}
+		if fails && (bytes.HasPrefix(line, []byte("CLIENT_ERROR ")) || bytes.HasPrefix(line, []byte("SERVER_ERROR "))) {
+			hdr = []byte(failureLine)
 		}
 		o.reply = append(o.reply, hdr...)
 		if isBlock {
@@ -313,6 +355,11 @@ func (s *side) read(o *outcome, wantMN int, opts *Options) string {
 		}
 	}
 }
+
+// failureLine is what an error line of a failure batch reads as: the
+// servers compared fail its commands for different reasons, in their own
+// words, but frame the failures alike.
+const failureLine = "<CLIENT_ERROR or SERVER_ERROR line>\r\n"
 
 // readLine returns the next line, its LF included, however long.
 func readLine(br *bufio.Reader) ([]byte, error) {

@@ -61,6 +61,25 @@
 //
 // Run fills CAS values into cas, ms C, md C and ma C from what each
 // server replied before, so that some of them match.
+//
+// Failures (GenOptions.Failures): a server under test in front of
+// memcached (a proxy) also fails commands memcached never fails: its
+// backend timed out or is down, its client's budget is spent. memcached
+// frames a failed command as one error line instead of its reply: a get,
+// gets, gat or gats sends that line alone (no VALUE block, no END), a
+// classic command with noreply sends nothing, a meta command in quiet
+// mode sends the line all the same. A failure batch (Batch.Fails) holds
+// only failing commands on keys no other batch names; the server under
+// test gets them at an address where every command that needs its backend
+// fails (Options.FailAddrs), and memcached gets each one's equivalent it
+// refuses (Command.Alt): the key swapped for one over 250 bytes
+// ("CLIENT_ERROR bad command line format", a retrieval's after an mn, see
+// above), or for storage commands, whose data memcached would read as a
+// command after that refusal, the data swapped for a value over its item
+// size limit ("SERVER_ERROR object too large for cache", the data
+// swallowed). In a failure batch Run reads every CLIENT_ERROR and
+// SERVER_ERROR line, on both sides, as the same line: what is compared is
+// the framing.
 package textdiff
 
 import "bytes"
@@ -98,6 +117,10 @@ type Command struct {
 	Replies int
 	// Kind names the generator case that made the command, for reports.
 	Kind string
+	// Alt and AltData, in a failure batch (Batch.Fails), are what
+	// memcached is sent instead of Text and Data: the command made to
+	// fail as memcached fails it (see the package doc).
+	Alt, AltData []byte
 
 	// reads are the keys the command names; delta the key it
 	// increments or decrements (see Generate).
@@ -120,6 +143,10 @@ type Batch struct {
 	NewConn bool
 	// Cmds are the batch's commands in order.
 	Cmds []Command
+	// Fails marks a failure batch: every command in it fails, and the
+	// server under test gets it at one of Options.FailAddrs (see the
+	// package doc). It never closes the connection.
+	Fails bool
 }
 
 // Closes reports whether the batch's last command closes the connection.

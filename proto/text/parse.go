@@ -148,9 +148,10 @@ type Command struct {
 	// Value is a storage command's data block, without its "\r\n".
 	Value []byte
 	// NoReply is set for classic commands that end in `noreply` (memcached
-	// then sends no reply, errors included) and for meta commands with the
-	// q flag (memcached then omits the replies the flag hides: HD, NF for
-	// md, EN for mg).
+	// then sends no reply, errors included; the administrative commands
+	// that read it too, see admin) and for meta commands with the q flag
+	// (memcached then omits the replies the flag hides: HD, NF for md, EN
+	// for mg, and sends its errors).
 	NoReply bool
 
 	// Meta holds a meta command's flags in order, one per token after the
@@ -487,9 +488,21 @@ func (c *Command) dispatch(buf []byte, n, maxValue int) (int, error) {
 	return n, c.fail(Error{Line: msgError})
 }
 
+// admin parses an administrative command. Those memcached runs through
+// set_noreply_maybe (cache_memlimit, lru, extstore, slabs automove, watch)
+// send nothing when they end in noreply, not even an error: NoReply says
+// so, and a proxy that refuses them refuses them silently then.
 func (c *Command) admin(n, nt int) (int, error) {
 	c.Kind = KindAdmin
 	c.Args = append(c.Args, c.toks[:nt-1]...)
+	switch string(c.Args[0]) {
+	case "cache_memlimit", "lru", "extstore", "watch":
+		c.noreply(nt)
+	case "slabs":
+		if len(c.Args) > 1 && string(c.Args[1]) == "automove" {
+			c.noreply(nt)
+		}
+	}
 	return n, nil
 }
 

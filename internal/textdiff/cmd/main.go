@@ -5,8 +5,11 @@
 //	go run ./internal/textdiff/cmd -a 127.0.0.1:11211 -b 127.0.0.1:11311 -seed 1 -n 20000
 //
 // Both servers must start empty, and memcached ones with the options in
-// textdiff.MemcachedFlags (-o no_lru_maintainer). It exits 0 when every
-// reply matched, 1 on a difference, 2 on any other failure.
+// textdiff.MemcachedFlags (-o no_lru_maintainer). With -fail, the stream
+// also holds failure batches, which the second server gets at those
+// addresses (where it fails them) and the first, memcached, made to fail
+// as it fails commands. It exits 0 when every reply matched, 1 on a
+// difference, 2 on any other failure.
 package main
 
 import (
@@ -16,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/textdiff"
@@ -34,9 +38,15 @@ func main() {
 	casID := flag.Bool("casid", false, "compare CAS values by identity (for a proxy that carries out flush_all itself; see Options.CASByIdentity)")
 	timeout := flag.Duration("timeout", 10*time.Second, "deadline for each batch's replies")
 	show := flag.String("show", "", "print commands FROM-TO of the stream (quoted, long ones cut) instead of running it")
+	fail := flag.String("fail", "", "comma-separated addresses where the second server fails every command that needs its backend: adds failure batches (see the textdiff package doc)")
 	flag.Parse()
+	var failAddrs []string
+	if *fail != "" {
+		failAddrs = strings.Split(*fail, ",")
+	}
+	gen := textdiff.GenOptions{Seed: *seed, Commands: *n, FlushAll: *flush, NoHuge: *noHuge, NoMeta: *noMeta, KeyMax: *keyMax, Failures: len(failAddrs) > 0}
 	if *show != "" {
-		s := textdiff.Generate(textdiff.GenOptions{Seed: *seed, Commands: *n, FlushAll: *flush, NoHuge: *noHuge, NoMeta: *noMeta, KeyMax: *keyMax})
+		s := textdiff.Generate(gen)
 		if err := printCommands(os.Stdout, s, *show); err != nil {
 			fmt.Fprintln(os.Stderr, "textdiff:", err)
 			os.Exit(2)
@@ -49,9 +59,9 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	s := textdiff.Generate(textdiff.GenOptions{Seed: *seed, Commands: *n, FlushAll: *flush, NoHuge: *noHuge, NoMeta: *noMeta, KeyMax: *keyMax})
+	s := textdiff.Generate(gen)
 	start := time.Now()
-	rep, err := textdiff.Run(ctx, *a, *b, s, textdiff.Options{Timeout: *timeout, KeepTTL: *keepTTL, CASByIdentity: *casID})
+	rep, err := textdiff.Run(ctx, *a, *b, s, textdiff.Options{Timeout: *timeout, KeepTTL: *keepTTL, CASByIdentity: *casID, FailAddrs: failAddrs})
 	fmt.Printf("%d commands in %d batches on %d connections, %d bytes sent, %d/%d reply bytes, %v\n",
 		rep.Commands, rep.Batches, rep.Conns, rep.BytesSent, rep.RepliesA, rep.RepliesB, time.Since(start).Round(time.Millisecond))
 	if err != nil {
@@ -85,6 +95,9 @@ func printCommands(w io.Writer, s *textdiff.Stream, fromTo string) error {
 				fmt.Fprintf(w, "%d batch %d new-conn %v [%s] %s", i, bi, b.NewConn, c.Kind, cut(c.Text))
 				if c.Data != nil {
 					fmt.Fprintf(w, " data %s", cut(c.Data))
+				}
+				if c.Alt != nil {
+					fmt.Fprintf(w, " first server: %s", cut(c.Alt))
 				}
 				if c.CASKey != "" {
 					fmt.Fprintf(w, " cas-of %s%+d", c.CASKey, c.CASDelta)
