@@ -50,7 +50,7 @@ func TestReadGateFallbackCloses(t *testing.T) {
 	tc.log = &log
 	p := startProxy(t, tc)
 	textDo(t, dialText(t, p.Addr), "mn\r\n", "MN\r\n") // starts the loop
-	onLoops(t, p, func(lp *loop) { lp.gate = readGate{epfd: -1, err: errors.New("test: no gate")} })
+	onLoops(t, p, func(lp *loop) { lp.gate.err = errors.New("test: no gate") })
 	w := startPipeWriter(t, rawDial(t, p.Addr), "fb", 4096, 4000)
 	select {
 	case <-w.done:
