@@ -137,9 +137,11 @@ type ProxyConfig struct {
 	// MinFrameBytes..MaxFrameBytesLimit).
 	MaxFrameBytes int
 	// MaxHeldInputBytes bounds the input buffered for one held (throttled)
-	// session (key max_held_input_bytes, default 4 MiB,
-	// MinFrameBytes..MaxFrameBytesLimit). It may be smaller than
-	// MaxFrameBytes: the proxy decides how a larger frame is handled.
+	// or otherwise paused session (key max_held_input_bytes, default 4
+	// MiB, MinFrameBytes..MaxFrameBytesLimit): past it the proxy stops
+	// reading the client until the session runs again (back-pressure),
+	// it does not close it. It may be smaller than MaxFrameBytes: a
+	// larger frame is read whole once the session runs.
 	MaxHeldInputBytes int
 	// AuthTimeout is how long a connection that must authenticate
 	// (DefaultBucket "") may stay open without authenticating; it is then

@@ -111,21 +111,25 @@ print("ok")
 // decr, gets/cas (a conflict too), touch, delete, a 512 KB value, add,
 // replace, append, prepend, version.
 func TestPymemcacheThroughProxy(t *testing.T) {
-	python := ""
-	for _, py := range []string{"/usr/bin/python3", "python3"} {
-		if exec.Command(py, "-c", "import pymemcache").Run() == nil {
-			python = py
-			break
-		}
-	}
-	if python == "" {
-		t.Skip("python3 with pymemcache not installed (make test installs python3-pymemcache)")
-	}
+	python := pymemcachePython(t)
 	p := startProxy(t, testConfig{})
 	out, err := runClient(t, python, "-c", pymemcacheOps, p.Addr)
 	if err != nil || strings.TrimSpace(out) != "ok" {
 		t.Fatalf("pymemcache: %v\n%s", err, out)
 	}
+}
+
+// pymemcachePython returns a python3 that imports pymemcache (Debian's
+// first), or skips the test.
+func pymemcachePython(t *testing.T) string {
+	t.Helper()
+	for _, py := range []string{"/usr/bin/python3", "python3"} {
+		if exec.Command(py, "-c", "import pymemcache").Run() == nil {
+			return py
+		}
+	}
+	t.Skip("python3 with pymemcache not installed (make test installs python3-pymemcache)")
+	return ""
 }
 
 // gomemcacheModule is the gomemcache release whose own test suite runs

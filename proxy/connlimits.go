@@ -21,7 +21,8 @@ import (
 //   - Input: at most preAuthMaxInput bytes may wait unprocessed (for
 //     example pipelined behind SASL AUTH while the password is checked),
 //     instead of proxy.max_held_input_bytes, besides a frame still
-//     arriving.
+//     arriving; past it the connection is closed (an authenticated one is
+//     no longer read instead: readgate.go).
 //   - Output: a client that has more than preAuthMaxOutput bytes of
 //     responses not taken by the socket, or preAuthMaxPending commands
 //     unanswered, when its next frame is decoded is closed: STAT, error

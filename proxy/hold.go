@@ -18,7 +18,8 @@ import (
 // hold parks the session in pause state to (held, or heldOnReads to
 // re-try also when one of its reads settles) until the throttle engine
 // lets its bucket run again: nothing more of the connection is dispatched,
-// its input stays buffered (bounded by checkBuffered), and the loop wakes
+// its input stays buffered (up to max_held_input_bytes, then the client
+// is not read: checkBuffered, readgate.go), and the loop wakes
 // it at the time the engine computed. A wait of InfDuration is only ended
 // by a change of limits (wakeHeld).
 func (s *session) hold(to pauseState, wait time.Duration) {

@@ -34,6 +34,7 @@ type loop struct {
 	touched     []*lane               // lanes whose lease was used in this pass (settleLeases)
 	aborts      []*lane               // lanes whose upstream connections abortLanes closes (orphan.go)
 	unauthSrc   unauthSources         // unauthenticated sessions by source (connlimits.go)
+	gate        readGate              // stops and restarts the reading of its client sockets (readgate.go)
 
 	// inflight counts the loop's client commands accepted and not yet
 	// answered. Only the loop writes it (addInflight); Server.inflight
@@ -78,6 +79,10 @@ func newLoop(s *Server, el gnet.EventLoop) *loop {
 		return nil
 	}
 	lp.pool = s.pool.Loop(el, lp.flushClients)
+	if lp.gate = newReadGate(el); !lp.gate.ok() {
+		s.log.Warn().Err(lp.gate.err).Int("max_held_input_bytes", s.opts.maxHeldInput).
+			Msg("cannot stop reading paused clients on this event loop: a held client sending past max_held_input_bytes is closed")
+	}
 	return lp
 }
 

@@ -95,15 +95,24 @@ func (s *session) overCap() bool {
 	return s.released
 }
 
-// checkBuffered enforces the bound on unprocessed input: max_held_input_bytes
-// (preAuthMaxInput before authentication), plus the size of the frame at
-// the head when it is still arriving (so a frame up to max_frame_bytes, or
-// preAuthMaxBody, can always be received).
+// checkBuffered bounds the client's unprocessed input, at the end of each
+// pass over it. A paused session holding max_held_input_bytes or more
+// stops reading its client (stopReading, readgate.go): the client is
+// paced by its socket, never closed for it. Otherwise the bound is
+// max_held_input_bytes (preAuthMaxInput before authentication), plus the
+// size of the frame at the head when it is still arriving (so a frame up
+// to max_frame_bytes, or preAuthMaxBody, can always be received); past it
+// the connection is closed. That happens to a client that has not
+// authenticated and sends more than it may (connlimits.go), and to a
+// paused one only when its loop cannot stop reading (no gate); a running
+// session buffers no more than the request still arriving.
 func (s *session) checkBuffered() gnet.Action {
 	n := s.c.InboundBuffered()
 	limit := s.lp.srv.opts.maxHeldInput
 	if s.needAuth {
 		limit = preAuthMaxInput
+	} else if s.pause != running && n >= limit && s.stopReading() {
+		return gnet.None
 	}
 	if n <= limit {
 		return gnet.None

@@ -111,6 +111,7 @@ type Server struct {
 	unsentShed    atomic.Uint64 // connections closed by max_unsent_bytes
 
 	badPauseMoves atomic.Uint64 // illegal session pause transitions refused (state.go): bugs
+	readStops     atomic.Uint64 // times a paused client's socket stopped being read (readgate.go)
 
 	throttle *throttle.Engine
 	metrics  *metrics.Metrics
@@ -552,6 +553,7 @@ func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
 	case *upstream.Conn:
 		return x.HandleTraffic(c)
 	case *session:
+		x.readRearmed()
 		if x.tls != nil {
 			return x.onTLSTraffic()
 		}

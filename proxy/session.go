@@ -61,6 +61,7 @@ type session struct {
 	ln        *lane         // its bucket's lane on the loop (lane.go); nil until needed, and after a bucket change
 	laneWait  bool          // holds its turn in its lane's line (state.go), counted in ln.waiting
 	framed    bool          // a binary request magic has arrived: bad input gets Einval, not a text line
+	readOff   bool          // its socket is out of its loop's read interest (readgate.go); only while paused
 
 	user        *bucketcfg.User // nil until SASL succeeds
 	tlsUser     *bucketcfg.User // the user its verified client certificate names (tls.go); nil: none
@@ -331,7 +332,13 @@ func (s *session) flush() {
 		if len(s.lp.touched) > 0 {
 			s.lp.settleLeases() // the statistics count what the client is told of
 		}
-		_, _ = s.c.Write(s.out)
+		if s.readOff {
+			had := s.c.OutboundBuffered() > 0
+			_, _ = s.c.Write(s.out)
+			s.afterWrite(had)
+		} else {
+			_, _ = s.c.Write(s.out)
+		}
 		s.out = s.out[:0]
 	}
 	if cap(s.out) > outKeepBusy || cap(s.out) > outKeepIdle && s.pending() == 0 {

@@ -87,6 +87,9 @@ func (s *session) setPause(to pauseState) bool {
 	from := s.pause
 	if to < numPauseStates && pauseMoves[from]&(1<<to) != 0 {
 		s.pause = to
+		if to == running {
+			s.startReading() // a paused session may have stopped reading (readgate.go)
+		}
 		return true
 	}
 	srv := s.lp.srv
