@@ -55,7 +55,7 @@ type clientInput struct {
 func clientInputs(t *testing.T, p *testProxy) []clientInput {
 	t.Helper()
 	var out []clientInput
-	onLoops(t, p, func(lp *loop) {
+	onLoop(t, p, func(lp *loop) {
 		for s := range lp.sessions {
 			out = append(out, clientInput{s.c.InboundBuffered(), unreadBytes(s.c.Fd()), s.c.OutboundBuffered(), s.readOff, s.pause})
 		}
@@ -315,7 +315,7 @@ func TestHeldWriterDrainsItsResponse(t *testing.T) {
 	// Small socket buffers on both sides, so that the response waits in
 	// gnet's outbound buffer.
 	eventually(t, 5*time.Second, "the session to open", func() bool { return p.Connections() == 1 })
-	onLoops(t, p, func(lp *loop) {
+	onLoop(t, p, func(lp *loop) {
 		for s := range lp.sessions {
 			_ = s.c.(gnet.Conn).SetWriteBuffer(16 << 10)
 		}

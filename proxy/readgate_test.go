@@ -18,7 +18,7 @@ func TestReadGateSelfCheck(t *testing.T) {
 		textDo(t, dialText(t, p.Addr), "mn\r\n", "MN\r\n")
 	}
 	loops := 0
-	onLoops(t, p, func(lp *loop) {
+	onLoop(t, p, func(lp *loop) {
 		loops++
 		if !lp.gate.ok() {
 			t.Errorf("event loop without a read gate: %v", lp.gate.err)
@@ -50,7 +50,7 @@ func TestReadGateFallbackCloses(t *testing.T) {
 	tc.log = &log
 	p := startProxy(t, tc)
 	textDo(t, dialText(t, p.Addr), "mn\r\n", "MN\r\n") // starts the loop
-	onLoops(t, p, func(lp *loop) { lp.gate.err = errors.New("test: no gate") })
+	onLoop(t, p, func(lp *loop) { lp.gate.err = errors.New("test: no gate") })
 	w := startPipeWriter(t, rawDial(t, p.Addr), "fb", 4096, 4000)
 	select {
 	case <-w.done:
