@@ -55,7 +55,6 @@ const (
 
 // authJob is one password check: a SASL AUTH that missed the cache.
 type authJob struct {
-	call       *offLoopCall // the SASL AUTH; its session is touched only on its loop (authDone)
 	user, pass string
 	cfg        *bucketcfg.Config // the configuration checked against (set by the worker)
 	src        *authSrc          // set by push
