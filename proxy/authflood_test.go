@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -261,19 +260,6 @@ func (f *floodProc) stop() floodStats {
 		<-waited
 	}
 	return st
-}
-
-func median(ds []time.Duration) time.Duration {
-	slices.Sort(ds)
-	return ds[len(ds)/2]
-}
-
-func p99(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	return ds[len(ds)*99/100]
 }
 
 // getLatencies times sequential GETs of key on c for d.

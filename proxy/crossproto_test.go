@@ -39,28 +39,6 @@ func bucketUnits(t *testing.T, p *testProxy, name string) unitCounts {
 	return unitCounts{}
 }
 
-// textDo writes in on tc and reads the reply up to and including a line
-// equal to last (memcached's reply to the last command of in); the test
-// fails on an error or a timeout.
-func textDo(t *testing.T, tc *textConn, in, last string) string {
-	t.Helper()
-	_ = tc.c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.WriteString(tc.c, in); err != nil {
-		t.Fatalf("write %q: %v", in, err)
-	}
-	var out strings.Builder
-	for {
-		line, err := tc.r.ReadString('\n')
-		out.WriteString(line)
-		if err != nil {
-			t.Fatalf("reply to %q: %v after %q", in, err, out.String())
-		}
-		if line == last {
-			return out.String()
-		}
-	}
-}
-
 // TestCrossProtoUnitsEqual: the same command on the same bytes costs the
 // same read and write units from a text client as from a binary client:
 // set as SET; get (whose reply carries the key) as GETK, a miss as one

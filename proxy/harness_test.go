@@ -1,25 +1,19 @@
 package proxy
 
 import (
-	"bytes"
-	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
-	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testcerts"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
-	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
@@ -162,43 +156,6 @@ func testLogger(t testing.TB) zerolog.Logger {
 	return zerolog.Nop()
 }
 
-func dial(t testing.TB, addr string) *mcclient.Client {
-	t.Helper()
-	c, err := mcclient.Dial(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// onLoop runs fn on each event loop of p in turn and waits for it.
-func onLoop(t testing.TB, p *testProxy, fn func(lp *loop)) {
-	t.Helper()
-	p.eachLoop(func(lp *loop) {
-		done := make(chan struct{})
-		if err := lp.el.Execute(context.Background(), gnet.RunnableFunc(func(context.Context) error {
-			defer close(done)
-			fn(lp)
-			return nil
-		})); err != nil {
-			t.Fatalf("run on the loop: %v", err)
-		}
-		<-done
-	})
-}
-
-// sessionOf returns the session of the client whose local address is
-// addr, or nil (closed, or not yet opened). On the loop.
-func sessionOf(lp *loop, addr net.Addr) *session {
-	for s := range lp.sessions {
-		if s.remote == addr.String() {
-			return s
-		}
-	}
-	return nil
-}
-
 // eventually is testmc.Eventually.
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -244,100 +201,6 @@ buckets = ["bob"]
 `, h["admin"], h["alice"], h["bob"])
 }
 
-func login(t testing.TB, addr, user string) *mcclient.Client {
-	t.Helper()
-	c := dial(t, addr)
-	r, err := c.Do(mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: []byte("\x00" + user + "\x00" + user + "-pw")})
-	if err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("login %s: %v %+v", user, err, r)
-	}
-	return c
-}
-
-func status(t testing.TB, r *mcclient.Response, err error) mc.Status {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r.Status()
-}
-
-func adminDo(t testing.TB, c *mcclient.Client, op mc.Opcode, key, body string) *mcclient.Response {
-	t.Helper()
-	r, err := c.Do(mcclient.Request{Opcode: op, Key: []byte(key), Value: []byte(body)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
-func hello(t testing.TB, c *mcclient.Client, features ...mc.Feature) {
-	t.Helper()
-	var v []byte
-	for _, f := range features {
-		v = append(v, byte(f>>8), byte(f))
-	}
-	r, err := c.Do(mcclient.Request{Opcode: mc.OpHello, Key: []byte("test"), Value: v})
-	if err != nil || r.Status() != mc.StatusSuccess || !bytes.Equal(r.Value, v) {
-		t.Fatalf("HELLO %v: %v %+v", features, err, r)
-	}
-}
-
-// pipelineGets keeps depth GETs of key in flight on c until stop is
-// closed, and reports the arrival time of each hit. At stop it closes c
-// (without waiting for the GETs still held by the throttle) and returns;
-// errors before stop fail t.
-func pipelineGets(t testing.TB, c *mcclient.Client, key string, depth int, stop <-chan struct{}, arrived func(time.Time)) {
-	timedGets(t, c, key, depth, stop, func(_, got time.Time) { arrived(got) })
-}
-
-// timedGets is pipelineGets reporting when each GET was sent and when it
-// was answered (a connection's answers come in the order of its requests).
-func timedGets(t testing.TB, c *mcclient.Client, key string, depth int, stop <-chan struct{}, answered func(sent, got time.Time)) {
-	sent := make(chan time.Time, depth) // a slot taken before a GET is sent
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-stop:
-		case <-done:
-		}
-		c.Close() // ends the Read below
-	}()
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-done:
-				return
-			case sent <- time.Now():
-			}
-			c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte(key)})
-			if err := c.Flush(); err != nil {
-				return // closed: Read reports what matters
-			}
-		}
-	}()
-	for {
-		r, err := c.Read()
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		if err != nil {
-			t.Errorf("read: %v", err)
-			return
-		}
-		if r.Status() != mc.StatusSuccess {
-			t.Errorf("GET %s: status %v %q", key, r.Status(), r.Value)
-			return
-		}
-		answered(<-sent, time.Now())
-	}
-}
-
 func startTwoServerProxy(t *testing.T, upstreamExtra string) (*testProxy, *testmc.Server, *testmc.Server) {
 	a, b := testmc.Start(t), testmc.Start(t)
 	statePath := t.TempDir() + "/state.json"
@@ -377,137 +240,42 @@ buckets = ["free"]
 `, h["limited"], h["free"])
 }
 
-func runMixed(addr string, ci, ops int) error {
-	c, err := mcclient.Dial(addr)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	counter := []byte(fmt.Sprintf("c%d-counter", ci))
-	var count uint64
-	for i := 0; i < ops; i++ {
-		key := []byte(fmt.Sprintf("c%d-k%d", ci, i%10))
-		val := []byte(fmt.Sprintf("client %d value %d %s", ci, i, bytes.Repeat([]byte{'x'}, i%200)))
-		switch i % 4 {
-		case 0:
-			if r, err := c.Set(key, val); err != nil || r.Status() != mc.StatusSuccess {
-				return fmt.Errorf("client %d set %d: %v %v", ci, i, err, r)
-			}
-			r, err := c.Get(key)
-			if err != nil || r.Status() != mc.StatusSuccess || !bytes.Equal(r.Value, val) {
-				return fmt.Errorf("client %d get %d: got %q want %q (%v)", ci, i, r.Value, val, err)
-			}
-		case 1:
-			r, err := c.Incr(counter, 1, 1)
-			if err != nil || r.Status() != mc.StatusSuccess {
-				return fmt.Errorf("client %d incr: %v %v", ci, err, r)
-			}
-			count++
-			if got := binary.BigEndian.Uint64(r.Value); got != count {
-				return fmt.Errorf("client %d incr: counter %d, want %d", ci, got, count)
-			}
-		case 2:
-			if r, err := c.Delete(key); err != nil || (r.Status() != mc.StatusSuccess && r.Status() != mc.StatusKeyEnoent) {
-				return fmt.Errorf("client %d delete: %v %v", ci, err, r)
-			}
-			if r, err := c.Get(key); err != nil || r.Status() != mc.StatusKeyEnoent {
-				return fmt.Errorf("client %d get after delete: %v %v", ci, err, r)
-			}
-		case 3:
-			// A pipelined pair: SET then GETK, answered in order.
-			c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(uint32(ci), 0), Key: key, Value: val})
-			c.Send(mcclient.Request{Opcode: mc.OpGetK, Key: key})
-			if err := c.Flush(); err != nil {
-				return err
-			}
-			r1, err1 := c.Read()
-			r2, err2 := c.Read()
-			if err1 != nil || err2 != nil || r1.Opcode != mc.OpSet || r2.Opcode != mc.OpGetK ||
-				!bytes.Equal(r2.Key, key) || !bytes.Equal(r2.Value, val) || binary.BigEndian.Uint32(r2.Extras) != uint32(ci) {
-				return fmt.Errorf("client %d pipelined set/getk: %v %v %+v %+v", ci, err1, err2, r1, r2)
-			}
-		}
-	}
-	return nil
-}
-
-// readStatus reads one response from conn within d.
-func readStatus(t testing.TB, conn net.Conn, d time.Duration) (mc.Header, error) {
+// startTLSProxy starts a proxy with tenantTail's users and a [tls] table;
+// mutual requires client certificates signed by the test CA. proxy holds
+// lines for [proxy].
+func startTLSProxy(t testing.TB, mutual bool, proxy string) *tlsSetup {
 	t.Helper()
-	_ = conn.SetReadDeadline(time.Now().Add(d))
-	var hb [mc.HeaderLen]byte
-	if _, err := io.ReadFull(conn, hb[:]); err != nil {
-		return mc.Header{}, err
+	return startTLSProxyTail(t, mutual, proxy, tenantTail(t))
+}
+
+// startTLSProxyTail is startTLSProxy with tail's buckets and users.
+func startTLSProxyTail(t testing.TB, mutual bool, proxy, tail string) *tlsSetup {
+	t.Helper()
+	return startTLSProxyWith(t, mutual, testConfig{proxy: proxy, tail: tail})
+}
+
+// startTLSProxyWith is startTLSProxy with tc, to which it adds the [tls]
+// table, with tlsLines in it.
+func startTLSProxyWith(t testing.TB, mutual bool, tc testConfig, tlsLines ...string) *tlsSetup {
+	t.Helper()
+	s := &tlsSetup{ca: testcerts.NewCA(t, "kvthrottle test CA"), dir: t.TempDir()}
+	s.certFile, s.keyFile = s.ca.Server(t).Write(t, s.dir, "server")
+	tlsTable := fmt.Sprintf("\n[tls]\nlisten = %q\ncert_file = %q\nkey_file = %q\n", testmc.FreeAddr(t), s.certFile, s.keyFile)
+	if mutual {
+		caFile := filepath.Join(s.dir, "clients-ca.pem")
+		if err := os.WriteFile(caFile, s.ca.PEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		tlsTable += fmt.Sprintf("client_ca_file = %q\n", caFile)
 	}
-	h, _ := mc.ParseHeader(hb[:])
-	if _, err := io.CopyN(io.Discard, conn, int64(h.BodyLen)); err != nil {
-		return h, err
+	for _, l := range tlsLines {
+		tlsTable += l + "\n"
 	}
-	return h, nil
-}
-
-// fakeTime drives a proxy whose throttle engine reads a fake clock: step
-// advances the clock and waits until the proxy has done everything the new
-// reading allows, so that what a test counts between steps is exact and
-// the same on every run, however loaded the machine.
-type fakeTime struct {
-	t     testing.TB
-	p     *testProxy
-	clock *throttle.FakeClock
-}
-
-// settle waits until the proxy is settled at the clock's reading (see
-// settled) with exactly held sessions held, and ready (nil: always) holds:
-// typically that the clients have read every answer the proxy sent.
-func (ft *fakeTime) settle(held int, ready func() bool) {
-	ft.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		n, ok := settled(ft.t, ft.p)
-		if ok && n == held && (ready == nil || ready()) {
-			return
-		}
-		if time.Now().After(deadline) {
-			ft.t.Fatalf("at %v the proxy did not settle with %d sessions held (%d held, settled %v)", ft.clock.Now(), held, n, ok)
-		}
-		time.Sleep(50 * time.Microsecond)
+	tc.tail += tlsTable
+	s.tc = tc
+	s.p = startProxy(t, s.tc)
+	if s.p.TLSAddr() == "" {
+		t.Fatal("no TLS listener")
 	}
-}
-
-// step advances the clock by d and settles (settle).
-func (ft *fakeTime) step(d time.Duration, held int, ready func() bool) {
-	ft.t.Helper()
-	ft.clock.Advance(d)
-	ft.settle(held, ready)
-}
-
-// settled reports whether every loop of p has done all it can at the
-// engine clock's reading, and how many sessions are held: no wake-up due,
-// no session queued for a re-try or a flush, and every session either held
-// or idle (its input all dispatched), with nothing in flight upstream and
-// nothing unsent.
-func settled(t testing.TB, p *testProxy) (held int, ok bool) {
-	ok = true
-	onLoop(t, p, func(lp *loop) {
-		now := lp.srv.throttle.Now()
-		for _, e := range lp.holds {
-			if e.live() && e.at <= now {
-				ok = false
-			}
-		}
-		if len(lp.retry) > 0 || len(lp.dirty) > 0 {
-			ok = false
-		}
-		for s := range lp.sessions {
-			switch {
-			case s.pending() > 0 || s.unsent() > 0:
-				ok = false
-			case s.isHeld():
-				held++
-			case s.pause != running || !s.drained():
-				ok = false
-			}
-		}
-	})
-	return held, ok
+	return s
 }

@@ -223,26 +223,3 @@ func TestFlushOrdersLaterCommands(t *testing.T) {
 		t.Errorf("after the flush got %q, want %q", got.String(), want)
 	}
 }
-
-// textConn is a text client connection read line by line.
-type textConn struct {
-	c net.Conn
-	r *bufio.Reader
-}
-
-func dialText(t *testing.T, addr string) *textConn {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	return &textConn{c: c, r: bufio.NewReader(c)}
-}
-
-// line reads one line, "" on error (the caller's comparison fails).
-func (tc *textConn) line(t *testing.T) string {
-	s, _ := tc.r.ReadString('\n')
-	return s
-}

@@ -1,0 +1,252 @@
+package proxy
+
+// Test clients of the proxy: binary (dial, login, pipelineGets) and text
+// (dialText, textDo), and the latency quantiles the tests report.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// dial connects a binary client to addr, closed when the test ends.
+func dial(t testing.TB, addr string) *mcclient.Client {
+	t.Helper()
+	c, err := mcclient.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func login(t testing.TB, addr, user string) *mcclient.Client {
+	t.Helper()
+	c := dial(t, addr)
+	r, err := c.Do(mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: []byte("\x00" + user + "\x00" + user + "-pw")})
+	if err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("login %s: %v %+v", user, err, r)
+	}
+	return c
+}
+
+func status(t testing.TB, r *mcclient.Response, err error) mc.Status {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Status()
+}
+
+func adminDo(t testing.TB, c *mcclient.Client, op mc.Opcode, key, body string) *mcclient.Response {
+	t.Helper()
+	r, err := c.Do(mcclient.Request{Opcode: op, Key: []byte(key), Value: []byte(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func hello(t testing.TB, c *mcclient.Client, features ...mc.Feature) {
+	t.Helper()
+	var v []byte
+	for _, f := range features {
+		v = append(v, byte(f>>8), byte(f))
+	}
+	r, err := c.Do(mcclient.Request{Opcode: mc.OpHello, Key: []byte("test"), Value: v})
+	if err != nil || r.Status() != mc.StatusSuccess || !bytes.Equal(r.Value, v) {
+		t.Fatalf("HELLO %v: %v %+v", features, err, r)
+	}
+}
+
+// pipelineGets keeps depth GETs of key in flight on c until stop is
+// closed, and reports the arrival time of each hit. At stop it closes c
+// (without waiting for the GETs still held by the throttle) and returns;
+// errors before stop fail t.
+func pipelineGets(t testing.TB, c *mcclient.Client, key string, depth int, stop <-chan struct{}, arrived func(time.Time)) {
+	timedGets(t, c, key, depth, stop, func(_, got time.Time) { arrived(got) })
+}
+
+// timedGets is pipelineGets reporting when each GET was sent and when it
+// was answered (a connection's answers come in the order of its requests).
+func timedGets(t testing.TB, c *mcclient.Client, key string, depth int, stop <-chan struct{}, answered func(sent, got time.Time)) {
+	sent := make(chan time.Time, depth) // a slot taken before a GET is sent
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-stop:
+		case <-done:
+		}
+		c.Close() // ends the Read below
+	}()
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-done:
+				return
+			case sent <- time.Now():
+			}
+			c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte(key)})
+			if err := c.Flush(); err != nil {
+				return // closed: Read reports what matters
+			}
+		}
+	}()
+	for {
+		r, err := c.Read()
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if err != nil {
+			t.Errorf("read: %v", err)
+			return
+		}
+		if r.Status() != mc.StatusSuccess {
+			t.Errorf("GET %s: status %v %q", key, r.Status(), r.Value)
+			return
+		}
+		answered(<-sent, time.Now())
+	}
+}
+
+func runMixed(addr string, ci, ops int) error {
+	c, err := mcclient.Dial(addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	counter := []byte(fmt.Sprintf("c%d-counter", ci))
+	var count uint64
+	for i := 0; i < ops; i++ {
+		key := []byte(fmt.Sprintf("c%d-k%d", ci, i%10))
+		val := []byte(fmt.Sprintf("client %d value %d %s", ci, i, bytes.Repeat([]byte{'x'}, i%200)))
+		switch i % 4 {
+		case 0:
+			if r, err := c.Set(key, val); err != nil || r.Status() != mc.StatusSuccess {
+				return fmt.Errorf("client %d set %d: %v %v", ci, i, err, r)
+			}
+			r, err := c.Get(key)
+			if err != nil || r.Status() != mc.StatusSuccess || !bytes.Equal(r.Value, val) {
+				return fmt.Errorf("client %d get %d: got %q want %q (%v)", ci, i, r.Value, val, err)
+			}
+		case 1:
+			r, err := c.Incr(counter, 1, 1)
+			if err != nil || r.Status() != mc.StatusSuccess {
+				return fmt.Errorf("client %d incr: %v %v", ci, err, r)
+			}
+			count++
+			if got := binary.BigEndian.Uint64(r.Value); got != count {
+				return fmt.Errorf("client %d incr: counter %d, want %d", ci, got, count)
+			}
+		case 2:
+			if r, err := c.Delete(key); err != nil || (r.Status() != mc.StatusSuccess && r.Status() != mc.StatusKeyEnoent) {
+				return fmt.Errorf("client %d delete: %v %v", ci, err, r)
+			}
+			if r, err := c.Get(key); err != nil || r.Status() != mc.StatusKeyEnoent {
+				return fmt.Errorf("client %d get after delete: %v %v", ci, err, r)
+			}
+		case 3:
+			// A pipelined pair: SET then GETK, answered in order.
+			c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(uint32(ci), 0), Key: key, Value: val})
+			c.Send(mcclient.Request{Opcode: mc.OpGetK, Key: key})
+			if err := c.Flush(); err != nil {
+				return err
+			}
+			r1, err1 := c.Read()
+			r2, err2 := c.Read()
+			if err1 != nil || err2 != nil || r1.Opcode != mc.OpSet || r2.Opcode != mc.OpGetK ||
+				!bytes.Equal(r2.Key, key) || !bytes.Equal(r2.Value, val) || binary.BigEndian.Uint32(r2.Extras) != uint32(ci) {
+				return fmt.Errorf("client %d pipelined set/getk: %v %v %+v %+v", ci, err1, err2, r1, r2)
+			}
+		}
+	}
+	return nil
+}
+
+// readStatus reads one response from conn within d.
+func readStatus(t testing.TB, conn net.Conn, d time.Duration) (mc.Header, error) {
+	t.Helper()
+	_ = conn.SetReadDeadline(time.Now().Add(d))
+	var hb [mc.HeaderLen]byte
+	if _, err := io.ReadFull(conn, hb[:]); err != nil {
+		return mc.Header{}, err
+	}
+	h, _ := mc.ParseHeader(hb[:])
+	if _, err := io.CopyN(io.Discard, conn, int64(h.BodyLen)); err != nil {
+		return h, err
+	}
+	return h, nil
+}
+
+// textConn is a text client connection read line by line.
+type textConn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dialText(t *testing.T, addr string) *textConn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return &textConn{c: c, r: bufio.NewReader(c)}
+}
+
+// line reads one line, "" on error (the caller's comparison fails).
+func (tc *textConn) line(t *testing.T) string {
+	s, _ := tc.r.ReadString('\n')
+	return s
+}
+
+// textDo writes in on tc and reads the reply up to and including a line
+// equal to last (memcached's reply to the last command of in); the test
+// fails on an error or a timeout.
+func textDo(t *testing.T, tc *textConn, in, last string) string {
+	t.Helper()
+	_ = tc.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(tc.c, in); err != nil {
+		t.Fatalf("write %q: %v", in, err)
+	}
+	var out strings.Builder
+	for {
+		line, err := tc.r.ReadString('\n')
+		out.WriteString(line)
+		if err != nil {
+			t.Fatalf("reply to %q: %v after %q", in, err, out.String())
+		}
+		if line == last {
+			return out.String()
+		}
+	}
+}
+
+func median(ds []time.Duration) time.Duration {
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+func p99(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)*99/100]
+}
