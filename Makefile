@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run fleet test deps vet bench fuzz clean
+.PHONY: all build run fleet test test-race test-upstream-tls deps vet bench fuzz clean
 
 all: build
 
@@ -33,18 +33,25 @@ fleet: build
 	@scripts/deps.sh --server-only
 	@scripts/fleet.sh $(BIN)
 
-## test: install what the tests need, then vet, gofmt and every test with -race;
-## then, with TLS between the proxy and memcached (memcached -Z) and without
-## -race (the first pass has it), the proxy tests whose traffic TLS changes:
-## the upstream wire (framing across records, partial reads, reconnects,
-## pipelines, large values, real clients), not the throttle's arithmetic;
-## then, also without the race detector (it distorts latencies), the latency
-## target of the TLS handshake flood (proxy/tlsflood_test.go; 10 to 25 s).
-UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*)$$
-test: deps vet
-	$(GO) test -race -count=1 -timeout 20m ./...
-	KVTHROTTLE_TEST_UPSTREAM_TLS=1 $(GO) test -count=1 -timeout 10m -run '$(UPSTREAM_TLS_TESTS)' ./proxy
+## test: install what the tests need, then at once (make -j: the suite
+## mostly waits on sockets and timers, so its parts overlap well on two
+## cores): vet, gofmt and staticcheck; every test with -race; and, with TLS
+## between the proxy and memcached (memcached -Z) and without -race (the
+## first pass has it), the proxy tests whose traffic TLS changes: the
+## upstream wire (framing across records, partial reads, reconnects,
+## pipelines, large values, real clients), not the throttle's arithmetic.
+## Then, alone and without the race detector (it distorts latencies), the
+## TLS handshake flood (proxy/tlsflood_test.go).
+UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*|TestTextUpstreamFailureFraming)$$
+test: deps
+	@$(MAKE) --no-print-directory -j3 vet test-race test-upstream-tls
 	$(GO) test -count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy
+
+test-race:
+	$(GO) test -race -count=1 -parallel 4 -timeout 20m ./...
+
+test-upstream-tls:
+	KVTHROTTLE_TEST_UPSTREAM_TLS=1 $(GO) test -count=1 -parallel 4 -timeout 10m -run '$(UPSTREAM_TLS_TESTS)' ./proxy
 
 ## vet: gofmt, go vet and staticcheck (its default checks).
 vet:

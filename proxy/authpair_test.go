@@ -15,6 +15,7 @@ func pairJob(addr, user string) *authJob { return &authJob{user: user, addr: add
 // penalised as a whole; one address queues at most maxQueuedAuthPerAddr
 // checks, whatever the users.
 func TestAuthPairPenalty(t *testing.T) {
+	t.Parallel()
 	q := newAuthQueue()
 	now := time.Now()
 	q.push(authPair("A", "bob"), pairJob("A", "bob"), now)
@@ -73,6 +74,7 @@ func TestAuthPairPenalty(t *testing.T) {
 // another password never does; a penalised source joins only its own
 // source's flight, and at most maxPenalisedWaiters wait on it.
 func TestAuthFlightsJoin(t *testing.T) {
+	t.Parallel()
 	f := newAuthFlights()
 	pushed := 0
 	push := func(*authJob) bool { pushed++; return true }

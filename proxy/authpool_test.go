@@ -91,6 +91,7 @@ func authCount(srv *Server, mech, result string) uint64 {
 // for all of them), store and read their keys in the pool's bucket, and
 // kvthrottle_auth_total counts 32 successes and no refusal.
 func TestAuthPoolColdBinary(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: poolTail(t)})
 	conns := make([]*mcclient.Client, poolSize)
 	for i := range conns {
@@ -136,6 +137,7 @@ func TestAuthPoolColdBinary(t *testing.T) {
 // "<user> <password>"), as gomemcache-based applications do by hand: all
 // get STORED, and their keys land in the pool's bucket.
 func TestAuthPoolColdText(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{proxy: `default_bucket = ""`, tail: poolTail(t)})
 	type textConn struct {
 		c net.Conn
@@ -203,6 +205,7 @@ func TestAuthPoolColdText(t *testing.T) {
 // its key in the pool's bucket. Before the fix, the connections beyond the
 // per-source handshake bound (32) were closed at once.
 func TestAuthPoolTLS64(t *testing.T) {
+	t.Parallel()
 	const n = 2 * tlsMaxHandshakesPerSource
 	s := startTLSProxyTail(t, false, "", poolTail(t))
 	raw := make([]net.Conn, n)
@@ -266,6 +269,7 @@ func TestAuthPoolTLS64(t *testing.T) {
 // data, until a login succeeds; SelectBucket of the default bucket is
 // refused too. kvthrottle_auth_total counts the failure.
 func TestFailedAuthGetsEaccess(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	key := []byte("shared-name")
 	if r, err := dial(t, p.Addr).Set(key, []byte("anonymous data")); status(t, r, err) != mc.StatusSuccess {
@@ -310,6 +314,7 @@ func TestFailedAuthGetsEaccess(t *testing.T) {
 // to 127.0.0.9) each open a pool of 24 connections of the same user at
 // once: all 192 log in. Before the fix, each host got 9.
 func TestAuthRestartStorm(t *testing.T) {
+	t.Parallel()
 	const hosts, per = 8, 24
 	p := startProxy(t, testConfig{proxy: `plain_auth = "anywhere"`, tail: poolTail(t)})
 	var conns []*mcclient.Client

@@ -23,6 +23,7 @@ func popUsers(t *testing.T, q *authQueue, now time.Time) []string {
 
 // Round robin between sources, FIFO within one.
 func TestAuthQueueRoundRobin(t *testing.T) {
+	t.Parallel()
 	q := newAuthQueue()
 	now := time.Now()
 	for _, p := range [][2]string{{"A", "a1"}, {"A", "a2"}, {"A", "a3"}, {"B", "b1"}, {"C", "c1"}, {"B", "b2"}} {
@@ -47,6 +48,7 @@ func TestAuthQueueRoundRobin(t *testing.T) {
 
 // One source cannot fill the queue; all sources together are bounded too.
 func TestAuthQueueBounds(t *testing.T) {
+	t.Parallel()
 	q := newAuthQueue()
 	now := time.Now()
 	for i := 0; i < maxQueuedAuthPerSource; i++ {
@@ -79,6 +81,7 @@ func TestAuthQueueBounds(t *testing.T) {
 // A source whose check failed waits (failedAuthShare-1) times the check's
 // duration, capped; others are served meanwhile; draining lifts the wait.
 func TestAuthQueueFailurePenalty(t *testing.T) {
+	t.Parallel()
 	q := newAuthQueue()
 	now := time.Now()
 	q.push("A", jobFor("a1"), now)
@@ -123,6 +126,7 @@ func TestAuthQueueFailurePenalty(t *testing.T) {
 // A penalty outlives the source's queue (the attacker reconnects), and
 // forgotten sources are only those with nothing queued and no penalty.
 func TestAuthQueueRemembersPenalty(t *testing.T) {
+	t.Parallel()
 	q := newAuthQueue()
 	now := time.Now()
 	q.push("A", jobFor("a1"), now)
@@ -146,6 +150,7 @@ func TestAuthQueueRemembersPenalty(t *testing.T) {
 // The worker runs one check at a time; stop waits for it, hands the
 // checks still queued to drop, and refuses later pushes.
 func TestAuthQueueWorker(t *testing.T) {
+	t.Parallel()
 	q := newAuthQueue()
 	var running, most, checked, dropped atomic.Int32
 	release := make(chan struct{})
@@ -195,6 +200,7 @@ func TestAuthQueueWorker(t *testing.T) {
 }
 
 func TestAuthSource(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ a, b string }{
 		{"10.0.0.1:1234", "10.0.0.1:999"},
 		{"[::ffff:10.0.0.1]:1", "10.0.0.1:2"},

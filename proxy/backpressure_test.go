@@ -248,6 +248,7 @@ func admitted(t *testing.T, clock *throttle.FakeClock, b *throttle.Bucket, d tim
 // stored. (Before back-pressure the proxy closed the connection at the
 // bound and the sets behind it were lost.)
 func TestHeldWriterBackPressure(t *testing.T) {
+	t.Parallel()
 	const limit, n, valueLen = 100, 4096, 4000 // 1 unit per set
 	burst := 2 * time.Second
 	clock := throttle.NewFakeClock(time.Hour)
@@ -292,6 +293,7 @@ func TestHeldWriterBackPressure(t *testing.T) {
 // again, the session holding at most max_held_input_bytes and two reads.
 // Then every set is stored.
 func TestHeldWriterDrainsItsResponse(t *testing.T) {
+	t.Parallel()
 	const limit, n, valueLen, big = 100, 4096, 4000, 1000000
 	clock := throttle.NewFakeClock(time.Hour)
 	p := startProxyClock(t, bpConfig(limit, 2*time.Second), clock)

@@ -12,6 +12,7 @@ import (
 // by field, keeps the frame for the upstream hop, and says when a frame is
 // incomplete or invalid (with what an answer needs).
 func TestBinaryCodecDecode(t *testing.T) {
+	t.Parallel()
 	var c codec = binaryCodec{}
 	extras := []byte{0, 0, 0, 7, 0, 0, 0, 60}
 	frame := mc.AppendFrame(nil, mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpSetQ, Opaque: 42, CAS: 9}, nil, extras, []byte("key"), []byte("value"))
@@ -48,6 +49,7 @@ func TestBinaryCodecDecode(t *testing.T) {
 // its namespace, flexible framing with the units when they were asked for,
 // and the proxy's own answers as memcached would give them.
 func TestBinaryCodecAnswers(t *testing.T) {
+	t.Parallel()
 	var c codec = binaryCodec{}
 	q := reqHead{op: mc.OpGetK, opaque: 7}
 	flags := []byte{0, 0, 0, 1}

@@ -37,6 +37,7 @@ func certUsersTail(t *testing.T) string {
 // value of the field still logs in as that user (the general stats of a
 // tenant name it).
 func TestTLSCertNamesOneUser(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		field     string
 		two, one  testcerts.Leaf

@@ -45,6 +45,7 @@ puts JSON.generate({"stats" => stats, "get" => c.get("dalli-key")})
 // on a success frame with no key; a refused group must not leave it
 // waiting for its socket timeout.
 func TestDalliReadsRefusedStat(t *testing.T) {
+	t.Parallel()
 	if err := exec.Command("ruby", "-e", `require "dalli"`).Run(); err != nil {
 		t.Skipf("ruby with dalli not installed (make test installs ruby and ruby-dalli): %v", err)
 	}
@@ -69,6 +70,7 @@ func TestDalliReadsRefusedStat(t *testing.T) {
 // TestMemcstatReadsRefusedStat: libmemcached's memcstat reads a refused
 // group as an empty one, over binary and text.
 func TestMemcstatReadsRefusedStat(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("memcstat"); err != nil {
 		t.Skipf("memcstat not installed (make test installs libmemcached-tools): %v", err)
 	}
@@ -111,6 +113,7 @@ print("ok")
 // decr, gets/cas (a conflict too), touch, delete, a 512 KB value, add,
 // replace, append, prepend, version.
 func TestPymemcacheThroughProxy(t *testing.T) {
+	t.Parallel()
 	python := pymemcachePython(t)
 	p := startProxy(t, testConfig{})
 	out, err := runClient(t, python, "-c", pymemcacheOps, p.Addr)
@@ -145,6 +148,7 @@ const gomemcacheModule = "github.com/bradfitz/gomemcache@v0.0.0-20260422231931-4
 // it is touched. The other tests of the suite start memcached themselves
 // and are not run.
 func TestGomemcacheSuite(t *testing.T) {
+	t.Parallel()
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("the go command is needed to run gomemcache's suite: %v", err)

@@ -15,6 +15,7 @@ import (
 // like it, and cannot see the other's data.
 
 func TestLibmemcachedSASLClients(t *testing.T) {
+	t.Parallel()
 	for _, tool := range []string{"memccp", "memccat"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s not found (make test installs libmemcached-tools): %v", tool, err)
@@ -50,6 +51,7 @@ func TestLibmemcachedSASLClients(t *testing.T) {
 }
 
 func TestMemjsSASLClient(t *testing.T) {
+	t.Parallel()
 	script, _ := filepath.Abs("../testdata/memjs/roundtrip.js")
 	if _, err := os.Stat(filepath.Join(filepath.Dir(script), "node_modules", "memjs")); err != nil {
 		t.Fatalf("memjs not installed (make test runs scripts/deps.sh): %v", err)

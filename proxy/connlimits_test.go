@@ -15,6 +15,7 @@ import (
 // frame gets Einval and the connection closes, as before it had
 // authenticated.
 func TestFailedReauthRestoresPreAuthBounds(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{proxy: "default_bucket = \"\"", tail: tenantTail(t)})
 	c := login(t, p.Addr, "alice")
 	if r, err := c.Set([]byte("big"), bytes.Repeat([]byte("x"), 100<<10)); status(t, r, err) != mc.StatusSuccess {
@@ -38,6 +39,7 @@ func TestFailedReauthRestoresPreAuthBounds(t *testing.T) {
 // out its own oldest past that, never another host's, and a client from
 // another host gets in and authenticates.
 func TestUnauthenticatedPerSource(t *testing.T) {
+	t.Parallel()
 	const maxConns = 40 // share 36 on the one loop, a source 9
 	p := startProxy(t, testConfig{proxy: "default_bucket = \"\"\nmax_connections = 40", tail: tenantTail(t), loops: 1})
 	limit := unauthSourceLimit(int(unauthLimit(maxConns)))
@@ -76,6 +78,7 @@ func TestUnauthenticatedPerSource(t *testing.T) {
 // connections (NAT, a shared application host) keeps its connection while
 // it authenticates, though it is the oldest.
 func TestSilentConnectionsGoFirst(t *testing.T) {
+	t.Parallel()
 	p, client, dialSrc, limit := startSameSource(t)
 	talk(t, client, "on opening")
 	var silent []net.Conn
@@ -96,6 +99,7 @@ func TestSilentConnectionsGoFirst(t *testing.T) {
 // frame is on its way is not pushed out ahead of older connections of its
 // address that have each sent a frame.
 func TestNewConnectionNotRankedSilent(t *testing.T) {
+	t.Parallel()
 	p, first, dialSrc, limit := startSameSource(t)
 	talkers := []net.Conn{first}
 	for range limit - 2 {

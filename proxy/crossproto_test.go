@@ -48,6 +48,7 @@ func bucketUnits(t *testing.T, p *testProxy, name string) unitCounts {
 // 4096, 5000 and 100 KB bytes, and each cost is also checked against
 // ceil((key+value)/4096).
 func TestCrossProtoUnitsEqual(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`})
 	bin := dial(t, p.Addr)
 	txt := dialText(t, p.Addr)
@@ -225,6 +226,7 @@ func spendText(t *testing.T, p *testProxy, tc *textConn, bucket, key string, n i
 // failed) while the binary client has spent the budget, and runs when it
 // refills.
 func TestCrossProtoSharedBucket(t *testing.T) {
+	t.Parallel()
 	clock := throttle.NewFakeClock(time.Hour)
 	l := testmc.FreeAddr(t)
 	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`, tail: crossTail(t, 100, map[string]string{l: "bob"})}, clock)
@@ -281,6 +283,7 @@ func TestCrossProtoSharedBucket(t *testing.T) {
 // each other's keys, the text tenant's flush_all leaves bob's keys alone,
 // and each one's spent budget holds only itself.
 func TestCrossProtoTwoBuckets(t *testing.T) {
+	t.Parallel()
 	clock := throttle.NewFakeClock(time.Hour)
 	l := testmc.FreeAddr(t)
 	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`, tail: crossTail(t, 100, map[string]string{l: "alice"})}, clock)

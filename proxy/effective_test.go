@@ -10,6 +10,7 @@ import (
 // (what serve logs at start) carries the runtime throttle values over the
 // file's, and each call returns the caller's own copy.
 func TestEffectiveConfig(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{throttle: "capacity = 9000", tail: tenantTail(t)})
 	admin := login(t, p.Addr, "admin")
 	if r := adminDo(t, admin, mc.OpSetNodeThrottleProperties, "", `{"capacity":7000}`); r.Status() != mc.StatusSuccess {

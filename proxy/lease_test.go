@@ -18,6 +18,7 @@ import (
 // the loop's next tick here: nothing else runs on the loop). The engine's
 // clock is a fake one, so that the stock is seen before it expires.
 func TestLoopLeaseAdmits(t *testing.T) {
+	t.Parallel()
 	clock := throttle.NewFakeClock(time.Hour)
 	p := startProxyClock(t, testConfig{throttle: "capacity = 10000000", loops: 1}, clock)
 	c := dial(t, p.Addr)

@@ -17,6 +17,7 @@ import (
 // proxy.listen still requires authentication; SASL on a listener lands
 // in the user's bucket as anywhere; a reload may not change listeners.
 func TestListenerBindsBucket(t *testing.T) {
+	t.Parallel()
 	l := testmc.FreeAddr(t)
 	tail := tenantTail(t) + fmt.Sprintf("[[listener]]\nlisten = %q\nbucket = \"bob\"\n", l)
 	p := startProxy(t, testConfig{proxy: `default_bucket = ""`, tail: tail})
@@ -57,6 +58,7 @@ func TestListenerBindsBucket(t *testing.T) {
 }
 
 func TestListenerTableMatch(t *testing.T) {
+	t.Parallel()
 	tab := newListenerTable([]bucketcfg.Listener{
 		{Listen: ":7000", Bucket: "any"},
 		{Listen: "127.0.0.2:7000", Bucket: "two"},

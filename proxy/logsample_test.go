@@ -12,6 +12,7 @@ import (
 // Log lines any client can cause at will are sampled: the first and every
 // thousandth at their level, the rest at debug.
 func TestLogSample(t *testing.T) {
+	t.Parallel()
 	var buf bytes.Buffer
 	l := zerolog.New(&buf).Level(zerolog.InfoLevel)
 	var ls logSample
@@ -28,6 +29,7 @@ func TestLogSample(t *testing.T) {
 // memcached restart takes down a connection per loop and bucket, and the
 // line that gets through says how many it stands for.
 func TestPerKeyLog(t *testing.T) {
+	t.Parallel()
 	var l perKeyLog
 	t0 := time.Unix(1000, 0)
 	if n, ok := l.allow("a:1", t0); !ok || n != 1 {

@@ -19,6 +19,7 @@ import (
 // of DESIGN.md section 7 is there with its type and labels, the values
 // match what was sent, and the linter promtool uses finds nothing.
 func TestMetricsAfterTraffic(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{throttle: "capacity = 50000", tail: tenantTail(t)})
 	// Limits that show up as gauges.
 	admin := login(t, p.Addr, "admin")
@@ -161,6 +162,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 // TestThrottleStatGroup checks the STAT throttle group against its
 // contract (the strict parser ctl uses) and per-tenant visibility.
 func TestThrottleStatGroup(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{throttle: "capacity = 9000", tail: tenantTail(t)})
 	admin := login(t, p.Addr, "admin")
 	if r := adminDo(t, admin, mc.OpSetBucketThrottleProperties, "alice", `{"reserved":1000,"hard_limit":4000}`); r.Status() != mc.StatusSuccess {

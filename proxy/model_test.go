@@ -188,6 +188,7 @@ func runModel(c *mcclient.Client, id int, rounds int, seed uint64) error {
 // Clients on two loops share upstream connections with in-flight bounds
 // from 1 to the default; every response matches the model.
 func TestPipelinedModel(t *testing.T) {
+	t.Parallel()
 	for _, inflight := range []int{1, 3, 4096} {
 		t.Run(fmt.Sprint("inflight=", inflight), func(t *testing.T) {
 			p := startProxy(t, testConfig{upstream: fmt.Sprintf("max_inflight = %d", inflight), loops: 2})
@@ -199,6 +200,7 @@ func TestPipelinedModel(t *testing.T) {
 // The same through a bucket held at its hard limit: holding and waking
 // sessions mid-batch changes nothing in what they get back.
 func TestPipelinedModelHeld(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{loops: 2, upstream: "max_inflight = 8",
 		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 2500\n"})
 	eachClient(t, 6, modelClient(p.Addr, 15, 99))
@@ -315,6 +317,7 @@ func runChaosClient(addr string, id int, stop <-chan struct{}, seed uint64) erro
 // memcached is killed and restarted while clients pipeline and disconnect
 // mid-batch: answers stay consistent and nothing leaks.
 func TestChaosUpstreamRestarts(t *testing.T) {
+	t.Parallel()
 	m := testmc.Start(t)
 	p := startProxyTo(t, m, testConfig{upstream: "timeout = \"1s\"\nmax_inflight = 16", throttle: `capacity = "unlimited"`, loops: 2})
 	stop := make(chan struct{})
@@ -340,6 +343,7 @@ func TestChaosUpstreamRestarts(t *testing.T) {
 // Reloads add and remove servers while clients pipeline and disconnect
 // mid-batch: answers stay consistent, retired connections close.
 func TestChaosReloadServers(t *testing.T) {
+	t.Parallel()
 	p, a, b := startTwoServerProxy(t, "max_inflight = 8")
 	third := testmc.Start(t)
 	stop := make(chan struct{})

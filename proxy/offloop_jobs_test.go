@@ -6,6 +6,7 @@ import "testing"
 // has ended, and nothing counts after it began: a late hand-off is refused
 // rather than racing the wait.
 func TestJobGroupRefusesWorkOnceClosed(t *testing.T) {
+	t.Parallel()
 	var g jobGroup
 	if !g.add() {
 		t.Fatal("an open group refused work")

@@ -14,6 +14,7 @@ import (
 // being checked runs as the new user, a STAT behind an admin change shows
 // the change.
 func TestOffLoopHoldsLaterCommands(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 
 	c := dial(t, p.Addr) // the password is not cached yet: bcrypt, off the loop
@@ -61,6 +62,7 @@ func TestOffLoopHoldsLaterCommands(t *testing.T) {
 // the proxy serves others, and it shuts down (waiting for the work) in
 // time (the harness's stop).
 func TestOffLoopCallsEndWithTheirConnection(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t), loops: 1})
 	admin, alice := login(t, p.Addr, "admin"), login(t, p.Addr, "alice")
 

@@ -18,6 +18,7 @@ import (
 // connections' own 64 MiB each and a little more: 4110 values of 1 MB
 // before, of 16000 asked (8 GB in 8 s from 16 such connections).
 func TestAbandonedReadsStop(t *testing.T) {
+	t.Parallel()
 	p, _ := startWithBigValue(t)
 	const conns, burst = 4, 4000
 	var atts []*mcclient.Client
@@ -75,6 +76,7 @@ func TestAbandonedReadsStop(t *testing.T) {
 // neighbour connection's GET in flight on them is answered, not failed.
 // memcached is frozen while the client goes, so both are in flight.
 func TestClosedClientCostsNeighboursNothing(t *testing.T) {
+	t.Parallel()
 	p, _ := startWithBigValue(t)
 	gone, other := dial(t, p.Addr), dial(t, p.Addr)
 	for _, c := range []*mcclient.Client{gone, other} {

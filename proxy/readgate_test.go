@@ -13,6 +13,7 @@ import (
 // gate (its epoll descriptor found and checked); an event loop of
 // another shape gets none, with the reason, and never a descriptor.
 func TestReadGateSelfCheck(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{loops: 2})
 	for i := 0; i < 4; i++ { // connections reach both loops
 		textDo(t, dialText(t, p.Addr), "mn\r\n", "MN\r\n")
@@ -44,6 +45,7 @@ type fakeEventLoop struct {
 // client that sends past max_held_input_bytes is closed, as before
 // back-pressure, with the reason logged: memory stays bounded.
 func TestReadGateFallbackCloses(t *testing.T) {
+	t.Parallel()
 	tc := bpConfig(1, 10*time.Millisecond)
 	tc.tail = "[[bucket]]\nname = \"default\"\nhard_limit = 1\n"
 	var log lockedBuffer

@@ -12,6 +12,7 @@ import (
 // does not make (or a transition it makes that the table lacks) fails here;
 // checkPauseMoves catches the second kind under real traffic too.
 func TestPauseTransitions(t *testing.T) {
+	t.Parallel()
 	legal := map[[2]pauseState]string{
 		{running, waitingUpstream}: "forward: the upstream connection is full",
 		{running, waitingOffLoop}:  "offLoop: a command runs off the loop",
@@ -51,6 +52,7 @@ func TestPauseTransitions(t *testing.T) {
 // keeps its state (closing it must not forget an outstanding off-loop
 // answer or upstream wait).
 func TestUnholdLeavesOtherPauses(t *testing.T) {
+	t.Parallel()
 	for p := range numPauseStates {
 		srv := &Server{log: zerolog.Nop()}
 		s := &session{lp: &loop{srv: srv}, pause: p}

@@ -83,6 +83,7 @@ func binaryExchange(t *testing.T, addr, group string) []byte {
 // memcached with nothing in it does (END; the terminator alone); the next
 // command is answered in step.
 func TestStatsGroupsAsMemcached(t *testing.T) {
+	t.Parallel()
 	ref := testmc.Start(t) // memcached itself, empty
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	eventually(t, 5*time.Second, "memcached's version known", func() bool { return p.pool.Version() != nil })
@@ -141,6 +142,7 @@ print(mc.set('pyk', 'pyv'), repr(mc.get('pyk')))
 // against memcached (its parser raises IndexError on ERROR), and the next
 // get works. The same script runs against a fresh memcached for reference.
 func TestPythonMemcachedStatsGroups(t *testing.T) {
+	t.Parallel()
 	py := debianPython(t, "memcache", "python3-memcache")
 	ref := testmc.Start(t)
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
@@ -183,6 +185,7 @@ var_export($m->get('phpk')); echo "\n";
 // against memcached (false, and the server failed for the commands after
 // it, as php-memcache treats memcached's ERROR).
 func TestPhpMemcacheStatsGroups(t *testing.T) {
+	t.Parallel()
 	if exec.Command("php", "-r", `exit(class_exists("Memcache") ? 0 : 1);`).Run() != nil {
 		t.Skip("php with php-memcache not installed (make test installs php-cli php-memcache)")
 	}
@@ -217,6 +220,7 @@ func TestPhpMemcacheStatsGroups(t *testing.T) {
 // commands alike and shown alike to both; their version is VERSION's
 // answer on both protocols. An admin's general stats are memcached's.
 func TestGeneralStatsCounters(t *testing.T) {
+	t.Parallel()
 	l := testmc.FreeAddr(t)
 	tail := tenantTail(t) + fmt.Sprintf("[[listener]]\nlisten = %q\nbucket = \"alice\"\n", l)
 	p := startProxy(t, testConfig{tail: tail})

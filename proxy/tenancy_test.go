@@ -16,6 +16,7 @@ import (
 )
 
 func TestSASL(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	c := dial(t, p.Addr)
 	r, err := c.Do(mcclient.Request{Opcode: mc.OpSASLListMechs})
@@ -46,6 +47,7 @@ func TestSASL(t *testing.T) {
 // TestTenantIsolation: no tenant can read, overwrite, delete or flush
 // another's keys, nor select its bucket.
 func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	alice, bob := login(t, p.Addr, "alice"), login(t, p.Addr, "bob")
 	anon := dial(t, p.Addr)
@@ -117,6 +119,7 @@ func TestTenantIsolation(t *testing.T) {
 }
 
 func TestAuthRequired(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{proxy: `default_bucket = ""`, tail: tenantTail(t)})
 	c := dial(t, p.Addr)
 	if r, err := c.Get([]byte("k")); status(t, r, err) != mc.StatusEaccess {
@@ -142,6 +145,7 @@ func TestAuthRequired(t *testing.T) {
 
 // TestAdminOpcodes covers every rule of DESIGN.md section 5.
 func TestAdminOpcodes(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	admin, alice := login(t, p.Addr, "admin"), login(t, p.Addr, "alice")
 	setB, setN := mc.OpSetBucketThrottleProperties, mc.OpSetNodeThrottleProperties
@@ -212,6 +216,7 @@ func throttleStats(t testing.TB, c *mcclient.Client) map[string]string {
 // TestAdminChangeSurvivesRestart: a new proxy on the same state file has
 // the runtime limits, overriding the TOML values.
 func TestAdminChangeSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	admin := login(t, p.Addr, "admin")
 	if r := adminDo(t, admin, mc.OpSetBucketThrottleProperties, "bob", `{"reserved":7,"hard_limit":70}`); r.Status() != mc.StatusSuccess {
@@ -232,6 +237,7 @@ func TestAdminChangeSurvivesRestart(t *testing.T) {
 // TestAdminChangeAltersThrottling: lowering a hard limit makes a
 // non-blocking client get EWouldThrottle with the real wait.
 func TestAdminChangeAltersThrottling(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, tail: tenantTail(t)})
 	admin, bob := login(t, p.Addr, "admin"), login(t, p.Addr, "bob")
 	hello(t, bob, mc.FeatureNonBlockingThrottlingMode)
@@ -276,6 +282,7 @@ func TestAdminChangeAltersThrottling(t *testing.T) {
 // defaults (set at runtime with 0x2c), and removes one, whose sessions
 // are closed once their responses are written.
 func TestReloadBuckets(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	admin := login(t, p.Addr, "admin")
 	if r := adminDo(t, admin, mc.OpSetNodeThrottleProperties, "", `{"default_throttle_reserved_units":11,"default_throttle_hard_limit":111}`); r.Status() != mc.StatusSuccess {
@@ -319,6 +326,7 @@ func TestReloadBuckets(t *testing.T) {
 // whose epoch is persisted, so flushed keys stay gone after a restart; a
 // bucket removed and created again starts empty too.
 func TestFlushSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	alice := login(t, p.Addr, "alice")
 	if r, err := alice.Set([]byte("k"), []byte("before-flush")); status(t, r, err) != mc.StatusSuccess {
@@ -365,6 +373,7 @@ func TestFlushSurvivesRestart(t *testing.T) {
 // TestReloadRevokes: a reload that takes away a privilege or a user acts
 // on open connections too.
 func TestReloadRevokes(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	admin, alice := login(t, p.Addr, "admin"), login(t, p.Addr, "alice")
 	tail := strings.Replace(tenantTail(t), `privileges = ["admin", "unthrottled"]`, `privileges = []`, 1)
@@ -392,6 +401,7 @@ func TestReloadRevokes(t *testing.T) {
 // removed and re-added by reload (TestFlushSurvivesRestart): the name may
 // have gone to another tenant by then.
 func TestBucketRemovedWhileDownStartsEmpty(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	bob := login(t, p.Addr, "bob")
 	if r, err := bob.Set([]byte("secret"), []byte("old tenant's data")); status(t, r, err) != mc.StatusSuccess {
@@ -416,6 +426,7 @@ func TestBucketRemovedWhileDownStartsEmpty(t *testing.T) {
 // stay in service and would otherwise lose their keys at the next restart
 // (an unrequested FLUSH).
 func TestRefusedReloadPersistsNothing(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
 	admin := login(t, p.Addr, "admin")
 	if r := adminDo(t, admin, mc.OpSetNodeThrottleProperties, "", `{"default_throttle_reserved_units":0,"default_throttle_hard_limit":50}`); r.Status() != mc.StatusSuccess {
@@ -455,6 +466,7 @@ func TestRefusedReloadPersistsNothing(t *testing.T) {
 // so forwarding it failed the next tenant's request and everything in
 // flight with it.
 func TestVerbosityAnsweredLocally(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{tail: tenantTail(t), loops: 1})
 	admin := login(t, p.Addr, "admin")
 	alice := login(t, p.Addr, "alice")
@@ -477,6 +489,7 @@ func TestVerbosityAnsweredLocally(t *testing.T) {
 // 0x81 (the framing is decided when the command is sent, not when its
 // response arrives).
 func TestHelloAppliesToLaterCommandsOnly(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{})
 	c := dial(t, p.Addr)
 	if r, err := c.Set([]byte("hk"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
@@ -505,6 +518,7 @@ func TestHelloAppliesToLaterCommandsOnly(t *testing.T) {
 // previous file back, they would come back in fresh, empty namespaces, as
 // with a refused reload (TestRefusedReloadPersistsNothing).
 func TestRefusedStartPersistsNothing(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	statePath := filepath.Join(dir, "state.json")
 	conf := func(buckets string) *bucketcfg.Config {

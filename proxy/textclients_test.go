@@ -74,6 +74,7 @@ func runMaslap(t *testing.T, tool, addr string, args ...string) maslapRun {
 // cleanly as directly against memcached: every operation done, no more
 // get misses than memcached gives it, no verification miss or failure.
 func TestMemcaslapTextThroughProxy(t *testing.T) {
+	t.Parallel()
 	tool := lookTool(t, "memcaslap", "memaslap")
 	const ops = 20000
 	args := []string{"--threads=2", "--concurrency=8", "--execute_number=" + strconv.Itoa(ops), "--verify=0.1", "--division=4"}
@@ -111,6 +112,7 @@ func TestMemcaslapTextThroughProxy(t *testing.T) {
 // with that bucket's counters), its "throttle" group showing that bucket
 // only, and a group tenants may not read as an empty group.
 func TestMemcstatText(t *testing.T) {
+	t.Parallel()
 	tool := lookTool(t, "memcstat")
 	l := testmc.FreeAddr(t)
 	tail := tenantTail(t) + fmt.Sprintf("[[listener]]\nlisten = %q\nbucket = \"bob\"\n", l)
@@ -163,6 +165,7 @@ func TestMemcstatText(t *testing.T) {
 // memccat prints what it prints directly against memcached, and a binary
 // client of bob's bucket reads the value memccp stored.
 func TestMemccpMemccatText(t *testing.T) {
+	t.Parallel()
 	cp, cat := lookTool(t, "memccp"), lookTool(t, "memccat")
 	l := testmc.FreeAddr(t)
 	tail := tenantTail(t) + fmt.Sprintf("[[listener]]\nlisten = %q\nbucket = \"bob\"\n", l)

@@ -29,6 +29,7 @@ import (
 // refuses everything), and memcached gets each command made to fail as it
 // fails commands; both must frame every failure alike.
 func TestTextDifferential(t *testing.T) {
+	t.Parallel()
 	runs := []struct {
 		seed     uint64
 		commands int
@@ -38,6 +39,7 @@ func TestTextDifferential(t *testing.T) {
 	}
 	for _, run := range runs {
 		t.Run(fmt.Sprintf("seed%d", run.seed), func(t *testing.T) {
+			t.Parallel()
 			direct := testmc.Start(t, textdiff.MemcachedFlags...)
 			p, failAddrs := startDiffProxy(t)
 			keyMax := textdiffKeyMax("default:")

@@ -145,6 +145,7 @@ var textClients = []textClient{
 // (SIGSTOP; the proxy's 300 ms upstream timeout fires) fails; once the
 // upstream is back, every key reads its own value on the same client.
 func TestTextClientsAfterUpstreamTimeout(t *testing.T) {
+	t.Parallel()
 	for _, tcl := range textClients {
 		t.Run(tcl.name, func(t *testing.T) {
 			// One loop: the probe below and the client share its upstream
@@ -187,6 +188,7 @@ func waitUpstream(t *testing.T, addr string) {
 // second of the bucket's limit) fails; once the clock moves on, every key
 // reads its own value on the same client.
 func TestTextClientsAfterMaxHoldRefusal(t *testing.T) {
+	t.Parallel()
 	for _, tcl := range textClients {
 		t.Run(tcl.name, func(t *testing.T) {
 			clock := throttle.NewFakeClock(time.Hour)

@@ -41,6 +41,7 @@ func textBatch(t *testing.T, tc *textConn, in string) string {
 // gets the error line even in quiet mode. The connection stays in step:
 // the commands after each failure get their own replies.
 func TestTextUpstreamFailureFraming(t *testing.T) {
+	t.Parallel()
 	p, a, b := startTwoServerProxy(t, `timeout = "300ms"`)
 	tc := dialText(t, p.Addr)
 	_ = tc.c.SetDeadline(time.Now().Add(30 * time.Second))
@@ -101,6 +102,7 @@ func TestTextUpstreamFailureFraming(t *testing.T) {
 // after it. With the engine's clock standing still the refusals are
 // certain; once it moves on, the same connection reads every key's value.
 func TestTextMaxHoldRefusalFraming(t *testing.T) {
+	t.Parallel()
 	clock := throttle.NewFakeClock(time.Hour)
 	p := startProxyClock(t, testConfig{
 		throttle: "capacity = \"unlimited\"\nburst_ms = 0\nmax_hold = \"50ms\"",
@@ -142,6 +144,7 @@ func TestTextMaxHoldRefusalFraming(t *testing.T) {
 // silently with noreply, and always for a meta command (memcached sends
 // meta errors in quiet mode too).
 func TestTextErrorLineWording(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		k       textKind
 		noreply bool
@@ -165,6 +168,7 @@ func TestTextErrorLineWording(t *testing.T) {
 // silently when they end in noreply, since memcached sends nothing then,
 // not even an error: the client reads no reply for them.
 func TestTextAdminRefusalNoreply(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{})
 	tc := dialText(t, p.Addr)
 	refused := "SERVER_ERROR command not supported through kvthrottle\r\n"

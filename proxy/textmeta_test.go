@@ -36,6 +36,7 @@ func metaExchange(t *testing.T, tc *textConn, in string) string {
 // connection down. Both a pipeline on the attacker's connection and a
 // victim's on another connection of the bucket get memcached's replies.
 func TestMetaKeyEchoFramedExactly(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ name, upstream string }{{"per bucket", ""}, {"shared", "conns_per_bucket = false"}} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := startProxy(t, testConfig{loops: 1, upstream: tc.upstream})
@@ -71,6 +72,7 @@ func TestMetaKeyEchoFramedExactly(t *testing.T) {
 // base64 only when stored with a base64 key, whatever the command asks;
 // the client gets the form memcached gives, without the namespace.
 func TestMetaEchoKeyForm(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{})
 	c := dialText(t, p.Addr)
 	for _, tc := range []struct{ in, want string }{
@@ -94,6 +96,7 @@ func TestMetaEchoKeyForm(t *testing.T) {
 // pymemcache's set of a 249-byte key with the value "delete victim"
 // deleted victim.
 func TestNamespacedKeyTooLongSwallowsData(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{})
 	long := strings.Repeat("K", 249)
 	in := "set victim 0 0 1\r\nv\r\n" +
@@ -114,6 +117,7 @@ func TestNamespacedKeyTooLongSwallowsData(t *testing.T) {
 // before, it went upstream and memcached reset the shared connection,
 // failing other tenants' commands.
 func TestLongMetaLineClosesOnlyItsClient(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{loops: 1, upstream: "conns_per_bucket = false"})
 	other := dialText(t, p.Addr)
 	if got := metaExchange(t, other, "ms k1 2\r\nhi\r\nmn\r\n"); got != "HD\r\nMN\r\n" {

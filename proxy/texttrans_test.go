@@ -54,6 +54,7 @@ func textLine(c *textCommand) string {
 // own text replies: every status a classic command can meet (hits, misses,
 // CAS conflicts, NOT_STORED, non-numeric incr, too large, noreply).
 func TestTextTranslationMatchesMemcached(t *testing.T) {
+	t.Parallel()
 	textSrv, binSrv := testmc.Start(t, "-I", "1m"), testmc.Start(t, "-I", "1m")
 	tc, err := net.Dial("tcp", textSrv.Addr)
 	if err != nil {

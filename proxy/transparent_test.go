@@ -18,6 +18,7 @@ import (
 // ascii, through the proxy: each must pass every test, as against
 // memcached.
 func TestMemcapable(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{})
 	runMemccapable(t, p.Addr, "-b", 27)
 	runMemccapable(t, p.Addr, "-a", 17)
@@ -49,6 +50,7 @@ func runMemccapable(t *testing.T, addr, mode string, want int) {
 // TestGetKQBatch pipelines 1000 GETKQ for keys of which half exist, then a
 // NOOP: exactly the hits come back, in order, then the NOOP.
 func TestGetKQBatch(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{})
 	c := dial(t, p.Addr)
 	for i := 0; i < 1000; i += 2 {
@@ -84,6 +86,7 @@ func TestGetKQBatch(t *testing.T) {
 // TestConcurrentClientsNoCrossTalk runs 100 clients doing 1000 mixed
 // commands each; every client reads back exactly its own values.
 func TestConcurrentClientsNoCrossTalk(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{loops: 2})
 	const clients, ops = 100, 1000
 	var wg sync.WaitGroup
@@ -107,6 +110,7 @@ func TestConcurrentClientsNoCrossTalk(t *testing.T) {
 // TestDisconnectInFlight closes clients with requests in flight: later
 // clients work and no goroutine is left behind.
 func TestDisconnectInFlight(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{})
 	warm := dial(t, p.Addr)
 	if _, err := warm.Set([]byte("warm"), []byte("x")); err != nil {
@@ -146,6 +150,7 @@ func TestDisconnectInFlight(t *testing.T) {
 // TestInvalidFrames: a bad magic and a body over the limit get Einval, then
 // the connection closes; other clients are unaffected.
 func TestInvalidFrames(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{proxy: "max_frame_bytes = 1048576"})
 	good := dial(t, p.Addr)
 
@@ -187,6 +192,7 @@ func TestInvalidFrames(t *testing.T) {
 // TestQuietAndLocalOrdering: local responses (NOOP, unknown opcodes) keep
 // their place among forwarded ones.
 func TestQuietAndLocalOrdering(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{})
 	c := dial(t, p.Addr)
 	a := c.Send(mcclient.Request{Opcode: mc.OpSet, Extras: mcclient.SetExtras(0, 0), Key: []byte("o1"), Value: []byte("1")})
@@ -214,6 +220,7 @@ func TestQuietAndLocalOrdering(t *testing.T) {
 // is accepted; the response uses the classic magic (no feature that needs
 // 0x18 was negotiated).
 func TestFlexibleFramingRequest(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{})
 	c := dial(t, p.Addr)
 	fe := mc.AppendFrameInfo(nil, 0x01, []byte{0x01}) // a durability-like entry
@@ -233,6 +240,7 @@ func TestFlexibleFramingRequest(t *testing.T) {
 // included: a frame of exactly that size is forwarded, one byte more gets
 // Einval and a close.
 func TestMaxFrameBytes(t *testing.T) {
+	t.Parallel()
 	const limit = 64 << 10
 	p := startProxy(t, testConfig{proxy: fmt.Sprintf("max_frame_bytes = %d", limit)})
 	frameOf := func(size int) mcclient.Request {

@@ -16,6 +16,7 @@ import (
 // at once, inside the pass that read it (a failed command is billed one
 // unit).
 func TestUnitsCountedWhenAnswered(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1, upstream: `timeout = "200ms"`})
 	c := dial(t, p.Addr)
 	if r, err := c.Set([]byte("warm"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
@@ -57,6 +58,7 @@ func TestUnitsCountedWhenAnswered(t *testing.T) {
 // comes first: read_units_total + write_units_total stay equal to
 // units_total within one reply.
 func TestPipelinedSetThenStat(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1})
 	c := dial(t, p.Addr)
 	if r, err := c.Set([]byte("warm"), []byte("v")); status(t, r, err) != mc.StatusSuccess {

@@ -10,6 +10,7 @@ import (
 // what keeps a draining proxy from closing a connection with a request
 // still in the socket.
 func TestUnreadBytes(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -46,6 +46,7 @@ func upstreamTLSLines(caFile string, extra ...string) string {
 // connection, the text sibling, over TLS too), STAT, and the VERSION the
 // health probe read over TLS.
 func TestUpstreamTLSTraffic(t *testing.T) {
+	t.Parallel()
 	m := testmc.StartTLS(t, testmc.TLSOptions{})
 	p := startProxyTo(t, m, testConfig{throttle: `capacity = "unlimited"`, upstreamTLS: upstreamTLSLines(m.CAFile)})
 	c := dial(t, p.Addr)
@@ -115,6 +116,7 @@ func TestUpstreamTLSTraffic(t *testing.T) {
 // what failed in it). Wrong CA, and a server name the certificate does
 // not carry; the right server_name works.
 func TestUpstreamTLSVerificationFailure(t *testing.T) {
+	t.Parallel()
 	m := testmc.StartTLS(t, testmc.TLSOptions{})
 	otherCA := filepath.Join(t.TempDir(), "other-ca.pem")
 	if err := os.WriteFile(otherCA, testcerts.NewCA(t, "some other CA").PEM, 0o600); err != nil {
@@ -150,6 +152,7 @@ func TestUpstreamTLSVerificationFailure(t *testing.T) {
 // the proxy with cert_file and key_file gets through, without them it is
 // refused at the handshake.
 func TestUpstreamTLSClientCertificate(t *testing.T) {
+	t.Parallel()
 	clientCA := testcerts.NewCA(t, "memcached client CA")
 	m := testmc.StartTLS(t, testmc.TLSOptions{ClientCA: clientCA})
 	certFile, keyFile := clientCA.Issue(t, testcerts.Leaf{CN: "kvthrottle", Client: true}).Write(t, t.TempDir(), "client")
@@ -192,6 +195,7 @@ func TestUpstreamTLSClientCertificate(t *testing.T) {
 // memcached killed and restarted under TLS: the proxy reconnects (new
 // handshakes) and traffic resumes.
 func TestUpstreamTLSReconnect(t *testing.T) {
+	t.Parallel()
 	m := testmc.StartTLS(t, testmc.TLSOptions{})
 	p := startProxyTo(t, m, testConfig{upstreamTLS: upstreamTLSLines(m.CAFile)})
 	c := dial(t, p.Addr)
@@ -216,6 +220,7 @@ func TestUpstreamTLSReconnect(t *testing.T) {
 // after it (here: the CA file now holds the server's CA, so the
 // connections that failed to verify succeed); turning TLS off is refused.
 func TestUpstreamTLSReload(t *testing.T) {
+	t.Parallel()
 	m := testmc.StartTLS(t, testmc.TLSOptions{})
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
 	if err := os.WriteFile(caFile, testcerts.NewCA(t, "not the server's").PEM, 0o600); err != nil {
@@ -261,6 +266,7 @@ func TestUpstreamTLSReload(t *testing.T) {
 // proxy nudges a TLS connection whose server went quiet (upstream.nudge)
 // so that those requests are answered, not timed out.
 func TestUpstreamTLSDeepPipelines(t *testing.T) {
+	t.Parallel()
 	m := testmc.StartTLS(t, testmc.TLSOptions{})
 	p := startProxyTo(t, m, testConfig{throttle: `capacity = "unlimited"`, upstreamTLS: upstreamTLSLines(m.CAFile)})
 	c := dial(t, p.Addr)

@@ -26,6 +26,7 @@ func weightTail(t testing.TB, w string) string {
 // throttle and kvthrottle_bucket_weight, survives a restart through the
 // state file, and a reload applies the file's weight where no 0x2a set one.
 func TestBucketWeight(t *testing.T) {
+	t.Parallel()
 	p := startProxy(t, testConfig{throttle: "capacity = 9000\nfree_pool = \"fcfs\"", tail: weightTail(t, "2")})
 	admin := login(t, p.Addr, "admin")
 	stats := func(c *mcclient.Client) mcclient.ThrottleStats {
@@ -148,6 +149,7 @@ func TestBucketWeight(t *testing.T) {
 // fleet's state document: a weight the file changes is one of them, an
 // unchanged or unset one is not.
 func TestFileLimitChangesWeight(t *testing.T) {
+	t.Parallel()
 	parse := func(tail string) *bucketcfg.Config {
 		t.Helper()
 		cfg, err := bucketcfg.Parse([]byte("[proxy]\ndefault_bucket = \"\"\n" + tail))

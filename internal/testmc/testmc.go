@@ -7,6 +7,7 @@ package testmc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -30,15 +31,36 @@ func FreePort(t testing.TB) int {
 }
 
 // PickPort is FreePort for code without a testing.TB (the benchmark
-// driver): it returns a loopback TCP port that was free a moment ago.
+// driver): it returns a loopback TCP port that was free a moment ago, and
+// never one it returned before in this process (the kernel may hand the
+// same free port to two binds in a row: tests running in parallel, or one
+// test asking twice, would then get one port for two listeners).
 func PickPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
+	for range 64 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("free port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		picked.Lock()
+		_, seen := picked.ports[port]
+		if !seen {
+			picked.ports[port] = struct{}{}
+		}
+		picked.Unlock()
+		if !seen {
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("free port: every port the kernel offered was handed out before")
 }
+
+// picked is the ports PickPort has returned.
+var picked = struct {
+	sync.Mutex
+	ports map[int]struct{}
+}{ports: map[int]struct{}{}}
 
 // FreeAddr returns "127.0.0.1:PORT" for a free port.
 func FreeAddr(t testing.TB) string {
