@@ -110,7 +110,6 @@ func TestConcurrentClientsNoCrossTalk(t *testing.T) {
 // TestDisconnectInFlight closes clients with requests in flight: later
 // clients work and no goroutine is left behind.
 func TestDisconnectInFlight(t *testing.T) {
-	t.Parallel()
 	p := startProxy(t, testConfig{})
 	warm := dial(t, p.Addr)
 	if _, err := warm.Set([]byte("warm"), []byte("x")); err != nil {
