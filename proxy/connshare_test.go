@@ -28,7 +28,6 @@ import (
 // Were the sessions due in one pass woken by wake-up time rather than by
 // place in line (wakeDue), three of them would take every unit.
 func TestConnectionsShareTheirBucket(t *testing.T) {
-	t.Parallel()
 	const (
 		limit  = 1000 // units/s; a 100-byte GET is one unit
 		step   = time.Millisecond

@@ -19,7 +19,6 @@ import (
 // of DESIGN.md section 7 is there with its type and labels, the values
 // match what was sent, and the linter promtool uses finds nothing.
 func TestMetricsAfterTraffic(t *testing.T) {
-	t.Parallel()
 	p := startProxy(t, testConfig{throttle: "capacity = 50000", tail: tenantTail(t)})
 	// Limits that show up as gauges.
 	admin := login(t, p.Addr, "admin")
