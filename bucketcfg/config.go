@@ -61,7 +61,7 @@ const (
 	defaultDefaultBucket     = "default"
 	defaultMaxConnections    = 10000
 	defaultMaxFrameBytes     = 22020096 // 21 MiB
-	defaultMaxHeldInputBytes = 4 << 20  // 4 MiB
+	defaultMaxHeldInputBytes = 256 << 10 // 256 KiB
 	defaultAuthTimeout       = 10 * time.Second
 	defaultIdleTimeout       = 0         // never
 	defaultMaxUnsentBytes    = 256 << 20 // 256 MiB
@@ -137,11 +137,13 @@ type ProxyConfig struct {
 	// MinFrameBytes..MaxFrameBytesLimit).
 	MaxFrameBytes int
 	// MaxHeldInputBytes bounds the input buffered for one held (throttled)
-	// or otherwise paused session (key max_held_input_bytes, default 4
-	// MiB, MinFrameBytes..MaxFrameBytesLimit): past it the proxy stops
+	// or otherwise paused session (key max_held_input_bytes, default 256
+	// KiB, MinFrameBytes..MaxFrameBytesLimit): past it the proxy stops
 	// reading the client until the session runs again (back-pressure),
-	// it does not close it. It may be smaller than MaxFrameBytes: a
-	// larger frame is read whole once the session runs.
+	// it does not close it, so the rest of what the client sends waits in
+	// the kernel's socket buffers, not in the proxy's memory. It may be
+	// smaller than MaxFrameBytes: a larger frame is read whole once the
+	// session runs.
 	MaxHeldInputBytes int
 	// AuthTimeout is how long a connection that must authenticate
 	// (DefaultBucket "") may stay open without authenticating; it is then

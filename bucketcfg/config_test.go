@@ -17,7 +17,7 @@ func TestParseDefaults(t *testing.T) {
 	for _, doc := range []string{"", "# nothing\n", "[proxy]\n[upstream]\n[throttle]\n[metrics]\n[log]\n"} {
 		cfg := mustParse(t, doc)
 		want := ProxyConfig{Listen: "127.0.0.1:11311", DefaultBucket: "default", MaxConnections: 10000,
-			MaxFrameBytes: 22020096, MaxHeldInputBytes: 4 << 20,
+			MaxFrameBytes: 22020096, MaxHeldInputBytes: 256 << 10,
 			AuthTimeout: 10 * time.Second, IdleTimeout: 0, MaxUnsentBytes: 256 << 20, PlainAuth: PlainTLSOrLoopback}
 		if cfg.Proxy != want {
 			t.Errorf("Proxy = %+v, want %+v", cfg.Proxy, want)
