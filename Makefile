@@ -40,15 +40,19 @@ fleet: build
 ## first pass has it), the proxy tests whose traffic TLS changes: the
 ## upstream wire (framing across records, partial reads, reconnects,
 ## pipelines, large values, real clients), not the throttle's arithmetic.
-## Then, alone and without the race detector (it distorts latencies), the
-## TLS handshake flood (proxy/tlsflood_test.go).
+## Then, alone: the fleet tests that bound rates on the real clock (each
+## second within +10% of a fleet limit: they measure the machine as well
+## while other tests share its cores), and, without the race detector (it
+## distorts latencies), the TLS handshake flood (proxy/tlsflood_test.go).
+FLEET_RATE_TESTS := ^TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool)$$
 UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*|TestTextUpstreamFailureFraming)$$
 test: deps
 	@$(MAKE) --no-print-directory -j3 vet test-race test-upstream-tls
+	$(GO) test -race -count=1 -timeout 10m -run '$(FLEET_RATE_TESTS)' ./proxy
 	$(GO) test -count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy
 
 test-race:
-	$(GO) test -race -count=1 -parallel 4 -timeout 20m ./...
+	$(GO) test -race -count=1 -parallel 4 -timeout 20m -skip '$(FLEET_RATE_TESTS)' ./...
 
 test-upstream-tls:
 	KVTHROTTLE_TEST_UPSTREAM_TLS=1 $(GO) test -count=1 -parallel 4 -timeout 10m -run '$(UPSTREAM_TLS_TESTS)' ./proxy
