@@ -29,24 +29,30 @@ func tcpProbe(t testing.TB, addr string) {
 	_ = c.Close()
 }
 
-// tlsPool opens n TLS connections from 127.0.0.1, all connected before any
-// handshake starts (as a pool opened at once is), and has each complete its
-// handshake and answer VERSION; it returns how many failed, and at most
-// three of their errors.
-func tlsPool(t *testing.T, s *tlsSetup, n int) (int, []error) {
+// dialMany opens n TCP connections to addr, closed when the test ends.
+func dialMany(t testing.TB, addr string, n int) []net.Conn {
 	t.Helper()
 	raw := make([]net.Conn, n)
 	for i := range raw {
-		c, err := net.DialTimeout("tcp", s.p.TLSAddr(), 5*time.Second)
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
 		raw[i] = c
 	}
+	return raw
+}
+
+// tlsPool opens n TLS connections from 127.0.0.1, all connected before any
+// handshake starts (as a pool opened at once is), and has each complete its
+// handshake and answer VERSION; it returns how many failed, and at most
+// three of their errors.
+func tlsPool(t *testing.T, s *tlsSetup, n int) (int, []error) {
+	t.Helper()
 	var wg sync.WaitGroup
 	errs := make([]error, n)
-	for i, c := range raw {
+	for i, c := range dialMany(t, s.p.TLSAddr(), n) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -134,13 +140,7 @@ func TestTLSPoolBesideProbes(t *testing.T) {
 func TestTLSPoolBesideSilentConnections(t *testing.T) {
 	t.Parallel()
 	s := startTLSProxy(t, false, "")
-	for range 40 {
-		c, err := net.DialTimeout("tcp", s.p.TLSAddr(), 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-	}
+	dialMany(t, s.p.TLSAddr(), 40)
 	eventually(t, 5*time.Second, "the silent connections to hold the source's handshakes and wait", func() bool {
 		s.p.tls.mu.Lock()
 		defer s.p.tls.mu.Unlock()
