@@ -208,15 +208,7 @@ func TestAuthPoolTLS64(t *testing.T) {
 	t.Parallel()
 	const n = 2 * tlsMaxHandshakesPerSource
 	s := startTLSProxyTail(t, false, "", poolTail(t))
-	raw := make([]net.Conn, n)
-	for i := range raw {
-		c, err := net.DialTimeout("tcp", s.p.TLSAddr(), 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		raw[i] = c
-	}
+	raw := dialMany(t, s.p.TLSAddr(), n)
 	var wg sync.WaitGroup
 	var handshakeFailures atomic.Int32
 	errs := make([]error, n)

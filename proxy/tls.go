@@ -70,6 +70,7 @@ type handshakeConn struct {
 	net.Conn
 	cpu     chan struct{}
 	ctx     context.Context // the handshake's: waiting for a slot ends with it
+	spoke   *atomic.Bool    // set once the client has sent something
 	holding bool            // a slot is held
 	done    bool            // released: no more slots
 }
@@ -107,6 +108,9 @@ func (c *handshakeConn) Read(b []byte) (int, error) {
 	}
 	c.yield()
 	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.spoke.Store(true) // before waiting for a cpu slot: it shows the client, not our queue
+	}
 	c.acquire()
 	return n, err
 }
@@ -162,8 +166,8 @@ type tlsFront struct {
 
 	parked    map[string]*parkedSrc // connections waiting for their source's turn (tlspark.go)
 	nParked   int
-	parkTimer *time.Timer          // sweepParked, while connections are parked
-	failedAt  map[string]time.Time // each source's last failed handshake, within tlsFailMemory
+	parkTimer *time.Timer            // sweepParked, while connections are parked
+	outcomes  map[string]*hsOutcomes // each source's handshakes that completed and failed lately
 
 	logFail    logSample // failed handshakes
 	logRefused logSample // connections closed: their source at its handshake limit
@@ -193,7 +197,7 @@ func newTLSFront(srv *Server, cfg *bucketcfg.Config) (*tlsFront, error) {
 		sources:  make(map[string]int),
 		active:   make(map[string][]*hsEntry),
 		parked:   make(map[string]*parkedSrc),
-		failedAt: make(map[string]time.Time),
+		outcomes: make(map[string]*hsOutcomes),
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.cur.Store(st)
@@ -362,10 +366,12 @@ func (f *tlsFront) acceptLoop() {
 
 // hsEntry is a handshake in progress, as its source's list holds it.
 type hsEntry struct {
-	src    string
-	ctx    context.Context // ends the handshake: its timeout, shutdown, or eviction
-	cancel context.CancelFunc
-	hello  atomic.Bool // the client's hello has arrived
+	src     string
+	ctx     context.Context // ends the handshake: its timeout, shutdown, or eviction
+	cancel  context.CancelFunc
+	start   time.Time   // when it took its slot
+	hello   atomic.Bool // the client has sent something (its hello, as a rule)
+	evicted atomic.Bool // ended by the front to make room, not by the client
 }
 
 // takeSlot takes one of the tlsMaxHandshakes slots for e's handshake.
@@ -437,6 +443,7 @@ func (f *tlsFront) evictOne(self *hsEntry) bool {
 	f.evicted.Add(1)
 	f.logEvicted.event(&f.srv.log, zerolog.InfoLevel).Str("source", victim.src).Int("in_progress", most).
 		Bool("said_hello", victim.hello.Load()).Msg("tls: handshake slots full; ending a handshake of the busiest source")
+	victim.evicted.Store(true)
 	victim.cancel()
 	return true
 }
@@ -450,7 +457,7 @@ func (f *tlsFront) takeSource(src string) (*hsEntry, bool) {
 		return nil, false
 	}
 	f.sources[src]++
-	e := &hsEntry{src: src}
+	e := &hsEntry{src: src, start: time.Now()}
 	e.ctx, e.cancel = context.WithTimeout(f.ctx, tlsHandshakeTimeout)
 	f.active[src] = append(f.active[src], e)
 	return e, true
@@ -544,12 +551,12 @@ var testHookTLSVerified atomic.Pointer[func()]
 func (f *tlsFront) handshake(c net.Conn, e *hsEntry) {
 	defer f.wg.Done()
 	h := &tlsHandshake{f: f, e: e}
-	hc := &handshakeConn{Conn: c, cpu: f.cpu, ctx: e.ctx}
+	hc := &handshakeConn{Conn: c, cpu: f.cpu, ctx: e.ctx, spoke: &e.hello}
 	rec := &tlsRecords{raw: hc}
 	tc := tls.Server(rec, &tls.Config{GetConfigForClient: h.configForClient})
 	err := tc.HandshakeContext(e.ctx)
 	hc.release()
-	if nc, ne := f.handshakeEnded(e, err == nil, time.Now()); ne != nil {
+	if nc, ne := f.handshakeEnded(e, handshakeResult(e, err, f.ctx), time.Now()); ne != nil {
 		f.wg.Add(1) // this handshake's slot and place pass to a parked connection
 		go f.handshake(nc, ne)
 	} else {
@@ -587,6 +594,22 @@ func (f *tlsFront) handshake(c net.Conn, e *hsEntry) {
 		if !f.srv.draining.Load() {
 			f.srv.log.Warn().Err(err).Str("remote", remote).Msg("tls: cannot enroll the connection in an event loop; closing it")
 		}
+	}
+}
+
+// handshakeResult classifies the end of e's handshake, err its error: a
+// failure counts against the source only when its client had spoken and
+// the front did not end it (to make room, or at shutdown). A connection
+// closed or timed out before it sent anything (a TCP health check, a
+// port scan, a silent connection) is dropped, not failed.
+func handshakeResult(e *hsEntry, err error, front context.Context) hsResult {
+	switch {
+	case err == nil:
+		return hsCompleted
+	case e.hello.Load() && !e.evicted.Load() && front.Err() == nil:
+		return hsFailed
+	default:
+		return hsDropped
 	}
 }
 

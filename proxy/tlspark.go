@@ -16,25 +16,63 @@ import (
 // handshake slot; it is handed the slot and the source's place of the next
 // of the source's handshakes to end. What a handshake costs stays bounded
 // as before (tlsMaxHandshakesPerSource running per source, tlsMaxHandshakes
-// in all, handshakeCPUs computing). A source parks connections only while
-// it is healthy:
+// in all, handshakeCPUs computing).
 //
-//   - a source none of whose handshakes has completed for tlsParkPatience
-//     (silent connections, a flood of slow handshakes) has its parked
+// What tells a source whose handshakes are not completing (an attacker
+// holding its slots) from a healthy pool beside a neighbour that probes
+// the port: only what clients that spoke did. A connection that closes or
+// times out before sending anything (a TCP health check, a port scan, a
+// silent connection) is no failed handshake; one that sent its hello and
+// then failed (a bad certificate, a protocol error, its timeout) is. So:
+//
+//   - a source is failing while, within its current tlsFailMemory window,
+//     at least tlsFailMin of its handshakes failed after the client spoke
+//     and they outnumber those that completed: a lone failure, or
+//     failures among completions, condemn nothing. A failing source parks
+//     nothing (its connections beyond the bound are closed at once), and
+//     its connections waiting when it became failing are closed too;
+//   - a handshake of a source with parked connections whose client has sent
+//     nothing for tlsSilentGrace is ended to give its slot to a parked
+//     connection whose client has sent its hello (hasSpoken): silent
+//     connections cannot keep a pool from the same address waiting;
+//   - a source none of whose handshakes has ended (completed, failed, or
+//     been ended for a waiting client) for tlsParkPatience (silent
+//     connections only, a flood of slow handshakes) has its parked
 //     connections closed, as the bound closed them before;
-//   - a source whose handshake failed less than tlsFailMemory ago parks
-//     nothing: its connections beyond the bound are closed at once, and
-//     those waiting when the handshake failed too;
 //   - at most tlsMaxParkedPerSource per source and tlsMaxParked in all wait,
 //     each at most tlsHandshakeTimeout from its accept.
 const (
 	tlsParkPatience       = 2 * time.Second
+	tlsSilentGrace        = 2 * time.Second
 	tlsFailMemory         = 10 * time.Second
+	tlsFailMin            = 3
 	tlsMaxParkedPerSource = 256
 	tlsMaxParked          = 1024
 	tlsParkSweep          = 250 * time.Millisecond
-	tlsMaxFailedSources   = 4096
+	tlsMaxRecordedSources = 4096
 )
+
+// hsResult is how a handshake ended, as its source's record counts it.
+type hsResult uint8
+
+const (
+	hsCompleted hsResult = iota // the connection is established
+	hsFailed                    // the client spoke, then the handshake failed
+	hsDropped                   // ended before the client spoke, by eviction or shutdown: not the source's failure
+)
+
+// hsOutcomes counts a source's completed and failed handshakes in the
+// window of tlsFailMemory that began at since.
+type hsOutcomes struct {
+	since     time.Time
+	completed int
+	failed    int
+}
+
+// failing tells whether the counts condemn their source (see above).
+func (o *hsOutcomes) failing() bool {
+	return o.failed >= tlsFailMin && o.failed > o.completed
+}
 
 // parkedConn is a connection waiting for its source's turn.
 type parkedConn struct {
@@ -43,7 +81,7 @@ type parkedConn struct {
 }
 
 // parkedSrc is a source's parked connections, oldest first, and the last
-// time it showed progress: a handshake of its completed, or its first
+// time it showed progress: a handshake of its ended, or its first
 // connection was parked.
 type parkedSrc struct {
 	conns    []parkedConn
@@ -56,7 +94,7 @@ type parkedSrc struct {
 func (f *tlsFront) park(c net.Conn, src string, now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.closed || now.Sub(f.failedAt[src]) < tlsFailMemory || f.nParked >= tlsMaxParked {
+	if f.closed || f.failingLocked(src, now) || f.nParked >= tlsMaxParked {
 		return false
 	}
 	ps := f.parked[src]
@@ -75,35 +113,27 @@ func (f *tlsFront) park(c net.Conn, src string, now time.Time) bool {
 	return true
 }
 
-// handshakeEnded forgets e, a handshake that has ended (ok: it completed),
+// handshakeEnded forgets e, a handshake that has ended as res says,
 // and returns the next parked connection of e's source with the entry that
 // takes e's place (and its slot), or nil: then e's place is free and the
 // caller gives its slot back.
-func (f *tlsFront) handshakeEnded(e *hsEntry, ok bool, now time.Time) (net.Conn, *hsEntry) {
+func (f *tlsFront) handshakeEnded(e *hsEntry, res hsResult, now time.Time) (net.Conn, *hsEntry) {
 	e.cancel()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ps := f.parked[e.src]
-	if ok && ps != nil {
+	if ps != nil {
 		ps.progress = now
 	}
-	if !ok {
-		if len(f.failedAt) >= tlsMaxFailedSources {
-			f.forgetFailures(now)
-		}
-		if len(f.failedAt) < tlsMaxFailedSources {
-			f.failedAt[e.src] = now
-		}
+	if f.recordLocked(e.src, res, now) && ps != nil {
 		// A failing source's waiting connections are closed, as the
 		// bound closes its new ones.
-		if ps != nil {
-			for _, p := range ps.conns {
-				_ = p.c.Close()
-			}
-			f.nParked -= len(ps.conns)
-			delete(f.parked, e.src)
-			ps = nil
+		for _, p := range ps.conns {
+			_ = p.c.Close()
 		}
+		f.nParked -= len(ps.conns)
+		delete(f.parked, e.src)
+		ps = nil
 	}
 	for ps != nil && len(ps.conns) > 0 && !f.closed {
 		p := ps.conns[0]
@@ -117,7 +147,7 @@ func (f *tlsFront) handshakeEnded(e *hsEntry, ok bool, now time.Time) (net.Conn,
 			_ = p.c.Close()
 			continue
 		}
-		next := &hsEntry{src: e.src}
+		next := &hsEntry{src: e.src, start: now}
 		next.ctx, next.cancel = context.WithDeadline(f.ctx, p.at.Add(tlsHandshakeTimeout))
 		list := f.active[e.src]
 		for i, x := range list {
@@ -133,13 +163,87 @@ func (f *tlsFront) handshakeEnded(e *hsEntry, ok bool, now time.Time) (net.Conn,
 	return nil, nil
 }
 
-// forgetFailures drops the failures older than tlsFailMemory. Under f.mu.
-func (f *tlsFront) forgetFailures(now time.Time) {
-	for k, at := range f.failedAt {
-		if now.Sub(at) >= tlsFailMemory {
-			delete(f.failedAt, k)
+// recordLocked counts a handshake of src that ended as res, and reports
+// whether src is failing now. The record of a source is dropped once its
+// window has passed; when tlsMaxRecordedSources sources have one, a new
+// source goes unrecorded (it is not failing: its connections park, which
+// the bounds on parking keep cheap). Under f.mu.
+func (f *tlsFront) recordLocked(src string, res hsResult, now time.Time) bool {
+	if res == hsDropped {
+		return false
+	}
+	o := f.outcomes[src]
+	if o != nil && now.Sub(o.since) >= tlsFailMemory {
+		*o = hsOutcomes{since: now}
+	}
+	if o == nil {
+		if len(f.outcomes) >= tlsMaxRecordedSources {
+			f.forgetOutcomes(now)
+		}
+		if len(f.outcomes) >= tlsMaxRecordedSources {
+			return false
+		}
+		o = &hsOutcomes{since: now}
+		f.outcomes[src] = o
+	}
+	if res == hsCompleted {
+		o.completed++
+	} else {
+		o.failed++
+	}
+	return o.failing()
+}
+
+// failingLocked tells whether src's handshakes are failing (see above).
+// Under f.mu.
+func (f *tlsFront) failingLocked(src string, now time.Time) bool {
+	o := f.outcomes[src]
+	return o != nil && now.Sub(o.since) < tlsFailMemory && o.failing()
+}
+
+// forgetOutcomes drops the records whose window has passed. Under f.mu.
+func (f *tlsFront) forgetOutcomes(now time.Time) {
+	for k, o := range f.outcomes {
+		if now.Sub(o.since) >= tlsFailMemory {
+			delete(f.outcomes, k)
 		}
 	}
+}
+
+// evictSilentLocked ends the handshakes of src whose client has sent
+// nothing for tlsSilentGrace, oldest first, one for each of ps's parked
+// connections whose client has sent its hello: each ending hands its slot
+// to the next parked connection (handshakeEnded). It reports whether it
+// ended any. Under f.mu.
+func (f *tlsFront) evictSilentLocked(src string, ps *parkedSrc, now time.Time) bool {
+	var silent []*hsEntry
+	for _, e := range f.active[src] {
+		if !e.hello.Load() && !e.evicted.Load() && now.Sub(e.start) >= tlsSilentGrace {
+			silent = append(silent, e)
+		}
+	}
+	if len(silent) == 0 {
+		return false
+	}
+	ready := 0
+	for _, p := range ps.conns {
+		if ready == len(silent) {
+			break
+		}
+		if hasSpoken(p.c) {
+			ready++
+		}
+	}
+	for _, e := range silent[:ready] {
+		e.evicted.Store(true)
+		e.cancel()
+	}
+	if ready > 0 {
+		f.evicted.Add(uint64(ready))
+		f.logEvicted.event(&f.srv.log, zerolog.InfoLevel).Str("source", src).Int("ended", ready).
+			Msg("tls: ending silent handshakes of a source whose clients wait with their hello sent")
+	}
+	return ready > 0
 }
 
 // sweepParked closes the parked connections of sources that made no
@@ -154,8 +258,11 @@ func (f *tlsFront) sweepParked() {
 	if f.closed {
 		return
 	}
-	f.forgetFailures(now)
+	f.forgetOutcomes(now)
 	for src, ps := range f.parked {
+		if f.evictSilentLocked(src, ps, now) {
+			ps.progress = now // the queue moves: the slots go to clients that spoke
+		}
 		stalled := now.Sub(ps.progress) >= tlsParkPatience
 		kept := ps.conns[:0]
 		for _, p := range ps.conns {

@@ -1,0 +1,195 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+)
+
+// A TCP connection that closes without a word (a load balancer's health
+// check, a blackbox probe, a port scan) or stays silent is no failed
+// handshake of its source: a pool of TLS connections from the same
+// address is served whole beside it (tlspark.go).
+
+// tcpProbe connects to addr and closes at once, sending nothing.
+func tcpProbe(t testing.TB, addr string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	_ = c.Close()
+}
+
+// dialMany opens n TCP connections to addr, closed when the test ends.
+func dialMany(t testing.TB, addr string, n int) []net.Conn {
+	t.Helper()
+	raw := make([]net.Conn, n)
+	for i := range raw {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		raw[i] = c
+	}
+	return raw
+}
+
+// tlsPool opens n TLS connections from 127.0.0.1, all connected before any
+// handshake starts (as a pool opened at once is), and has each complete its
+// handshake and answer VERSION; it returns how many failed, and at most
+// three of their errors.
+func tlsPool(t *testing.T, s *tlsSetup, n int) (int, []error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i, c := range dialMany(t, s.p.TLSAddr(), n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tc := tls.Client(c, &tls.Config{RootCAs: s.ca.Pool(), ServerName: "localhost"})
+			_ = tc.SetDeadline(time.Now().Add(20 * time.Second))
+			if err := tc.Handshake(); err != nil {
+				errs[i] = fmt.Errorf("handshake: %w", err)
+				return
+			}
+			if r, err := mcclient.New(tc).Do(mcclient.Request{Opcode: mc.OpVersion}); err != nil || r.Status() != mc.StatusSuccess {
+				errs[i] = fmt.Errorf("VERSION: %v %+v", err, r)
+			}
+		}()
+	}
+	wg.Wait()
+	failed, some := 0, []error(nil)
+	for _, err := range errs {
+		if err != nil {
+			failed++
+			if len(some) < 3 {
+				some = append(some, err)
+			}
+		}
+	}
+	return failed, some
+}
+
+func checkPool(t *testing.T, s *tlsSetup, what string) {
+	t.Helper()
+	n := 2 * tlsMaxHandshakesPerSource
+	if failed, errs := tlsPool(t, s, n); failed > 0 {
+		t.Fatalf("%s: %d of %d TLS connections from one address failed (handshakes ended to make room: %d): %v", what, failed, n, s.p.tls.evicted.Load(), errs)
+	}
+}
+
+// TestTLSPoolAfterTCPProbe: one TCP connect-and-close on the TLS port, its
+// handshake over, then a pool of 64 TLS connections from the same address:
+// all 64 are served. (Before the fix the probe counted as a failed
+// handshake, and the 32 connections beyond the source's bound were closed.)
+func TestTLSPoolAfterTCPProbe(t *testing.T) {
+	t.Parallel()
+	s := startTLSProxy(t, false, "")
+	tcpProbe(t, s.p.TLSAddr())
+	eventually(t, 5*time.Second, "the probe's handshake to end", func() bool {
+		s.p.tls.mu.Lock()
+		defer s.p.tls.mu.Unlock()
+		return len(s.p.tls.sources) == 0
+	})
+	checkPool(t, s, "after a TCP probe")
+}
+
+// TestTLSPoolBesideProbes: a TCP connect-and-close on the TLS port every
+// 200 ms while a pool of 64 TLS connections from the same address starts:
+// all 64 are served.
+func TestTLSPoolBesideProbes(t *testing.T) {
+	t.Parallel()
+	s := startTLSProxy(t, false, "")
+	stop, done := make(chan struct{}), make(chan struct{})
+	var probes atomic.Int32
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			tcpProbe(t, s.p.TLSAddr())
+			probes.Add(1)
+			select {
+			case <-tick.C:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	eventually(t, 5*time.Second, "a first probe", func() bool { return probes.Load() > 0 })
+	for round := 0; round < 3; round++ {
+		checkPool(t, s, fmt.Sprintf("round %d, probes every 200 ms", round))
+	}
+}
+
+// TestTLSPoolBesideSilentConnections: 40 TCP connections from the same
+// address that never send a ClientHello (32 holding the source's handshakes,
+// 8 waiting) do not keep a pool of 64 TLS connections from that address
+// out: all 64 are served (the silent ones may be closed).
+func TestTLSPoolBesideSilentConnections(t *testing.T) {
+	t.Parallel()
+	s := startTLSProxy(t, false, "")
+	dialMany(t, s.p.TLSAddr(), 40)
+	eventually(t, 5*time.Second, "the silent connections to hold the source's handshakes and wait", func() bool {
+		s.p.tls.mu.Lock()
+		defer s.p.tls.mu.Unlock()
+		return s.p.tls.sources["127.0.0.1"] == tlsMaxHandshakesPerSource && s.p.tls.nParked == 40-tlsMaxHandshakesPerSource
+	})
+	checkPool(t, s, "beside 40 silent connections")
+}
+
+// TestTLSFailingSource: a source fails only by handshakes whose client
+// spoke, and only when at least tlsFailMin of them failed and they
+// outnumber its completions in the window; a failing source parks
+// nothing, and a window later it is forgiven.
+func TestTLSFailingSource(t *testing.T) {
+	t.Parallel()
+	s := startTLSProxy(t, false, "")
+	f := s.p.tls
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for range 10 {
+		if f.recordLocked("probed", hsDropped, now) {
+			t.Fatal("dropped handshakes (nothing sent) made their source failing")
+		}
+	}
+	for i := range tlsFailMin - 1 {
+		if f.recordLocked("bad", hsFailed, now) {
+			t.Fatalf("failing after %d failures, want %d", i+1, tlsFailMin)
+		}
+	}
+	if !f.recordLocked("bad", hsFailed, now) || !f.failingLocked("bad", now) {
+		t.Fatalf("not failing after %d failures and no completion", tlsFailMin)
+	}
+	if f.failingLocked("bad", now.Add(tlsFailMemory)) {
+		t.Fatal("still failing a window later")
+	}
+	for range 2 * tlsFailMin {
+		f.recordLocked("pool", hsCompleted, now)
+	}
+	for range tlsFailMin {
+		if f.recordLocked("pool", hsFailed, now) {
+			t.Fatal("a source whose handshakes complete failing for fewer failures than completions")
+		}
+	}
+	f.mu.Unlock()
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if f.park(a, "bad", now) {
+		t.Fatal("a failing source parked a connection")
+	}
+	f.mu.Lock()
+}
