@@ -70,7 +70,7 @@ type handshakeConn struct {
 	net.Conn
 	cpu     chan struct{}
 	ctx     context.Context // the handshake's: waiting for a slot ends with it
-	spoke   *atomic.Bool    // set once the client has sent something
+	spoke   *atomic.Bool    // set once the client has sent something; nil: not recorded
 	holding bool            // a slot is held
 	done    bool            // released: no more slots
 }
@@ -108,7 +108,7 @@ func (c *handshakeConn) Read(b []byte) (int, error) {
 	}
 	c.yield()
 	n, err := c.Conn.Read(b)
-	if n > 0 {
+	if n > 0 && c.spoke != nil {
 		c.spoke.Store(true) // before waiting for a cpu slot: it shows the client, not our queue
 	}
 	c.acquire()
