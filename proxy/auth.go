@@ -97,16 +97,23 @@ func (s *session) saslAuth(r *request) {
 	src := authPair(addr, user)
 	now := time.Now()
 	penalised := srv.authQ.penalised(src, addr, now)
-	if !penalised {
+	// A user with no failure here may use the cache while only its
+	// address is penalised (authdecoy.go); a miss then closes the cache to
+	// it until its check is answered.
+	bypass := penalised && srv.authQ.fresh(src, now)
+	if !penalised || bypass {
 		if u := srv.authCache.Lookup(ten.cfg, user, pass); u != nil {
 			s.login(ten, u)
 			s.authSucceeded()
 			s.localValue(r, binary.StatusSuccess, authenticated)
 			return
 		}
+		if bypass {
+			srv.authQ.missed(src, addr, now)
+		}
 	}
 	c := s.offLoop(r)
-	j := &authJob{user: user, pass: pass, addr: addr}
+	j := &authJob{user: user, pass: pass, addr: addr, decoy: isDecoy(ten.cfg, user)}
 	push := func(j *authJob) bool { return srv.authQ.push(src, j, now) }
 	if !c.handOff(func() bool { return srv.flights.join(c, j, src, penalised, push) }) {
 		s.refuseAuth(c, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
@@ -126,10 +133,18 @@ func (srv *Server) checkAuth(j *authJob) (refused bool) {
 	err := errAuthUnavailable
 	if !srv.draining.Load() {
 		j.cfg = srv.ten.Load().cfg
+		if srv.decoyCheck(j) {
+			return true
+		}
 		if u = srv.authCache.Lookup(j.cfg, j.user, j.pass); u != nil {
 			err = nil
 		} else {
+			start := time.Now()
 			u, err = srv.authCache.Authenticate(j.cfg, j.user, j.pass)
+			srv.bcryptTook.Store(int64(time.Since(start)))
+		}
+		if err == nil && j.src != nil {
+			srv.authQ.verified(j.src)
 		}
 	}
 	srv.authAnswer(j, u, err)
@@ -168,7 +183,8 @@ func (s *session) authDone(c *offLoopCall, j *authJob, u *bucketcfg.User, err er
 	case errors.Is(err, errAuthUnavailable):
 		s.refuseAuth(c, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")
 	case err != nil:
-		s.refuseAuth(c, name, binary.StatusAuthError, authFailedReason)
+		// A decoy's answer comes as late as a bcrypt run's (authdecoy.go).
+		s.refuseAuthAfter(c, name, binary.StatusAuthError, authFailedReason, j.charge)
 	default:
 		srv := s.lp.srv
 		ten := srv.ten.Load()
@@ -248,6 +264,11 @@ func (s *session) refuseAuthNow(r *request, st binary.Status, reason string) {
 // from offLoopCall.back, back resumes the session); otherwise a timer
 // answers (offLoopCall.after). On the loop.
 func (s *session) refuseAuth(c *offLoopCall, name string, st binary.Status, reason string) {
+	s.refuseAuthAfter(c, name, st, reason, 0)
+}
+
+// refuseAuthAfter is refuseAuth answering extra later than its pacing.
+func (s *session) refuseAuthAfter(c *offLoopCall, name string, st binary.Status, reason string, extra time.Duration) {
 	if s.closed {
 		c.answer(nil)
 		return
@@ -282,7 +303,7 @@ func (s *session) refuseAuth(c *offLoopCall, name string, st binary.Status, reas
 			s.quit()
 		}
 	}
-	d := authFailDelay(n)
+	d := authFailDelay(n) + extra
 	if d == 0 || srv.draining.Load() {
 		answer()
 		return

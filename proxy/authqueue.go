@@ -60,6 +60,13 @@ type authJob struct {
 	src        *authSrc          // set by push
 	flight     *authFlight       // the logins waiting for this check (nil in unit tests)
 	addr       string            // the address, for its bounds; "": none (unit tests)
+	// decoy: the user had no password_hash when the login was queued (an
+	// unknown name): the check runs no bcrypt (authdecoy.go), and counts
+	// neither towards its address's nor the total bound.
+	decoy bool
+	// charge, when set by the check, is the worker time its failure is
+	// charged (a decoy's), in place of the time it took.
+	charge time.Duration
 }
 
 // authQueue holds the password checks waiting for the Server's one auth
@@ -89,6 +96,10 @@ type authSrc struct {
 	addr      string // its address ("": none)
 	jobs      []*authJob
 	notBefore time.Time
+	// noCache: until then, a login of this source uses the password cache
+	// only when it is not penalised (see fresh).
+	noCache time.Time
+	decoy   bool // an unknown user's: its failures count not towards its address's
 }
 
 // authAddr is one address's checks queued (all its users), and its users
@@ -162,7 +173,7 @@ func authSource(remote string) string {
 func (q *authQueue) push(src string, j *authJob, now time.Time) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.stopped || q.n >= maxQueuedAuth {
+	if q.stopped || (!j.decoy && q.n >= maxQueuedAuth) {
 		return false
 	}
 	as := q.sources[src]
@@ -179,8 +190,11 @@ func (q *authQueue) push(src string, j *authJob, now time.Time) bool {
 	if len(as.jobs) >= maxQueuedAuthPerSource {
 		return false
 	}
+	as.decoy = j.decoy
 	if j.addr != "" {
 		as.addr = j.addr
+	}
+	if j.addr != "" && !j.decoy {
 		a := q.addr(j.addr)
 		if a.n >= maxQueuedAuthPerAddr {
 			return false
@@ -192,7 +206,9 @@ func (q *authQueue) push(src string, j *authJob, now time.Time) bool {
 	}
 	j.src = as
 	as.jobs = append(as.jobs, j)
-	q.n++
+	if !j.decoy {
+		q.n++
+	}
 	select {
 	case q.wake <- struct{}{}:
 	default:
@@ -220,7 +236,7 @@ func (q *authQueue) addr(a string) *authAddr {
 // the addresses with nothing left to remember.
 func (q *authQueue) forget(now time.Time) {
 	for k, as := range q.sources {
-		if len(as.jobs) == 0 && !now.Before(as.notBefore) {
+		if len(as.jobs) == 0 && !now.Before(as.notBefore) && !now.Before(as.noCache) {
 			delete(q.sources, k)
 		}
 	}
@@ -284,9 +300,12 @@ func (q *authQueue) pop(now time.Time) (*authJob, time.Duration) {
 			q.order = append(q.order, as) // its next check waits for the others'
 		} else {
 			as.jobs = nil
-			if !now.Before(as.notBefore) {
+			if !now.Before(as.notBefore) && !now.Before(as.noCache) {
 				delete(q.sources, as.key) // failed brings it back if need be
 			}
+		}
+		if j.decoy {
+			return j, 0
 		}
 		q.n--
 		if a := q.addrs[j.addr]; a != nil && j.addr != "" {
@@ -332,7 +351,9 @@ func (q *authQueue) failed(src *authSrc, took time.Duration, end time.Time) {
 	if nb.After(src.notBefore) {
 		src.notBefore = nb
 	}
-	q.userFailed(src.addr, src.key, nb, end)
+	if !src.decoy {
+		q.userFailed(src.addr, src.key, nb, end)
+	}
 }
 
 // start runs the worker: it hands the queued checks to check, one at a
@@ -366,7 +387,11 @@ func (q *authQueue) start(check func(*authJob) (refused bool), drop func(*authJo
 			start := time.Now()
 			if check(j) {
 				end := time.Now()
-				q.failed(j.src, end.Sub(start), end)
+				took := end.Sub(start)
+				if j.charge > 0 { // a decoy: charged as the bcrypt run it stands for
+					took, end = j.charge, end.Add(j.charge)
+				}
+				q.failed(j.src, took, end)
 			}
 			select {
 			case <-quit:

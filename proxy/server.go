@@ -138,12 +138,13 @@ type Server struct {
 	listeners listenerTable // [[listener]]s, fixed at start (listeners.go)
 	tls       *tlsFront     // the TLS listener (tls.go); nil: none
 
-	jobs      jobGroup             // off-loop work (offloop.go, the FLUSH writer): password checks, state writes, refusal delays
-	flushes   flushQueue           // FLUSHes waiting for their state file write
-	authQ     *authQueue           // password checks for the one auth worker (runs during Serve)
-	authCache *bucketcfg.AuthCache // recently verified passwords (keyed MACs, never plaintext)
-	flights   *authFlights         // password checks in flight, shared by the logins presenting the same credentials
-	authStats authCounters         // kvthrottle_auth_total{mechanism,result}
+	jobs       jobGroup             // off-loop work (offloop.go, the FLUSH writer): password checks, state writes, refusal delays
+	flushes    flushQueue           // FLUSHes waiting for their state file write
+	authQ      *authQueue           // password checks for the one auth worker (runs during Serve)
+	authCache  *bucketcfg.AuthCache // recently verified passwords (keyed MACs, never plaintext)
+	flights    *authFlights         // password checks in flight, shared by the logins presenting the same credentials
+	authStats  authCounters         // kvthrottle_auth_total{mechanism,result}
+	bcryptTook atomic.Int64         // nanoseconds the auth worker's last bcrypt run took (decoys' answer time)
 }
 
 // New validates opts, builds the throttle engine and the bucket table, and
