@@ -60,7 +60,7 @@ const (
 	defaultListen            = "127.0.0.1:11311"
 	defaultDefaultBucket     = "default"
 	defaultMaxConnections    = 10000
-	defaultMaxFrameBytes     = 22020096 // 21 MiB
+	defaultMaxFrameBytes     = 22020096  // 21 MiB
 	defaultMaxHeldInputBytes = 256 << 10 // 256 KiB
 	defaultAuthTimeout       = 10 * time.Second
 	defaultIdleTimeout       = 0         // never
