@@ -51,7 +51,8 @@ func (ft *fakeTime) step(d time.Duration, held int, ready func() bool) {
 
 // settled reports whether every loop of p has done all it can at the
 // engine clock's reading, and how many sessions are held: no wake-up due,
-// no session queued for a re-try or a flush, and every session either held
+// no session queued for a re-try or a flush, no lease stock due to go
+// back, and every session either held
 // or idle (its input all dispatched), with nothing in flight upstream and
 // nothing unsent.
 func settled(t testing.TB, p *testProxy) (held int, ok bool) {
@@ -63,7 +64,7 @@ func settled(t testing.TB, p *testProxy) (held int, ok bool) {
 				ok = false
 			}
 		}
-		if len(lp.retry) > 0 || len(lp.dirty) > 0 {
+		if len(lp.retry) > 0 || len(lp.dirty) > 0 || lp.leaseDue != 0 && lp.leaseDue <= now {
 			ok = false
 		}
 		for s := range lp.sessions {

@@ -117,11 +117,16 @@ func (lp *loop) schedule(s *session, at time.Duration) {
 	lp.arm()
 }
 
+// arm sets the loop's timer for the earliest of its held sessions' wake
+// times and the next expiry of its leases (leaseDue).
 func (lp *loop) arm() {
-	if len(lp.holds) == 0 {
+	at := lp.leaseDue
+	if len(lp.holds) > 0 && (at == 0 || lp.holds[0].at < at) {
+		at = lp.holds[0].at
+	}
+	if at == 0 {
 		return
 	}
-	at := lp.holds[0].at
 	if lp.armed && lp.armedAt <= at {
 		return
 	}
@@ -176,6 +181,9 @@ func (lp *loop) compactHolds() {
 func (lp *loop) wakeDue(context.Context) error {
 	lp.armed = false
 	now := lp.srv.throttle.Now()
+	if lp.leaseDue != 0 && lp.leaseDue <= now {
+		lp.expireLeases() // stock no longer ours goes back before the woken ask
+	}
 	due := lp.due[:0]
 	for len(lp.holds) > 0 && lp.holds[0].at <= now {
 		if e := heap.Pop(&lp.holds).(wakeEntry); e.live() {

@@ -270,30 +270,46 @@ func (s *session) leaveLaneWait() {
 	}
 }
 
-// leaseEvery is how often a busy loop gives back the stocks of its lanes'
-// leases that went unused (throttle.Lease.Expire); an idle loop does it at
-// its tick (tickInterval). While a stock waits to go back, it delays the
-// bucket's callers on other loops by at most its units at the bucket's
-// rate: two chunks, half a millisecond of the rate (throttle, "Leases").
+// leaseEvery is how often a loop gives back the stocks of its lanes'
+// leases that went unused (throttle.Lease.Expire): after a pass, and,
+// while a lease holds stock, from the loop's wake timer. While a stock
+// waits to go back, it delays the bucket's callers on other loops by at
+// most its units at the bucket's rate: two chunks, half a millisecond of
+// the rate (throttle, "Leases").
 const leaseEvery = time.Millisecond
 
 // expireLeases gives back the lease stocks that are no longer the loop's
 // to use, and adds the leases' counters to their buckets', at most every
-// leaseEvery of the engine's clock (after a pass, and at the tick). The
-// engine's clock, not the loop's: a lease's idleness is counted in calls
-// to Expire, so with a test's fake clock the stocks go back at the same
-// readings on every run. On the loop.
+// leaseEvery of the engine's clock; while a lease still holds stock it
+// arms the loop's wake timer to come back (leaseDue). Everything here runs
+// at readings of the engine's clock that the loop's own passes and timer
+// choose, never at the real-time tick: with a test's fake clock the stocks
+// go back at the same readings on every run. On the loop.
 func (lp *loop) expireLeases() {
 	if len(lp.lanes) == 0 {
+		lp.leaseDue = 0
 		return
 	}
 	now := lp.srv.throttle.Now()
 	if now-lp.leasesAt < leaseEvery {
-		return
+		return // a stock drawn since is in leaseDue (settleLeases)
 	}
-	lp.leasesAt = now
+	lp.leasesAt, lp.leaseDue = now, 0
 	for _, l := range lp.lanes {
 		l.lease.Expire()
+		if l.lease.Holding() {
+			lp.leaseDue = now + leaseEvery
+		}
+	}
+	lp.arm()
+}
+
+// expireLeasesAt makes sure expireLeases runs by engine time at. On the
+// loop.
+func (lp *loop) expireLeasesAt(at time.Duration) {
+	if lp.leaseDue == 0 || at < lp.leaseDue {
+		lp.leaseDue = at
+		lp.arm()
 	}
 }
 
@@ -310,6 +326,9 @@ func (lp *loop) settleLeases() {
 		l.lease.Expire()
 		l.addUnits()
 		lp.touched[i] = nil
+		if l.lease.Holding() {
+			lp.expireLeasesAt(max(lp.leasesAt+leaseEvery, lp.srv.throttle.Now()))
+		}
 	}
 	lp.touched = lp.touched[:0]
 }

@@ -31,6 +31,7 @@ type loop struct {
 	lanes       map[*bucket]*lane     // each bucket's reads in flight upstream (lane.go)
 	pass        uint64                // resumePaused passes so far (lane.full)
 	leasesAt    time.Duration         // when expireLeases last ran (engine time)
+	leaseDue    time.Duration         // when expireLeases must run next: a lease holds stock (engine time; 0: none does)
 	touched     []*lane               // lanes whose lease was used in this pass (settleLeases)
 	aborts      []*lane               // lanes whose upstream connections abortLanes closes (orphan.go)
 	unauthSrc   unauthSources         // unauthenticated sessions by source (connlimits.go)
@@ -246,7 +247,6 @@ func (lp *loop) flushClients() {
 func (lp *loop) tick(context.Context) error {
 	lp.pool.Tick(time.Now())
 	lp.compactHolds()
-	lp.expireLeases()
 	lp.dropIdleLanes()
 	lp.clock()
 	lp.sweepConns()

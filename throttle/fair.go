@@ -62,7 +62,7 @@ import (
 // they may wrap around; a bucket's vt is kept within fairClamp of V.
 const (
 	fairPeriod = int64(2 * time.Millisecond)
-	fairLag    = int64(4 * time.Millisecond)
+	fairLag    = int64(FairLag)
 	fairClamp  = int64(1) << 61
 	// fairGrace is how long past the time it was told to come back a held
 	// bucket still counts as wanting more: a caller wakes a little late.
@@ -72,6 +72,12 @@ const (
 	// units*vScale within int64.
 	fairMaxUnits = int64(1) << 30
 )
+
+// FairLag is the lag bound of fair sharing: over any interval, the
+// buckets that want more of the free pool get it in proportion to their
+// weights to within FairLag of the pool's rate (at weight 1) and one
+// command each.
+const FairLag = 4 * time.Millisecond
 
 // fairState is the engine's part of fair sharing.
 type fairState struct {

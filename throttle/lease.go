@@ -360,6 +360,11 @@ func (l *Lease) Expire() {
 // Lease.Settle or Bucket.Settle. Owner only; the lease may be used again.
 func (l *Lease) Return() { l.giveBack() }
 
+// Holding reports whether the lease holds anything of its bucket's (units
+// or budget for reads of unknown cost) that [Lease.Expire] may give back.
+// Owner only.
+func (l *Lease) Holding() bool { return l.holding }
+
 // Stock returns the units the lease holds billed in advance and the
 // domain they were billed against (Held when none). Owner only.
 func (l *Lease) Stock() (Domain, int64) { return l.dom, l.stock }
