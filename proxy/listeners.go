@@ -93,9 +93,10 @@ func sameListeners(a, b []bucketcfg.Listener) bool {
 // homeBucket returns the name of the bucket an unauthenticated session
 // uses: its listener's, else proxy.default_bucket ("" for none); none
 // once a SASL login of the session has failed, until one succeeds
-// (session.logout).
+// (session.logout), and none while a SCRAM login is between its AUTH and
+// its STEP.
 func (s *session) homeBucket(ten *tenants) string {
-	if s.authFailed {
+	if s.authFailed || s.scram != nil {
 		return ""
 	}
 	if s.listenerBucket != "" {

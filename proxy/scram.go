@@ -129,6 +129,12 @@ func (s *session) scramStart(r *request, h bucketcfg.SCRAMHash) {
 		return
 	}
 	s.scram = sc
+	if s.user == nil {
+		// A login in progress is not the anonymous client it was: until
+		// the STEP, its data commands get Eaccess, not its home bucket
+		// (homeBucket).
+		s.setBucket(nil)
+	}
 	s.localValue(r, binary.StatusAuthContinue, []byte(first))
 }
 

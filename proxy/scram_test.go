@@ -230,6 +230,37 @@ func TestSCRAMLogin(t *testing.T) {
 		t.Errorf("PLAIN for carol (no password_hash): %s, want AuthError", st)
 	}
 
+	// Between its AUTH and its STEP a login is not the anonymous client
+	// it was: its data commands are refused, not served from the default
+	// bucket.
+	c = dialFrom(t, p.Addr, "127.0.0.1")
+	if st, _ := c.do(mc.OpSet, "anon", "default's"); st != mc.StatusSuccess {
+		t.Fatalf("set in the default bucket: %s", st)
+	}
+	mid, _ := scram.SHA256.NewClient("alice", "alice-pw", "")
+	midConv := mid.NewConversation()
+	m1, _ := midConv.Step("")
+	st, m2 := c.do(mc.OpSASLAuth, "SCRAM-SHA256", m1)
+	if st != mc.StatusAuthContinue {
+		t.Fatalf("AUTH: %s %q", st, m2)
+	}
+	if st, v := c.do(mc.OpGet, "anon", ""); st != mc.StatusEaccess {
+		t.Errorf("GET between AUTH and STEP: %s %q, want Eaccess", st, v)
+	}
+	if st, _ := c.do(mc.OpSet, "anon", "written mid-login"); st != mc.StatusEaccess {
+		t.Errorf("SET between AUTH and STEP: %s, want Eaccess", st)
+	}
+	final, _ := midConv.Step(m2)
+	if st, _ := c.do(mc.OpSASLStep, "SCRAM-SHA256", final); st != mc.StatusSuccess {
+		t.Fatalf("STEP: %s", st)
+	}
+	if st, v := c.do(mc.OpGet, "k", ""); st != mc.StatusSuccess || v != "by SCRAM-SHA512" {
+		t.Errorf("after the login: %s %q, want alice's value", st, v)
+	}
+	if r, err := dial(t, p.Addr).Get([]byte("anon")); status(t, r, err) != mc.StatusSuccess || string(r.Value) != "default's" {
+		t.Errorf("the default bucket's value: %s %q", r.Status(), r.Value)
+	}
+
 	// STEP without AUTH.
 	c = dialFrom(t, p.Addr, "127.0.0.1")
 	if st, v := c.do(mc.OpSASLStep, "SCRAM-SHA256", "c=biws,r=x,p=eA=="); st != mc.StatusAuthError || !strings.Contains(v, "SASL AUTH first") {
