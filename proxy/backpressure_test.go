@@ -133,27 +133,6 @@ func startPipeWriterOf(t *testing.T, c net.Conn, n int, cmd func(b *bytes.Buffer
 	return w
 }
 
-// waitBlocked waits until the writer is stuck in a write: it has not
-// finished and has made no progress for 300 ms.
-func (w *pipeWriter) waitBlocked(t *testing.T) {
-	t.Helper()
-	last, since := int64(-1), time.Now()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-w.done:
-			t.Fatalf("the writer finished (%d of %d bytes, err %v): it was never blocked", w.written.Load(), w.total, w.err)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if n := w.written.Load(); n != last {
-			last, since = n, time.Now()
-		} else if time.Since(since) > 300*time.Millisecond {
-			return
-		}
-	}
-	t.Fatalf("the writer never blocked (%d of %d bytes written)", w.written.Load(), w.total)
-}
-
 // wait waits for the writer to have written everything.
 func (w *pipeWriter) wait(t *testing.T, d time.Duration) {
 	t.Helper()
@@ -167,21 +146,37 @@ func (w *pipeWriter) wait(t *testing.T, d time.Duration) {
 	}
 }
 
-// blockedSession waits until writer w is blocked, and checks that the
-// proxy holds no more of its input than the bound, that its session is
-// the one in pause state want, no longer read, and that input waits in
-// its socket.
+// blockedSession waits until the proxy has stopped reading writer w's
+// connection: a session in pause state want, no longer read, with input
+// waiting in its socket, and the writer stuck in a write (no progress
+// between two looks 50 ms apart, and not finished). It checks throughout
+// that the proxy holds no more of any client's input than the bound. The
+// state is the test's condition, not a pause of the writer: on a loaded
+// machine the writer may stall for a while before the loop has read what
+// it sent.
 func blockedSession(t *testing.T, p *testProxy, w *pipeWriter, want pauseState) clientInput {
 	t.Helper()
-	w.waitBlocked(t)
-	in := checkInputBound(t, p)
-	for _, c := range in {
-		if c.pause == want && c.readOff && c.unread > 0 {
-			t.Logf("blocked after %d of %d bytes; the proxy holds %d, its socket %d", w.written.Load(), w.total, c.buffered, c.unread)
-			return c
+	var in []clientInput
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		before := w.written.Load()
+		select {
+		case <-w.done:
+			t.Fatalf("the writer finished (%d of %d bytes, err %v): it was never blocked", w.written.Load(), w.total, w.err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		in = checkInputBound(t, p)
+		if w.written.Load() != before {
+			continue
+		}
+		for _, c := range in {
+			if c.pause == want && c.readOff && c.unread > 0 {
+				t.Logf("blocked after %d of %d bytes; the proxy holds %d, its socket %d", w.written.Load(), w.total, c.buffered, c.unread)
+				return c
+			}
 		}
 	}
-	t.Fatalf("sessions %+v: want one %v, not read, with input waiting in its socket", in, want)
+	t.Fatalf("sessions %+v (writer at %d of %d bytes): want one %v, not read, with input waiting in its socket", in, w.written.Load(), w.total, want)
 	return clientInput{}
 }
 
