@@ -181,14 +181,14 @@ func (lp *loop) compactHolds() {
 func (lp *loop) wakeDue(context.Context) error {
 	lp.armed = false
 	now := lp.srv.throttle.Now()
-	if lp.leaseDue != 0 && lp.leaseDue <= now {
-		lp.expireLeases() // stock no longer ours goes back before the woken ask
-	}
 	due := lp.due[:0]
 	for len(lp.holds) > 0 && lp.holds[0].at <= now {
 		if e := heap.Pop(&lp.holds).(wakeEntry); e.live() {
 			due = append(due, e)
 		}
+	}
+	if lp.leaseDue != 0 && lp.leaseDue <= now {
+		lp.expireLeases() // stock no longer ours goes back before the woken ask
 	}
 	slices.SortFunc(due, func(a, b wakeEntry) int {
 		return cmp.Compare(a.place-1, b.place-1) // no place (0) last

@@ -14,9 +14,9 @@ import (
 // its units (throttle.Lease): after a pipeline of SETs the lane holds the
 // rest of a chunk drawn from the free pool, the bucket's statistics count
 // every command exactly as soon as the client has its answers, and the
-// stock goes back to the free pool once unused for throttle.LeaseTTL (at
-// the loop's next tick here: nothing else runs on the loop). The engine's
-// clock is a fake one, so that the stock is seen before it expires.
+// stock goes back to the free pool once unused for throttle.LeaseTTL, on
+// the engine's clock (a fake one here, so that the stock is seen before it
+// expires).
 func TestLoopLeaseAdmits(t *testing.T) {
 	t.Parallel()
 	clock := throttle.NewFakeClock(time.Hour)
@@ -48,11 +48,19 @@ func TestLoopLeaseAdmits(t *testing.T) {
 	if d, units := stock(); d != throttle.FreePool || units <= 0 {
 		t.Fatalf("after %d SETs the loop's lease holds %d units (%s); want a stock drawn from the free pool", n, units, d)
 	}
-	clock.Advance(throttle.LeaseTTL)
-	eventually(t, 5*time.Second, "the unused stock to go back", func() bool {
-		_, units := stock()
-		return units == 0
-	})
+	// The stock goes back on the engine's clock, from the loop's own
+	// timer (nothing else runs on the loop, and the real-time tick does
+	// not expire leases): kept while unused for less than LeaseTTL, gone
+	// within LeaseTTL and one expiry period (leaseEvery).
+	ft := &fakeTime{t: t, p: p, clock: clock}
+	ft.step(throttle.LeaseTTL-time.Nanosecond, 0, nil)
+	if _, units := stock(); units <= 0 {
+		t.Fatalf("the stock went back after %v unused, before LeaseTTL", throttle.LeaseTTL-time.Nanosecond)
+	}
+	ft.step(leaseEvery+time.Nanosecond, 0, nil)
+	if _, units := stock(); units != 0 {
+		t.Fatalf("the loop's lease still holds %d units %v after its last use", units, throttle.LeaseTTL+leaseEvery)
+	}
 	if got := p.Engine().Bucket("default").Stats().Commands; got != n {
 		t.Errorf("bucket statistics count %d commands after the stock went back; want %d", got, n)
 	}
