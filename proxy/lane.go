@@ -292,7 +292,13 @@ func (lp *loop) expireLeases() {
 	}
 	now := lp.srv.throttle.Now()
 	if now-lp.leasesAt < leaseEvery {
-		return // a stock drawn since is in leaseDue (settleLeases)
+		// Ran lately (after a pass): a stock drawn since is in leaseDue
+		// (settleLeases), which must not be before the next run may be.
+		if lp.leaseDue != 0 && lp.leaseDue < lp.leasesAt+leaseEvery {
+			lp.leaseDue = lp.leasesAt + leaseEvery
+			lp.arm()
+		}
+		return
 	}
 	lp.leasesAt, lp.leaseDue = now, 0
 	for _, l := range lp.lanes {

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // largeValue is the 1,000,000-byte value: with its key, 245 read
@@ -245,34 +247,47 @@ name = "spare"
 
 // Small GETs pipelined by one connection reach their bucket's hard limit:
 // the budget for reads of unknown cost (one burst of the limit, here room
-// for a single read of unknown size) does not starve a pipeline, because a
-// session held for it re-tries as soon as one of its reads is in.
+// for three reads of unknown size, max_item_bytes being the default) does
+// not starve a pipeline, because a session held for it re-tries as soon
+// as one of its reads is in, not only after its 1 ms poll. On the fake
+// clock, stepped a millisecond (ten units of the limit) at a time: the
+// limit in a second, to within one step's units (a read that settles
+// after the gauge's room is taken waits for the next step; without the
+// re-try, three GETs a step).
 func TestPipelinedSmallGetsReachTheHardLimit(t *testing.T) {
-	p := startProxy(t, testConfig{
+	t.Parallel()
+	const limit, warm, window = 10000, 200, 1000 // units/s; steps of 1 ms
+	clock := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{
 		throttle: "capacity = \"unlimited\"\nburst_ms = 100",
-		tail:     "[[bucket]]\nname = \"default\"\nhard_limit = 1000\n",
-	})
-	c, err := mcclient.Dial(p.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+		tail:     fmt.Sprintf("[[bucket]]\nname = \"default\"\nhard_limit = %d\n", limit),
+		loops:    1,
+	}, clock)
+	c := dial(t, p.Addr)
 	if r, err := c.Set([]byte("small"), bytes.Repeat([]byte("s"), 100)); err != nil || r.Status() != mc.StatusSuccess {
 		t.Fatalf("set: %v %v", r, err)
 	}
-	const span = 4
-	perSec := make([]int, span+1)
-	start := time.Now()
+	b := p.Engine().Bucket("default")
+	base := b.Stats().Commands
+	var got atomic.Int64
 	stop := make(chan struct{})
-	timer := time.AfterFunc(span*time.Second, func() { close(stop) })
-	defer timer.Stop()
-	pipelineGets(t, c, "small", 100, stop, func(at time.Time) {
-		if s := int(at.Sub(start) / time.Second); s < len(perSec) {
-			perSec[s]++
-		}
-	})
-	t.Logf("GETs (1 unit each) per second: %v", perSec)
-	got := float64(perSec[1]+perSec[2]+perSec[3]) / 3
-	if got < 1000*0.95 || got > 1000*1.05 {
-		t.Errorf("%.0f units/s over seconds 1-3, want the hard limit 1000 +-5%%", got)
+	done := make(chan struct{})
+	defer func() { close(stop); <-done }()
+	go func() {
+		defer close(done)
+		pipelineGets(t, c, "small", 100, stop, func(time.Time) { got.Add(1) })
+	}()
+	ready := func() bool { return uint64(got.Load()) == b.Stats().Commands-base }
+	ft := &fakeTime{t: t, p: p, clock: clock}
+	ft.settle(1, ready)
+	for range warm {
+		ft.step(time.Millisecond, 1, ready)
+	}
+	before := got.Load()
+	for range window {
+		ft.step(time.Millisecond, 1, ready)
+	}
+	if n, step := got.Load()-before, int64(limit/1000); n < limit-step || n > limit+step {
+		t.Errorf("one pipelining connection got %d GETs (1 unit each) in one second of the fake clock, want the hard limit %d +-%d (one step)", n, limit, step)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // drive runs the connections, each doing SETs of 1 unit for d, and
@@ -165,8 +166,8 @@ func TestUnthrottledNeverHeld(t *testing.T) {
 // bucket waits for it (it could not pass on the one unit admission alone
 // charges).
 func TestLargeWritesChargedAtAdmission(t *testing.T) {
-	p := startProxy(t, testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 100",
-		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 100\n"})
+	p := startProxyClock(t, testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 100",
+		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 100\n"}, throttle.NewFakeClock(time.Hour))
 	c := dial(t, p.Addr)
 	hello(t, c, mc.FeatureNonBlockingThrottlingMode)
 	big := bytes.Repeat([]byte("x"), 100*4096) // 101 units with the key
@@ -182,8 +183,8 @@ func TestLargeWritesChargedAtAdmission(t *testing.T) {
 	}
 	var us int64
 	fmt.Sscanf(strings.TrimPrefix(string(r.Value), `{"next_tick_us":`), "%d", &us)
-	if us < 800_000 || us > 1_100_000 {
-		t.Fatalf("next_tick_us = %d, want about 1 s (101 units at 100/s, less the 100 ms burst)", us)
+	if us != 910_000 {
+		t.Fatalf("next_tick_us = %d, want 910000: 101 units at 100/s, less the 100 ms burst (the engine's clock stands still)", us)
 	}
 }
 
