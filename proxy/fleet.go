@@ -113,8 +113,9 @@ func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
 }
 
 // openFleet sets up fleet mode when the configuration names a store. The
-// store is first contacted by startFleet.
-func (srv *Server) openFleet(cfg *bucketcfg.Config) error {
+// store is first contacted by startFleet. The fleet's periodic work runs on
+// opts.FleetClock, else on the engine's clock (opts.Clock).
+func (srv *Server) openFleet(cfg *bucketcfg.Config, opts Options) error {
 	fc := cfg.Fleet
 	if fc.RedisURL == "" {
 		return nil
@@ -135,6 +136,11 @@ func (srv *Server) openFleet(cfg *bucketcfg.Config) error {
 	if err != nil {
 		return err // the URL is not in the error: it may hold a password
 	}
+	clock := opts.Clock
+	if opts.FleetClock != nil {
+		clock = opts.FleetClock
+		store.SetClock(clock)
+	}
 	redis.SetLogger(redisLogger{srv.log})
 	link := &fleetLink{store: store, instance: instance, hintPath: cfg.Throttle.StateFile + ".fleet"}
 	link.storeUp.Store(true)
@@ -145,6 +151,7 @@ func (srv *Server) openFleet(cfg *bucketcfg.Config) error {
 		Instance:    instance,
 		Period:      fc.GrantPeriod,
 		OnStoreLoss: policy,
+		Clock:       clock,
 		Instances:   hint,
 	}, fleet.Hooks{
 		Usage:   srv.fleetUsage,
