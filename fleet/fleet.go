@@ -59,6 +59,10 @@ type Config struct {
 	OnStoreLoss LossPolicy
 	// Clock times periods and usage rates; nil selects a real clock.
 	Clock throttle.Clock
+	// CallTimeout bounds each sync's store calls in real time (0: half a
+	// period). A test on a fake clock sets it long: whether a call
+	// succeeds must not depend on how busy the machine is.
+	CallTimeout time.Duration
 	// Instances is how many instances the fleet had when this one last
 	// knew (0: unknown, taken as 1). Until the store answers it divides
 	// the limits under Share, and it keeps an empty store's first caller
@@ -177,6 +181,9 @@ func New(cfg Config, h Hooks) (*Fleet, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = throttle.NewRealClock()
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = cfg.Period / 2
 	}
 	f := &Fleet{
 		cfg:      cfg,
@@ -326,7 +333,7 @@ func (f *Fleet) sample() {
 // syncOnce makes one store call (two when the store must be seeded first)
 // and puts its grants, or the fallback for a lost store, in force.
 func (f *Fleet) syncOnce() {
-	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Period/2)
+	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.CallTimeout)
 	defer cancel()
 	start := time.Now() // the call's real duration, for the metrics
 	err := f.exchange(ctx)

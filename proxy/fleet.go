@@ -43,6 +43,11 @@ type fleetLink struct {
 	token string // the state document in force here ("id:version"); guarded by adminMu
 }
 
+// fakeFleetCallTimeout bounds a sync's store calls with Options.FleetClock
+// (tests): a call that took longer than half a period of real time on a
+// busy machine failed on one run and not on another.
+const fakeFleetCallTimeout = 20 * time.Second
+
 // fleetTimeout bounds a store round trip made for an admin change.
 const fleetTimeout = 2 * time.Second
 
@@ -136,9 +141,9 @@ func (srv *Server) openFleet(cfg *bucketcfg.Config, opts Options) error {
 	if err != nil {
 		return err // the URL is not in the error: it may hold a password
 	}
-	clock := opts.Clock
+	clock, timeout := opts.Clock, time.Duration(0)
 	if opts.FleetClock != nil {
-		clock = opts.FleetClock
+		clock, timeout = opts.FleetClock, fakeFleetCallTimeout
 		store.SetClock(clock)
 	}
 	redis.SetLogger(redisLogger{srv.log})
@@ -152,6 +157,7 @@ func (srv *Server) openFleet(cfg *bucketcfg.Config, opts Options) error {
 		Period:      fc.GrantPeriod,
 		OnStoreLoss: policy,
 		Clock:       clock,
+		CallTimeout: timeout,
 		Instances:   hint,
 	}, fleet.Hooks{
 		Usage:   srv.fleetUsage,

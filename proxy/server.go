@@ -50,7 +50,7 @@ type Options struct {
 	// the test moves to the engine clock's reading after the event loops
 	// have done all it allows, orders the fleet's work at each reading
 	// after theirs, and instances sharing one reading share the store's
-	// time.
+	// time; a sync's store calls may then take 20 s of real time.
 	FleetClock throttle.Clock
 	// WallClock reads the wall clock against which delayed flushes'
 	// deadlines (Unix times, kept across restarts) are checked (default
