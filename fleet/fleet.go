@@ -59,6 +59,10 @@ type Config struct {
 	OnStoreLoss LossPolicy
 	// Clock times periods and usage rates; nil selects a real clock.
 	Clock throttle.Clock
+	// CallTimeout bounds each sync's store calls in real time (0: half a
+	// period). A test on a fake clock sets it long: whether a call
+	// succeeds must not depend on how busy the machine is.
+	CallTimeout time.Duration
 	// Instances is how many instances the fleet had when this one last
 	// knew (0: unknown, taken as 1). Until the store answers it divides
 	// the limits under Share, and it keeps an empty store's first caller
@@ -144,8 +148,14 @@ type Fleet struct {
 	fleetRef map[string]fleetCount
 	buf      []Usage
 
-	stop chan struct{}
-	done chan struct{}
+	// The periodic work (run): a timer on the clock, re-armed by each
+	// tick; tickMu serialises a tick with Close.
+	tickMu  sync.Mutex
+	timer   throttle.Timer
+	closed  bool
+	ticks   int          // ticks since the last sync
+	next    atomic.Int64 // the clock reading the next tick is due at
+	started bool
 }
 
 type counters struct{ units, rejected uint64 }
@@ -171,6 +181,9 @@ func New(cfg Config, h Hooks) (*Fleet, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = throttle.NewRealClock()
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = cfg.Period / 2
 	}
 	f := &Fleet{
 		cfg:      cfg,
@@ -239,48 +252,70 @@ func (f *Fleet) Instance() string { return *f.name.Load() }
 func (f *Fleet) Period() time.Duration { return f.cfg.Period }
 
 // Start syncs once (waiting at most one period, so that an instance joining
-// a fleet starts with its shares) and then starts the goroutine that syncs
-// every period until Close.
+// a fleet starts with its shares) and then arms the periodic work on the
+// Fleet's clock (Config.Clock): a sample of the callers held every
+// twentieth of a period, a sync every period, until Close. Each tick runs
+// in a goroutine of its own (throttle.AfterFunc), never two at once.
 func (f *Fleet) Start() {
-	f.stop = make(chan struct{})
-	f.done = make(chan struct{})
 	f.sample()
 	f.syncOnce()
-	go f.run()
+	f.tickMu.Lock()
+	defer f.tickMu.Unlock()
+	f.started = true
+	f.next.Store(int64(f.clock.Now() + f.tickEvery()))
+	f.timer = throttle.AfterFunc(f.clock, f.tickEvery(), f.tick)
 }
 
-// Close stops the sync goroutine, waits for it, and tells the store this
-// instance has left, so that the others take its shares at their next
-// call (if the store cannot be told, they do after its lease).
+// Close stops the periodic work, waits for a tick in progress, and tells
+// the store this instance has left, so that the others take its shares at
+// their next call (if the store cannot be told, they do after its lease).
 func (f *Fleet) Close() {
-	if f.stop == nil {
+	f.tickMu.Lock()
+	started := f.started && !f.closed
+	f.closed = true
+	if f.timer != nil {
+		f.timer.Stop()
+	}
+	f.tickMu.Unlock()
+	if !started {
 		return
 	}
-	close(f.stop)
-	<-f.done
-	f.stop = nil
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Period/2)
 	defer cancel()
 	_ = f.cfg.Store.leave(ctx, f.Instance(), f.epoch)
 }
 
-func (f *Fleet) run() {
-	defer close(f.done)
-	tick := time.NewTicker(f.cfg.Period / samplesPerPeriod)
-	defer tick.Stop()
-	n := 0
-	for {
-		select {
-		case <-f.stop:
-			return
-		case <-tick.C:
-		}
-		f.sample()
-		if n++; n >= samplesPerPeriod {
-			n = 0
-			f.syncOnce()
-		}
+// tickEvery is the time between two ticks: a twentieth of a period.
+func (f *Fleet) tickEvery() time.Duration { return f.cfg.Period / samplesPerPeriod }
+
+// NextTick returns the reading of the Fleet's clock at which its next tick
+// (a sample, and every samplesPerPeriod-th a sync) is due. A test driving
+// a fake clock knows that every tick due by a reading has run, its hooks
+// returned, once NextTick is past that reading.
+func (f *Fleet) NextTick() time.Duration { return time.Duration(f.next.Load()) }
+
+// tick is the periodic work: it samples, syncs every samplesPerPeriod-th
+// time, and arms the next tick one tick after this one was due (a late
+// tick does not shift the ones after it; ticks a slow sync overran are
+// skipped, as a time.Ticker drops them).
+func (f *Fleet) tick() {
+	f.tickMu.Lock()
+	defer f.tickMu.Unlock()
+	if f.closed {
+		return
 	}
+	f.sample()
+	if f.ticks++; f.ticks >= samplesPerPeriod {
+		f.ticks = 0
+		f.syncOnce()
+	}
+	every := f.tickEvery()
+	next := time.Duration(f.next.Load()) + every
+	if now := f.clock.Now(); next <= now {
+		next += (now - next + every) / every * every
+	}
+	f.next.Store(int64(next))
+	f.timer.Reset(next - f.clock.Now())
 }
 
 // lease is how long the store counts an instance's shares after its last
@@ -298,9 +333,9 @@ func (f *Fleet) sample() {
 // syncOnce makes one store call (two when the store must be seeded first)
 // and puts its grants, or the fallback for a lost store, in force.
 func (f *Fleet) syncOnce() {
-	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.Period/2)
+	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.CallTimeout)
 	defer cancel()
-	start := time.Now()
+	start := time.Now() // the call's real duration, for the metrics
 	err := f.exchange(ctx)
 	f.hooks.Synced(time.Since(start), err)
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 //go:embed sync.lua
@@ -46,6 +48,26 @@ var ErrConflict = errors.New("fleet: state changed concurrently")
 type Store struct {
 	rdb  redis.UniversalClient
 	keys []string // config, members, entries, usage
+	// clock, when set (SetClock), is the store's time instead of Redis's
+	// TIME.
+	clock throttle.Clock
+}
+
+// SetClock makes c's reading (in ms) the store's time in the scripts that
+// read one (sync and seed) instead of the Redis server's own clock (TIME):
+// the caller passes it as an argument. For tests only, whose instances
+// all read one fake clock: in a real fleet each instance's clock has an
+// origin of its own, and the server's clock is the one time every
+// instance's calls share. Call it before the first call of the store.
+func (s *Store) SetClock(c throttle.Clock) { s.clock = c }
+
+// nowArg is the time argument of the scripts: "" for the server's own
+// clock, else the store clock's reading in ms.
+func (s *Store) nowArg() string {
+	if s.clock == nil {
+		return ""
+	}
+	return strconv.FormatInt(s.clock.Now().Milliseconds(), 10)
 }
 
 // OpenStore connects to the store at rawURL for the fleet called name. It
@@ -140,7 +162,7 @@ func (s *Store) Seed(ctx context.Context, doc []byte) (token string, seeded bool
 	if _, err := rand.Read(id[:]); err != nil {
 		return "", false, fmt.Errorf("fleet: seed state: %w", err)
 	}
-	r, err := seedScript.Run(ctx, s.rdb, s.keys[:1], string(doc), hex.EncodeToString(id[:])).Slice()
+	r, err := seedScript.Run(ctx, s.rdb, s.keys[:1], string(doc), hex.EncodeToString(id[:]), s.nowArg()).Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("fleet: seed state: %w", err)
 	}
@@ -223,9 +245,9 @@ func (s *Store) sync(ctx context.Context, req *syncRequest) (*syncReply, error) 
 	if req.fair {
 		fair = "1"
 	}
-	args := make([]any, 0, 11+8*len(req.buckets))
+	args := make([]any, 0, 12+8*len(req.buckets))
 	args = append(args, req.instance, req.epoch, req.seq, req.lease.Milliseconds(), req.knownToken, req.hint,
-		req.freePool, req.fpCap, strconv.FormatFloat(req.fpWeight, 'f', 3, 64), len(req.buckets), fair)
+		req.freePool, req.fpCap, strconv.FormatFloat(req.fpWeight, 'f', 3, 64), len(req.buckets), fair, s.nowArg())
 	for _, b := range req.buckets {
 		args = append(args, b.name, b.reserved, b.hard, b.cum, b.cap, strconv.FormatFloat(b.weight, 'f', 3, 64),
 			b.poolCap, strconv.FormatFloat(max(b.bucketWeight, 1), 'f', 3, 64))

@@ -6,7 +6,9 @@
 -- (water-filling) over the demands of the live instances, then clamped so
 -- that the shares held by all live instances never add up to more than the
 -- limit: a share given to one instance is taken back from another only when
--- that one calls and lowers its own. Time is Redis's (TIME), in ms.
+-- that one calls and lowers its own. Time is Redis's (TIME), in ms, unless
+-- the caller passes its own (now_ms; tests whose instances share one fake
+-- clock: Store.SetClock).
 --
 -- KEYS[1] config  hash: version, state (the fleet's state document, JSON),
 --                       id (names this life of the store), seeded_at (ms)
@@ -20,7 +22,7 @@
 -- KEYS[4] usage   hash: bucket -> units used by the whole fleet, ever
 --
 -- ARGV: instance, epoch, seq, lease_ms, known_token, hint_instances,
---       free_pool, fp_cap, fp_weight, nbuckets, fair,
+--       free_pool, fp_cap, fp_weight, nbuckets, fair, now_ms ("": TIME),
 --       then per bucket: name, reserved, hard, cum, cap, weight,
 --       pool_cap, bucket_weight.
 -- fair is "1" when the caller shares the free pool fairly (free_pool =
@@ -47,8 +49,11 @@
 -- ignored, never trusted: a member record is deleted, an entry counts as
 -- absent, a version that is not a number means "no state".
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(ARGV[12])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 
 local inst, epoch = ARGV[1], ARGV[2]
 local seq, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -228,7 +233,7 @@ end
 
 local nb = tonumber(ARGV[10])
 local fair = ARGV[11] == '1'
-local a = 12
+local a = 13
 local pool = {} -- per bucket of the caller: its grants, and in fair mode what its pool share needs
 for _ = 1, nb do
   local name = ARGV[a]

@@ -43,6 +43,11 @@ type fleetLink struct {
 	token string // the state document in force here ("id:version"); guarded by adminMu
 }
 
+// fakeFleetCallTimeout bounds a sync's store calls with Options.FleetClock
+// (tests): a call that took longer than half a period of real time on a
+// busy machine failed on one run and not on another.
+const fakeFleetCallTimeout = 20 * time.Second
+
 // fleetTimeout bounds a store round trip made for an admin change.
 const fleetTimeout = 2 * time.Second
 
@@ -113,8 +118,9 @@ func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
 }
 
 // openFleet sets up fleet mode when the configuration names a store. The
-// store is first contacted by startFleet.
-func (srv *Server) openFleet(cfg *bucketcfg.Config) error {
+// store is first contacted by startFleet. The fleet's periodic work runs on
+// opts.FleetClock, else on the engine's clock (opts.Clock).
+func (srv *Server) openFleet(cfg *bucketcfg.Config, opts Options) error {
 	fc := cfg.Fleet
 	if fc.RedisURL == "" {
 		return nil
@@ -135,6 +141,11 @@ func (srv *Server) openFleet(cfg *bucketcfg.Config) error {
 	if err != nil {
 		return err // the URL is not in the error: it may hold a password
 	}
+	clock, timeout := opts.Clock, time.Duration(0)
+	if opts.FleetClock != nil {
+		clock, timeout = opts.FleetClock, fakeFleetCallTimeout
+		store.SetClock(clock)
+	}
 	redis.SetLogger(redisLogger{srv.log})
 	link := &fleetLink{store: store, instance: instance, hintPath: cfg.Throttle.StateFile + ".fleet"}
 	link.storeUp.Store(true)
@@ -145,6 +156,8 @@ func (srv *Server) openFleet(cfg *bucketcfg.Config) error {
 		Instance:    instance,
 		Period:      fc.GrantPeriod,
 		OnStoreLoss: policy,
+		Clock:       clock,
+		CallTimeout: timeout,
 		Instances:   hint,
 	}, fleet.Hooks{
 		Usage:   srv.fleetUsage,

@@ -6,8 +6,6 @@ import (
 	"math"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,7 +23,7 @@ import (
 
 // fleetTest is a fleet of proxies sharing one store and one memcached.
 type fleetTest struct {
-	t      *testing.T
+	t      testing.TB
 	redis  *testmc.Redis
 	mc     *testmc.Server
 	tail   string // buckets and users, shared by every instance
@@ -35,9 +33,10 @@ type fleetTest struct {
 	insts    []*testProxy
 	tcs      []testConfig
 	wall     func() time.Time // every instance's wall clock (default time.Now)
+	fake     *fleetFake       // fake clocks (newFakeFleetTest); nil: the real clock
 }
 
-func newFleetTest(t *testing.T, tail, period string) *fleetTest {
+func newFleetTest(t testing.TB, tail, period string) *fleetTest {
 	return &fleetTest{t: t, redis: testmc.StartRedis(t), mc: testmc.Start(t), tail: tail, period: period}
 }
 
@@ -66,6 +65,7 @@ func (f *fleetTest) start(i int, proxyLines string) *testProxy {
 		}
 		f.tcs[i] = tc
 	}
+	f.fakeClocks(i, &tc)
 	p := startProxyTo(f.t, f.mc, tc)
 	f.insts[i] = p
 	return p
@@ -81,104 +81,6 @@ func (f *fleetTest) units(bucket string) []float64 {
 		if b := p.Engine().Bucket(bucket); b != nil {
 			out[i] = float64(b.Stats().Units)
 		}
-	}
-	return out
-}
-
-// load drives saturating closed-loop clients: each connection SETs 15-unit
-// values (60000 bytes) as fast as the proxy lets it: a fleet at 3000
-// units/s runs 200 commands/s, which a race-instrumented build on a busy
-// machine still saturates. Errors (any status but success, or
-// a connection failure) are counted: fleet mode must never cause one.
-type load struct {
-	errs atomic.Int64
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	stop map[int][]chan struct{} // per instance
-}
-
-func newLoad() *load { return &load{stop: map[int][]chan struct{}{}} }
-
-// add starts n connections to instance i at addr.
-func (l *load) add(t *testing.T, i int, addr string, n int) {
-	t.Helper()
-	for k := 0; k < n; k++ {
-		c, err := mcclient.Dial(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Timeout = 30 * time.Second
-		stop := make(chan struct{})
-		l.mu.Lock()
-		l.stop[i] = append(l.stop[i], stop)
-		l.mu.Unlock()
-		l.wg.Add(1)
-		go func(k int) {
-			defer l.wg.Done()
-			defer c.Close()
-			key := []byte(fmt.Sprintf("fleet-%d-%d", i, k))
-			val := make([]byte, 60000)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				r, err := c.Set(key, val)
-				if err != nil || r.Header.Status() != mc.StatusSuccess {
-					l.errs.Add(1)
-					if err != nil {
-						return
-					}
-				}
-			}
-		}(k)
-	}
-}
-
-// remove stops n of instance i's connections.
-func (l *load) remove(i, n int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for k := 0; k < n && len(l.stop[i]) > 0; k++ {
-		last := len(l.stop[i]) - 1
-		close(l.stop[i][last])
-		l.stop[i] = l.stop[i][:last]
-	}
-}
-
-func (l *load) close() {
-	l.mu.Lock()
-	for _, ss := range l.stop {
-		for _, s := range ss {
-			close(s)
-		}
-	}
-	l.stop = map[int][]chan struct{}{}
-	l.mu.Unlock()
-	l.wg.Wait()
-}
-
-// window samples the units of bucket once a second for n seconds and
-// returns each second's per-instance rates in units per second. A rate is
-// the delta over the time that really passed between the two samples: on
-// a busy machine a tick comes late (and the next one early), and a 1.1 s
-// sample read as one second would show 10% too many units.
-func (f *fleetTest) window(bucket string, n int) [][]float64 {
-	out := make([][]float64, 0, n)
-	prev, prevAt := f.units(bucket), time.Now()
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for len(out) < n {
-		<-tick.C
-		cur, at := f.units(bucket), time.Now()
-		secs := at.Sub(prevAt).Seconds()
-		d := make([]float64, len(cur))
-		for i := range cur {
-			d[i] = (cur[i] - prev[i]) / secs
-		}
-		out = append(out, d)
-		prev, prevAt = cur, at
 	}
 	return out
 }
@@ -240,21 +142,32 @@ func fleetUsers(t *testing.T) string {
 // bucket with hard_limit 3000, saturating clients split 6/3/1 over three
 // instances, the split flipped after 10 s. The fleet stays at 3000 +-5%
 // over each 10 s window and at most +10% in any second, and two periods
-// after the flip the instances' parts follow the load.
+// after the flip the instances' parts follow the load. On fake clocks
+// (fleetFake): the figures are the same on every run; the bounds are the
+// contract's accuracy targets (DESIGN.md section 10), and at every step
+// the shares the instances enforce add up to at most the fleet's limit
+// (the store's clamp), exactly.
 func TestFleetHardLimitFollowsTheLoad(t *testing.T) {
-	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n", "1s")
-	l := newLoad()
-	defer l.close()
-	for i, n := range []int{6, 3, 1} {
-		p := f.start(i, `default_bucket = "b"`)
-		l.add(t, i, p.Addr, n)
+	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n", "1s")
+	var l fleetClients
+	defer l.close(f)
+	for i := range 3 {
+		f.start(i, `default_bucket = "b"`)
 	}
-	f.window("b", 3) // warm-up
-	parts := checkWindow(t, "before the flip", f.window("b", 10), 3000)
+	f.fake.onStep = func() {
+		if s := f.hardSum("b"); s > 3000 {
+			t.Fatalf("at %v the instances enforce hard limits adding up to %d, above the fleet's 3000", f.fake.clock.Now(), s)
+		}
+	}
+	for i, n := range []int{6, 3, 1} {
+		l.add(f, i, n)
+	}
+	f.seconds(3, "b") // warm-up
+	parts := checkWindow(t, "before the flip", f.seconds(10, "b")["b"], 3000)
 	checkSplit(t, "before the flip", parts, []float64{0.6, 0.3, 0.1})
-	l.remove(0, 5)
-	l.add(t, 2, f.insts[2].Addr, 5)
-	secs := f.window("b", 10)
+	l.remove(f, 0, 5)
+	l.add(f, 2, 5)
+	secs := f.seconds(10, "b")["b"]
 	checkWindow(t, "after the flip", secs, 3000)
 	checkSplit(t, "2 periods after the flip", partsOf(secs[2:]), []float64{0.1, 0.3, 0.6})
 	if n := l.errs.Load(); n != 0 {
@@ -293,41 +206,53 @@ func checkSplit(t *testing.T, what string, parts, want []float64) {
 // instance; two unlimited buckets saturating through different instances
 // get 4000 together; then a reservation of 1000 set by 0x2a on another
 // instance is honoured for a bucket saturating through the third while the
-// others go on saturating.
+// others go on saturating. On fake clocks (fleetFake), with the contract's
+// accuracy targets (DESIGN.md section 10: capacity +-5% over 10 s, at most
+// +10% in any second, reservations -5%); once every instance has the
+// capacity, the capacities the instances enforce add up to at most the
+// fleet's at every step.
 func TestFleetCapacityAndReservation(t *testing.T) {
 	tail := "[[bucket]]\nname = \"x\"\n[[bucket]]\nname = \"y\"\n[[bucket]]\nname = \"r\"\n" + fleetUsers(t)
-	f := newFleetTest(t, tail, "1s")
-	l := newLoad()
-	defer l.close()
+	f := newFakeFleetTest(t, tail, "1s")
+	var l fleetClients
+	defer l.close(f)
 	for i, b := range []string{"x", "y", "r"} {
 		f.start(i, fmt.Sprintf("default_bucket = %q", b))
 	}
 	fleetAdmin(t, f.insts[0], mc.OpSetNodeThrottleProperties, "", `{"capacity": 4000}`)
-	l.add(t, 0, f.insts[0].Addr, 4)
-	l.add(t, 1, f.insts[1].Addr, 4)
-	f.window("x", 3)
-	both := func(n int) [][]float64 {
-		xs, ys := make(chan [][]float64), make(chan [][]float64)
-		go func() { xs <- f.window("x", n) }()
-		go func() { ys <- f.window("y", n) }()
-		x, y := <-xs, <-ys
-		out := make([][]float64, n)
+	f.pass(time.Second) // a period: every instance has the capacity
+	l.add(f, 0, 4)
+	l.add(f, 1, 4)
+	f.seconds(3) // warm-up: every instance has synced since the change
+	f.fake.onStep = func() {
+		var sum int64
+		for i, p := range f.insts {
+			c, ok := p.Engine().Capacity().Finite()
+			if !ok {
+				t.Fatalf("at %v instance %d enforces no capacity", f.fake.clock.Now(), i)
+			}
+			sum += c
+		}
+		if sum > 4000 {
+			t.Fatalf("at %v the instances enforce capacities adding up to %d, above the fleet's 4000", f.fake.clock.Now(), sum)
+		}
+	}
+	both := func(secs map[string][][]float64) [][]float64 {
+		out := make([][]float64, len(secs["x"]))
 		for k := range out {
-			out[k] = []float64{sum(x[k]), sum(y[k])}
+			out[k] = []float64{sum(secs["x"][k]), sum(secs["y"][k])}
 		}
 		return out
 	}
-	checkWindow(t, "capacity 4000, x and y", both(10), 4000)
+	checkWindow(t, "capacity 4000, x and y", both(f.seconds(10, "x", "y")), 4000)
 
 	fleetAdmin(t, f.insts[1], mc.OpSetBucketThrottleProperties, "r", `{"reserved": 1000}`)
-	l.add(t, 2, f.insts[2].Addr, 2)
-	f.window("r", 3)
-	rs := make(chan [][]float64)
-	go func() { rs <- f.window("r", 10) }()
-	xy := both(10)
-	r := <-rs
+	f.pass(time.Second) // a period: every instance has the reservation
+	l.add(f, 2, 2)
+	f.seconds(3)
+	secs := f.seconds(10, "x", "y", "r")
 	rate := 0.0
-	for _, s := range r {
+	for _, s := range secs["r"] {
 		rate += sum(s) / 10
 	}
 	t.Logf("reserved bucket r: %.0f units/s (reservation 1000)", rate)
@@ -335,9 +260,10 @@ func TestFleetCapacityAndReservation(t *testing.T) {
 		t.Errorf("bucket r got %.0f units/s, below its reservation 1000 -5%%", rate)
 	}
 	total := rate
-	for _, s := range xy {
+	for _, s := range both(secs) {
 		total += sum(s) / 10
 	}
+	t.Logf("the node: %.0f units/s (capacity 4000)", total)
 	if total > 4000*1.05 {
 		t.Errorf("the node ran at %.0f units/s, above capacity 4000 +5%%", total)
 	}
@@ -348,9 +274,11 @@ func TestFleetCapacityAndReservation(t *testing.T) {
 
 // TestFleetAdminChangeReachesEveryInstance: 0x2a on instance 1 is in force
 // on instance 2 within one grant period, and survives a restart of
-// instance 2 (the store, not the file, has the fleet's limits).
+// instance 2 (the store, not the file, has the fleet's limits). On fake
+// clocks (fleetFake): "within one grant period" is counted on the fleet's
+// clock, to the step.
 func TestFleetAdminChangeReachesEveryInstance(t *testing.T) {
-	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n"+fleetUsers(t), "500ms")
+	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n"+fleetUsers(t), "500ms")
 	for i := 0; i < 3; i++ {
 		f.start(i, `default_bucket = "b"`)
 	}
@@ -371,15 +299,19 @@ func TestFleetAdminChangeReachesEveryInstance(t *testing.T) {
 		}
 		return ""
 	}
+	f.pass(123 * time.Millisecond) // the change comes between two syncs
 	fleetAdmin(t, f.insts[1], mc.OpSetBucketThrottleProperties, "b", `{"reserved": 0, "hard_limit": 600}`)
-	at := time.Now()
-	testmc.Eventually(t, 2*time.Second, "instance 2 enforces the new hard limit", func() bool {
-		_, h := f.insts[2].Engine().Bucket("b").Limits()
-		return h <= 600 && hardLimit(f.insts[2]) == "600"
-	})
-	if d := time.Since(at); d > 600*time.Millisecond {
-		t.Errorf("the change took %v to reach instance 2, more than one grant period (500ms)", d)
+	at := f.fake.clock.Now()
+	for {
+		if _, h := f.insts[2].Engine().Bucket("b").Limits(); h <= 600 && hardLimit(f.insts[2]) == "600" {
+			break
+		}
+		if d := f.fake.clock.Now() - at; d >= 500*time.Millisecond {
+			t.Fatalf("%v after the change instance 2 does not enforce it, a grant period (500ms) on", d)
+		}
+		f.step(fleetStep)
 	}
+	t.Logf("instance 2 enforces the change %v after it was made", f.fake.clock.Now()-at)
 	f.insts[2].stop(t)
 	p := f.start(2, "")
 	if got := hardLimit(p); got != "600" {
@@ -399,7 +331,12 @@ func TestFleetAdminChangeReachesEveryInstance(t *testing.T) {
 // "share" rule (each instance a third of the limit once the store has been
 // lost for 3 periods); after the restart the store is seeded again and the
 // fleet is accurate again within 2 periods. Then an instance dies: the
-// others take its share after its lease.
+// others take its share after its lease. Still on the real clock: on fake
+// clocks (fleetFake, the store killed instead of stopped) the runs
+// differed after the store's restart, and on some the instances' shares
+// added up to 5000 at the first syncs after it (see the fleetclock
+// branch's report); until that is understood this stays a real-clock
+// test, run alone by make test (FLEET_RATE_TESTS).
 func TestFleetStoreLoss(t *testing.T) {
 	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n", "500ms")
 	l := newLoad()
@@ -635,28 +572,38 @@ func TestFleetFlushes(t *testing.T) {
 // bucket x has saturating clients on two instances (4 each), y on a third
 // (2); the fleet's free pool (capacity 3000, no reservations) goes to x
 // and y by their weights (1:2), not by where their clients are or how
-// many they are (first come, first served gives x about two thirds).
+// many they are (first come, first served gives x about two thirds). On
+// fake clocks (fleetFake), with the contract's accuracy target (DESIGN.md
+// section 13: each share +-5%), and the capacities the instances enforce
+// adding up to at most the fleet's at every step.
 func TestFleetFairPool(t *testing.T) {
 	tail := "[[bucket]]\nname = \"x\"\nweight = 1\n[[bucket]]\nname = \"y\"\nweight = 2\n" + fleetUsers(t)
-	f := newFleetTest(t, tail, "500ms")
+	f := newFakeFleetTest(t, tail, "500ms")
 	f.throttle = "capacity = 3000\nfree_pool = \"fair\""
-	l := newLoad()
-	defer l.close()
+	var l fleetClients
+	defer l.close(f)
 	for i, b := range []string{"x", "x", "y"} {
 		f.start(i, fmt.Sprintf("default_bucket = %q", b))
 	}
-	l.add(t, 0, f.insts[0].Addr, 4)
-	l.add(t, 1, f.insts[1].Addr, 4)
-	l.add(t, 2, f.insts[2].Addr, 2)
-	f.window("x", 3)
-	xs, ys := make(chan [][]float64), make(chan [][]float64)
-	go func() { xs <- f.window("x", 10) }()
-	go func() { ys <- f.window("y", 10) }()
-	x, y := <-xs, <-ys
+	f.fake.onStep = func() {
+		var sum int64
+		for _, p := range f.insts {
+			c, _ := p.Engine().Capacity().Finite()
+			sum += c
+		}
+		if sum > 3000 {
+			t.Fatalf("at %v the instances enforce capacities adding up to %d, above the fleet's 3000", f.fake.clock.Now(), sum)
+		}
+	}
+	l.add(f, 0, 4)
+	l.add(f, 1, 4)
+	l.add(f, 2, 2)
+	f.seconds(3, "x")
+	secs := f.seconds(10, "x", "y")
 	var nx, ny float64
-	for k := range x {
-		nx += sum(x[k]) / 10
-		ny += sum(y[k]) / 10
+	for k := range secs["x"] {
+		nx += sum(secs["x"][k]) / 10
+		ny += sum(secs["y"][k]) / 10
 	}
 	t.Logf("x (weight 1, clients on two instances) %.0f units/s, y (weight 2, one instance) %.0f units/s", nx, ny)
 	if math.Abs(nx-1000) > 50 || math.Abs(ny-2000) > 100 {

@@ -46,6 +46,8 @@ type testConfig struct {
 	// *throttle.FakeClock lets the test decide when budgets refill and
 	// held sessions wake (fakeTime).
 	clock throttle.Clock
+	// fleetClock is the fleet's clock (Options.FleetClock; fleet mode).
+	fleetClock throttle.Clock
 }
 
 func (tc testConfig) render(listen string, servers []string, statePath string) string {
@@ -120,7 +122,7 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 	if tc.log != nil {
 		log = zerolog.New(tc.log)
 	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", Clock: tc.clock, WallClock: tc.wall})
+	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", Clock: tc.clock, FleetClock: tc.fleetClock, WallClock: tc.wall})
 	if err != nil {
 		t.Fatal(err)
 	}

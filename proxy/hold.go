@@ -210,14 +210,33 @@ func (lp *loop) wakeDue(context.Context) error {
 
 // wakeAll resumes every held session of the loop, so each asks the engine
 // again (after a change of limits); on the loop.
+//
+// They ask in the order of their places in their buckets' lines (as
+// wakeDue: no place last; then in the order they were first held), not
+// in the sessions map's order: after a fleet grant raised a hard limit,
+// resuming them in the map's order admitted two of a bucket's held
+// commands on one run and three on another (TestFleetHardLimitFollowsTheLoad
+// on fake clocks).
 func (lp *loop) wakeAll(context.Context) error {
+	woken := lp.woken[:0]
 	for s := range lp.sessions {
 		if s.isHeld() {
-			if s.setPause(running) {
-				s.resume()
-			}
+			woken = append(woken, s)
 		}
 	}
+	slices.SortFunc(woken, func(a, b *session) int {
+		if c := cmp.Compare(a.waiter.Place()-1, b.waiter.Place()-1); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.heldAt, b.heldAt)
+	})
+	for i, s := range woken {
+		woken[i] = nil
+		if s.isHeld() && s.setPause(running) {
+			s.resume()
+		}
+	}
+	lp.woken = woken[:0]
 	lp.flushClients()
 	return nil
 }

@@ -44,6 +44,7 @@ type loop struct {
 
 	holds   wakeHeap    // held sessions by wake-up time
 	due     []wakeEntry // wakeDue's scratch: the entries due in its pass
+	woken   []*session  // wakeAll's scratch: the held sessions in line order
 	timer   throttle.Timer
 	armed   bool
 	armedAt time.Duration

@@ -43,6 +43,15 @@ type Options struct {
 	EventLoops int
 	// Clock is the throttle engine's clock (default: the real clock).
 	Clock throttle.Clock
+	// FleetClock (fleet mode) is the clock of the fleet's periodic work
+	// (samples, syncs, usage rates) and, when set, the store's time
+	// (fleet.Store.SetClock) instead of Redis's. Default: the engine's
+	// clock, and Redis's time. For tests: a fake clock of its own, that
+	// the test moves to the engine clock's reading after the event loops
+	// have done all it allows, orders the fleet's work at each reading
+	// after theirs, and instances sharing one reading share the store's
+	// time; a sync's store calls may then take 20 s of real time.
+	FleetClock throttle.Clock
 	// WallClock reads the wall clock against which delayed flushes'
 	// deadlines (Unix times, kept across restarts) are checked (default
 	// time.Now).
@@ -255,7 +264,7 @@ func New(opts Options) (*Server, error) {
 	if s.tls, err = newTLSFront(s, cfg); err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
-	if err := s.openFleet(cfg); err != nil {
+	if err := s.openFleet(cfg, opts); err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
 	ten, err := buildTenants(eng, eff, nil, s.metrics, st.Epochs, s.localLimits)
