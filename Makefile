@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run fleet test test-race test-upstream-tls deps vet bench fuzz clean
+.PHONY: all build run fleet test test-passes test-race test-norace test-upstream-tls deps vet bench fuzz clean
 
 all: build
 
@@ -35,27 +35,47 @@ fleet: build
 
 ## test: install what the tests need, then at once (make -j: the suite
 ## mostly waits on sockets and timers, so its parts overlap well on two
-## cores): vet, gofmt and staticcheck; every test with -race; and, with TLS
-## between the proxy and memcached (memcached -Z) and without -race (the
-## first pass has it), the proxy tests whose traffic TLS changes: the
+## cores): vet, gofmt and staticcheck (vet); every test with -race
+## (test-race, ./proxy first: it is the longest); the tests that skip or
+## shorten under -race again without it, in full (test-norace); and, with
+## TLS between the proxy and memcached (memcached -Z) and without -race,
+## the proxy tests whose traffic TLS changes (test-upstream-tls): the
 ## upstream wire (framing across records, partial reads, reconnects,
 ## pipelines, large values, real clients), not the throttle's arithmetic.
 ## Then, alone: the fleet tests that bound rates on the real clock (each
 ## second within +10% of a fleet limit: they measure the machine as well
 ## while other tests share its cores), and, without the race detector (it
 ## distorts latencies), the TLS handshake flood (proxy/tlsflood_test.go).
+## TESTJSON=DIR: each pass writes `go test -json` to DIR/PASS.json instead
+## of its usual output (scripts/flake.sh, scripts/testtimes.sh).
 FLEET_RATE_TESTS := ^TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool)$$
 UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*|TestTextUpstreamFailureFraming)$$
+# The packages with tests that skip or shorten under -race
+# (testmc.SkipUnderRace, testmc.UnderRace: simulations on one goroutine at a
+# time, bcrypt at its real cost); internal/docscheck checks the list.
+NORACE_PKGS := ./bucketcfg ./cmd/kvthrottle ./fleet ./throttle
+# gotest NAME,ARGS: go test ARGS, or with TESTJSON its -json to $(TESTJSON)/NAME.json.
+gotest = $(GO) test $(2)$(if $(TESTJSON), -json > $(TESTJSON)/$(1).json)
+
 test: deps
-	@$(MAKE) --no-print-directory -j3 vet test-race test-upstream-tls
-	$(GO) test -race -count=1 -timeout 10m -run '$(FLEET_RATE_TESTS)' ./proxy
-	$(GO) test -count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy
+	@$(MAKE) --no-print-directory WITH_VET=vet test-passes
+
+## test-passes: make test without installing anything or vet (what
+## scripts/flake.sh runs).
+test-passes:
+	@$(if $(TESTJSON),mkdir -p $(TESTJSON))
+	@$(MAKE) --no-print-directory -j4 $(WITH_VET) test-race test-norace test-upstream-tls
+	$(call gotest,fleet-rate,-race -count=1 -timeout 10m -run '$(FLEET_RATE_TESTS)' ./proxy)
+	$(call gotest,tls-flood,-count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy)
 
 test-race:
-	$(GO) test -race -count=1 -parallel 4 -timeout 20m -skip '$(FLEET_RATE_TESTS)' ./...
+	$(call gotest,race,-race -count=1 -parallel 4 -timeout 20m -skip '$(FLEET_RATE_TESTS)' ./proxy $$($(GO) list ./... | grep -v '/proxy$$'))
+
+test-norace:
+	$(call gotest,norace,-count=1 -timeout 10m $(NORACE_PKGS))
 
 test-upstream-tls:
-	KVTHROTTLE_TEST_UPSTREAM_TLS=1 $(GO) test -count=1 -parallel 4 -timeout 10m -run '$(UPSTREAM_TLS_TESTS)' ./proxy
+	KVTHROTTLE_TEST_UPSTREAM_TLS=1 $(call gotest,upstream-tls,-count=1 -parallel 4 -timeout 10m -run '$(UPSTREAM_TLS_TESTS)' ./proxy)
 
 ## vet: gofmt, go vet and staticcheck (its default checks).
 vet:
