@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
@@ -85,10 +86,17 @@ func TestGetKQBatch(t *testing.T) {
 
 // TestConcurrentClientsNoCrossTalk runs 100 clients doing 1000 mixed
 // commands each; every client reads back exactly its own values.
+//
+// Under -race each client does 250: the 100 clients are in flight together
+// from their first commands on, 250 take each client through every kind of
+// command (i%4) and every value length (i%200), and the race detector
+// watches the loops' shared paths on every command. The 1000 run without
+// -race in make test's upstream-TLS pass.
 func TestConcurrentClientsNoCrossTalk(t *testing.T) {
 	t.Parallel()
 	p := startProxy(t, testConfig{loops: 2})
-	const clients, ops = 100, 1000
+	const clients = 100
+	ops := testmc.UnderRace(1000, 250)
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
 	for ci := 0; ci < clients; ci++ {
