@@ -17,10 +17,10 @@ command -v jq >/dev/null || { echo "testtimes.sh needs jq" >&2; exit 1; }
 rows() {
   jq -R -r --arg pass "$(basename "$1" .json)" 'fromjson?
     | select((.Action == "pass" or .Action == "fail") and .Elapsed != null and ((.Test // "") | contains("/") | not))
-    | "\(.Elapsed)\t\($pass)\t\(.Package | sub("^github.com/kvthrottle/kvthrottle/"; ""))\t\(.Test // "")\t\(.Action)"' "$1"
+    | "\(.Elapsed)\t\($pass)\t\((.Package // "-") | sub("^github.com/kvthrottle/kvthrottle/"; ""))\t\(.Test // "")\t\(.Action)"' "$1"
 }
 all=$(for f in "$@"; do rows "$f"; done)
 echo "== packages (s)"
-awk -F'\t' '$4 == "" {printf "%8.1f  %-12s  %-22s %s\n", $1, $2, $3, ($5 == "fail" ? "FAIL" : "")}' <<<"$all" | sort -rn
+awk -F'\t' '$4 == "" {printf "%8.1f  %-20s  %-22s %s\n", $1, $2, $3, ($5 == "fail" ? "FAIL" : "")}' <<<"$all" | sort -rn
 echo "== the $n slowest tests (s)"
-awk -F'\t' '$4 != "" {printf "%8.1f  %-12s  %-22s %s%s\n", $1, $2, $3, $4, ($5 == "fail" ? "  FAIL" : "")}' <<<"$all" | sort -rn | head -n "$n"
+awk -F'\t' '$4 != "" {printf "%8.1f  %-20s  %-22s %s%s\n", $1, $2, $3, $4, ($5 == "fail" ? "  FAIL" : "")}' <<<"$all" | sort -rn | head -n "$n"
