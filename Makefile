@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run fleet test test-race test-upstream-tls deps vet bench fuzz clean
+.PHONY: all build run fleet test test-passes test-race test-race-proxy-bin test-race-proxy-serial test-race-proxy-parallel test-race-packages test-norace test-upstream-tls deps vet bench fuzz clean
 
 all: build
 
@@ -35,27 +35,71 @@ fleet: build
 
 ## test: install what the tests need, then at once (make -j: the suite
 ## mostly waits on sockets and timers, so its parts overlap well on two
-## cores): vet, gofmt and staticcheck; every test with -race; and, with TLS
-## between the proxy and memcached (memcached -Z) and without -race (the
-## first pass has it), the proxy tests whose traffic TLS changes: the
+## cores): vet, gofmt and staticcheck (vet); every test with -race
+## (test-race: the proxy's serial and parallel tests in two processes, the
+## other packages in a third); the tests that skip or
+## shorten under -race again without it, in full (test-norace); and, with
+## TLS between the proxy and memcached (memcached -Z) and without -race,
+## the proxy tests whose traffic TLS changes (test-upstream-tls): the
 ## upstream wire (framing across records, partial reads, reconnects,
 ## pipelines, large values, real clients), not the throttle's arithmetic.
 ## Then, alone: the fleet tests that bound rates on the real clock (each
 ## second within +10% of a fleet limit: they measure the machine as well
 ## while other tests share its cores), and, without the race detector (it
 ## distorts latencies), the TLS handshake flood (proxy/tlsflood_test.go).
+## TESTJSON=DIR: each pass writes `go test -json` to DIR/PASS.json instead
+## of its usual output (scripts/flake.sh, scripts/testtimes.sh).
 FLEET_RATE_TESTS := ^TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool)$$
 UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*|TestTextUpstreamFailureFraming)$$
-test: deps
-	@$(MAKE) --no-print-directory -j3 vet test-race test-upstream-tls
-	$(GO) test -race -count=1 -timeout 10m -run '$(FLEET_RATE_TESTS)' ./proxy
-	$(GO) test -count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy
+# The packages with tests that skip or shorten under -race
+# (testmc.SkipUnderRace, testmc.UnderRace: simulations on one goroutine at a
+# time, bcrypt at its real cost); internal/docscheck checks the list.
+NORACE_PKGS := ./bucketcfg ./cmd/kvthrottle ./fleet ./throttle
+# gotest NAME,ARGS: go test ARGS, or with TESTJSON its -json to $(TESTJSON)/NAME.json.
+gotest = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )$(GO) test $(2)$(if $(TESTJSON), -json > $(TESTJSON)/$(1).json)
+# The proxy's race pass runs in two processes at once, from one test
+# binary (PROXY_RACE_BIN): the tests that call t.Parallel() first thing
+# (PROXY_PARALLEL), and the others, which Go runs one at a time before any
+# parallel one (together about 200 s of the 300 s the pass took in one
+# process). The serial ones still run one at a time within their process.
+PROXY_PARALLEL := $(shell scripts/paralleltests.sh proxy)
+PROXY_RACE_BIN := $(CURDIR)/bin/test/proxy.race.test
+# runbin NAME,ARGS: PROXY_RACE_BIN ARGS in ./proxy (as go test runs it),
+# or with TESTJSON through test2json to $(TESTJSON)/NAME.json.
+runbin = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )cd proxy && $(if $(TESTJSON),$(GO) tool test2json -p github.com/kvthrottle/kvthrottle/proxy -t $(PROXY_RACE_BIN) -test.v=test2json,$(PROXY_RACE_BIN)) -test.count=1 -test.parallel=4 -test.timeout=20m $(2)$(if $(TESTJSON), > $(abspath $(TESTJSON))/$(1).json)
 
-test-race:
-	$(GO) test -race -count=1 -parallel 4 -timeout 20m -skip '$(FLEET_RATE_TESTS)' ./...
+test: deps
+	@$(MAKE) --no-print-directory WITH_VET=vet test-passes
+
+## test-passes: make test without installing anything or vet (what
+## scripts/flake.sh runs).
+test-passes:
+	@$(MAKE) --no-print-directory -j6 $(WITH_VET) test-race test-norace test-upstream-tls
+	$(call gotest,fleet-rate,-race -count=1 -timeout 10m -run '$(FLEET_RATE_TESTS)' ./proxy)
+	$(call gotest,tls-flood,-count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy)
+
+## test-race: every test with -race: the proxy's in two processes (see
+## PROXY_PARALLEL), every other package's in a third.
+test-race: test-race-proxy-serial test-race-proxy-parallel test-race-packages
+
+test-race-proxy-bin:
+	@mkdir -p $(dir $(PROXY_RACE_BIN))
+	$(GO) test -race -c -o $(PROXY_RACE_BIN) ./proxy
+
+test-race-proxy-serial: test-race-proxy-bin
+	$(call runbin,race-proxy-serial,-test.skip '$(FLEET_RATE_TESTS)|$(PROXY_PARALLEL)')
+
+test-race-proxy-parallel: test-race-proxy-bin
+	$(call runbin,race-proxy-parallel,-test.run '$(PROXY_PARALLEL)' -test.skip '$(FLEET_RATE_TESTS)')
+
+test-race-packages:
+	$(call gotest,race,-race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/proxy$$'))
+
+test-norace:
+	$(call gotest,norace,-count=1 -timeout 10m $(NORACE_PKGS))
 
 test-upstream-tls:
-	KVTHROTTLE_TEST_UPSTREAM_TLS=1 $(GO) test -count=1 -parallel 4 -timeout 10m -run '$(UPSTREAM_TLS_TESTS)' ./proxy
+	KVTHROTTLE_TEST_UPSTREAM_TLS=1 $(call gotest,upstream-tls,-count=1 -parallel 4 -timeout 10m -run '$(UPSTREAM_TLS_TESTS)' ./proxy)
 
 ## vet: gofmt, go vet and staticcheck (its default checks).
 vet:

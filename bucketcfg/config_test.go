@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
@@ -305,6 +306,7 @@ func TestParseReportsAllProblems(t *testing.T) {
 }
 
 func TestLoadValidFixture(t *testing.T) {
+	testmc.SkipUnderRace(t) // bcrypt at cost 10, on one goroutine
 	path := filepath.Join("..", "testdata", "config", "valid.toml")
 	cfg, err := Load(path)
 	if err != nil {

@@ -128,6 +128,7 @@ func TestUserPrivilegesAndAccess(t *testing.T) {
 }
 
 func TestHashPassword(t *testing.T) {
+	testmc.SkipUnderRace(t) // bcrypt at DefaultHashCost, on one goroutine
 	h, err := HashPassword("correct horse")
 	if err != nil {
 		t.Fatal(err)

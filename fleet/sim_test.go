@@ -13,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
@@ -100,6 +101,10 @@ func (h *lossHook) hook(next redis.ProcessHook) redis.ProcessHook {
 
 func newSim(t *testing.T, period time.Duration, capacity throttle.Limit, buckets ...simBucket) *sim {
 	t.Helper()
+	// One goroutine drives the instances' syncs (their store's goroutines
+	// are miniredis's and go-redis's): the fleet's concurrent paths are the
+	// store tests'.
+	testmc.SkipUnderRace(t)
 	mr := miniredis.RunT(t)
 	s := &sim{t: t, mr: mr, clock: throttle.NewFakeClock(time.Second), period: period, capacity: capacity, buckets: buckets, lose: &lossHook{}}
 	mr.SetTime(simEpoch.Add(s.clock.Now()))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
@@ -292,7 +293,7 @@ func getLatencies(t testing.TB, c *mcclient.Client, key []byte, d time.Duration)
 // breakage of the latencies (ten times their targets).
 func TestAuthFloodSparesKnownUsersAndTenants(t *testing.T) {
 	r := authFlood(t)
-	if raceEnabled {
+	if testmc.RaceEnabled {
 		return // the race detector slows every path by a different factor
 	}
 	if limit := 10 * max(10*time.Millisecond, 2*r.loginBase); r.loginFlooded > limit {
@@ -366,7 +367,7 @@ func authFlood(t testing.TB) authFloodResult {
 	// outside load in a few windows does not move.
 	const perWindow = 20
 	windows := 12
-	if raceEnabled {
+	if testmc.RaceEnabled {
 		windows = 4 // the latencies are not judged: save time
 	}
 	if _, bench := t.(*testing.B); bench {

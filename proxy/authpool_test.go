@@ -14,6 +14,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
@@ -35,7 +36,7 @@ const (
 // (lower under the race detector, which makes bcrypt many times slower).
 var poolHash = sync.OnceValues(func() (string, error) {
 	cost := bcrypt.DefaultCost
-	if raceEnabled {
+	if testmc.RaceEnabled {
 		cost -= 2
 	}
 	h, err := bcrypt.GenerateFromPassword([]byte(poolPass), cost)

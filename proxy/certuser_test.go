@@ -113,13 +113,3 @@ func logLine(log, s string) string {
 func jsonQuoted(s string) string {
 	return `"` + strings.ReplaceAll(s, `"`, `\"`) + `"`
 }
-
-// statValue returns the value of stat name in kv, "" when absent.
-func statValue(kv [][2]string, name string) string {
-	for _, p := range kv {
-		if p[0] == name {
-			return p[1]
-		}
-	}
-	return ""
-}

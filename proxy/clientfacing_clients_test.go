@@ -16,19 +16,6 @@ import (
 // its client is not installed; scripts/deps.sh (make test) installs them
 // from Debian: ruby + ruby-dalli, libmemcached-tools, python3-pymemcache.
 
-// runClient runs a client command with a deadline and returns its
-// standard output.
-func runClient(t *testing.T, name string, args ...string) (string, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).Output()
-	if ee, ok := err.(*exec.ExitError); ok {
-		t.Logf("%s stderr:\n%s", name, ee.Stderr)
-	}
-	return string(out), err
-}
-
 // dalliRefusedStat reads a refused STAT group, resets the stats (a single
 // frame), then checks that the connection is still in step.
 const dalliRefusedStat = `
@@ -120,19 +107,6 @@ func TestPymemcacheThroughProxy(t *testing.T) {
 	if err != nil || strings.TrimSpace(out) != "ok" {
 		t.Fatalf("pymemcache: %v\n%s", err, out)
 	}
-}
-
-// pymemcachePython returns a python3 that imports pymemcache (Debian's
-// first), or skips the test.
-func pymemcachePython(t *testing.T) string {
-	t.Helper()
-	for _, py := range []string{"/usr/bin/python3", "python3"} {
-		if exec.Command(py, "-c", "import pymemcache").Run() == nil {
-			return py
-		}
-	}
-	t.Skip("python3 with pymemcache not installed (make test installs python3-pymemcache)")
-	return ""
 }
 
 // gomemcacheModule is the gomemcache release whose own test suite runs

@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -88,16 +87,6 @@ func readAll(t *testing.T, c net.Conn) []byte {
 	return b
 }
 
-func rawDial(t *testing.T, addr string) net.Conn {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // TestTextClientServed: a connection whose first byte is no binary magic
 // speaks the text protocol and is served (it used to get a SERVER_ERROR
 // line and be closed).
@@ -164,43 +153,6 @@ func TestBadMagicEinvalAtOnce(t *testing.T) {
 	}
 }
 
-// silentUpstream accepts connections and reads them, but never answers.
-func silentUpstream(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() { defer wg.Done(); _, _ = io.Copy(io.Discard, c) }()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
-
 // TestTimedOutCommandMayHaveRun: a command that reached memcached and timed
 // out gets Etmpfail saying it may have run (a write may have been applied).
 func TestTimedOutCommandMayHaveRun(t *testing.T) {
@@ -211,11 +163,6 @@ func TestTimedOutCommandMayHaveRun(t *testing.T) {
 	if err != nil || r.Status() != mc.StatusEtmpfail || string(r.Value) != "upstream timed out; the command may have run" {
 		t.Fatalf("SET to a silent server: %v %+v (%q)", err, r, r.Value)
 	}
-}
-
-// flushDelayed is a FLUSH request with a delay of sec seconds.
-func flushDelayed(op mc.Opcode, sec uint32) mcclient.Request {
-	return mcclient.Request{Opcode: op, Extras: []byte{byte(sec >> 24), byte(sec >> 16), byte(sec >> 8), byte(sec)}}
 }
 
 // TestFlushMetered: a FLUSH costs its bucket one write unit and is

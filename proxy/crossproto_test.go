@@ -28,17 +28,6 @@ func (u unitCounts) minus(o unitCounts) unitCounts {
 	return unitCounts{u.read - o.read, u.write - o.write, u.engine - o.engine}
 }
 
-func bucketUnits(t *testing.T, p *testProxy, name string) unitCounts {
-	t.Helper()
-	for _, b := range p.AppendBuckets(nil) {
-		if b.Name == name {
-			return unitCounts{b.ReadUnits, b.WriteUnits, p.Engine().Bucket(name).Stats().Units}
-		}
-	}
-	t.Fatalf("no bucket %q in the proxy's metrics", name)
-	return unitCounts{}
-}
-
 // TestCrossProtoUnitsEqual: the same command on the same bytes costs the
 // same read and write units from a text client as from a binary client:
 // set as SET; get (whose reply carries the key) as GETK, a miss as one

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
@@ -381,4 +382,9 @@ func TestMergeFleetStateFlushes(t *testing.T) {
 	if !ahead || m.Flushes["d"] != local.Flushes["d"] {
 		t.Fatalf("merged flushes %v ahead %v, want d's kept and ahead", m.Flushes, ahead)
 	}
+}
+
+// flushDelayed is a FLUSH request with a delay of sec seconds.
+func flushDelayed(op mc.Opcode, sec uint32) mcclient.Request {
+	return mcclient.Request{Opcode: op, Extras: []byte{byte(sec >> 24), byte(sec >> 16), byte(sec >> 8), byte(sec)}}
 }

@@ -1,15 +1,23 @@
 package proxy
 
-// Test clients of the proxy: binary (dial, login, pipelineGets) and text
-// (dialText, textDo), and the latency quantiles the tests report.
+// Test clients of the proxy: binary (dial, login, pipelineGets), text
+// (dialText, textDo, metaExchange) and raw (rawDial, dialFrom a chosen
+// source address, dialDeadline, dialMany); the independent clients the
+// tests drive (runClient, runMemccapable, pymemcachePython); reading the
+// proxy's stats (statValue, statusFn, bucketUnits); and the latency
+// quantiles the tests report.
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -249,4 +257,154 @@ func p99(ds []time.Duration) time.Duration {
 	}
 	slices.Sort(ds)
 	return ds[len(ds)*99/100]
+}
+
+func rawDial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func dialFrom(t testing.TB, addr, localIP string) *rawConn {
+	t.Helper()
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("dial %s from %s: %v", addr, localIP, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawConn{t: t, c: c, r: bufio.NewReader(c)}
+}
+
+// dialDeadline connects to addr with a 5 s deadline for everything after;
+// the connection closes when the test ends.
+func dialDeadline(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	return c
+}
+
+// dialMany opens n TCP connections to addr, closed when the test ends.
+func dialMany(t testing.TB, addr string, n int) []net.Conn {
+	t.Helper()
+	raw := make([]net.Conn, n)
+	for i := range raw {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		raw[i] = c
+	}
+	return raw
+}
+
+// runClient runs a client command with a deadline and returns its
+// standard output.
+func runClient(t *testing.T, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).Output()
+	if ee, ok := err.(*exec.ExitError); ok {
+		t.Logf("%s stderr:\n%s", name, ee.Stderr)
+	}
+	return string(out), err
+}
+
+// pymemcachePython returns a python3 that imports pymemcache (Debian's
+// first), or skips the test.
+func pymemcachePython(t *testing.T) string {
+	t.Helper()
+	for _, py := range []string{"/usr/bin/python3", "python3"} {
+		if exec.Command(py, "-c", "import pymemcache").Run() == nil {
+			return py
+		}
+	}
+	t.Skip("python3 with pymemcache not installed (make test installs python3-pymemcache)")
+	return ""
+}
+
+// statValue returns the value of stat name in kv, "" when absent.
+func statValue(kv [][2]string, name string) string {
+	for _, p := range kv {
+		if p[0] == name {
+			return p[1]
+		}
+	}
+	return ""
+}
+
+// statusFn returns status bound to t, for status(c.Set(...)).
+func statusFn(t *testing.T) func(*mcclient.Response, error) mc.Status {
+	return func(r *mcclient.Response, err error) mc.Status {
+		t.Helper()
+		return status(t, r, err)
+	}
+}
+
+func isReset(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && !op.Timeout()
+}
+
+// metaExchange writes in on a text connection and reads lines until the
+// reply ends with "MN\r\n" (or the connection's deadline).
+func metaExchange(t *testing.T, tc *textConn, in string) string {
+	t.Helper()
+	if _, err := io.WriteString(tc.c, in); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	for !strings.HasSuffix(out.String(), "MN\r\n") {
+		l := tc.line(t)
+		if l == "" {
+			break
+		}
+		out.WriteString(l)
+	}
+	return out.String()
+}
+
+// runMemccapable runs memccapable against addr in mode ("-b" binary, "-a"
+// ascii): every test must pass, and at least want of them.
+func runMemccapable(t *testing.T, addr, mode string, want int) {
+	t.Helper()
+	if _, err := exec.LookPath("memccapable"); err != nil {
+		t.Fatalf("memccapable not found (make test installs libmemcached-tools): %v", err)
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	out, err := exec.Command("memccapable", "-h", host, "-p", port, mode).CombinedOutput()
+	t.Logf("memccapable %s:\n%s", mode, out)
+	if err != nil {
+		t.Fatalf("memccapable %s failed: %v", mode, err)
+	}
+	passed := len(regexp.MustCompile(`(?m)^(binary|ascii) \S+\s+\[pass\]$`).FindAll(out, -1))
+	if bytes.Contains(out, []byte("[FAIL]")) || !bytes.Contains(out, []byte("All tests passed")) {
+		t.Fatalf("memccapable %s reported failures", mode)
+	}
+	if passed < want {
+		t.Fatalf("memccapable %s passed %d tests, want %d", mode, passed, want)
+	}
+	t.Logf("memccapable %s: %d/%d tests passed", mode, passed, passed)
+}
+
+func bucketUnits(t *testing.T, p *testProxy, name string) unitCounts {
+	t.Helper()
+	for _, b := range p.AppendBuckets(nil) {
+		if b.Name == name {
+			return unitCounts{b.ReadUnits, b.WriteUnits, p.Engine().Bucket(name).Stats().Units}
+		}
+	}
+	t.Fatalf("no bucket %q in the proxy's metrics", name)
+	return unitCounts{}
 }

@@ -1,19 +1,28 @@
 package proxy
 
+// Starting proxies (TLS ones included) and what they run against: memcached
+// servers (onServer), a silent upstream, the configuration tails of the
+// tenant and SCRAM tests (tenantTail, scramTail); and goroutinesOutside, to
+// check a test leaves no goroutine behind.
+
 import (
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testcerts"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
@@ -280,4 +289,103 @@ func startTLSProxyWith(t testing.TB, mutual bool, tc testConfig, tlsLines ...str
 		t.Fatal("no TLS listener")
 	}
 	return s
+}
+
+// silentUpstream accepts connections and reads them, but never answers.
+func silentUpstream(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() { defer wg.Done(); _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// onServer reports whether key (as the client sees it, in bucket
+// "default") is stored on memcached server m.
+func onServer(t *testing.T, m *testmc.Server, key string) bool {
+	t.Helper()
+	c, err := mcclient.Dial(m.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r, err := c.Get([]byte("default:" + key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Status() == mc.StatusSuccess
+}
+
+// goroutinesOutside counts the goroutines whose stack does not mention
+// code (a package-qualified name such as "connbridge.").
+func goroutinesOutside(code string) int {
+	count := 0
+	for _, g := range goroutineStacks() {
+		if !strings.Contains(g, code) {
+			count++
+		}
+	}
+	return count
+}
+
+// scramTail: buckets default, alice, bob, carol; alice has every
+// credential, bob a password_hash only, carol SCRAM-SHA-256 only.
+func scramTail(t testing.TB) string {
+	creds, err := scramCreds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hashes(t)
+	return fmt.Sprintf(`
+[[bucket]]
+name = "default"
+[[bucket]]
+name = "alice"
+[[bucket]]
+name = "bob"
+[[bucket]]
+name = "carol"
+[[user]]
+name = "alice"
+password_hash = %q
+scram_sha256 = %q
+scram_sha512 = %q
+buckets = ["alice"]
+[[user]]
+name = "bob"
+password_hash = %q
+buckets = ["bob"]
+[[user]]
+name = "carol"
+scram_sha256 = %q
+buckets = ["carol"]
+`, h["alice"], creds["aliceSCRAM-SHA-256"], creds["aliceSCRAM-SHA-512"], h["bob"], creds["carolSCRAM-SHA-256"])
 }

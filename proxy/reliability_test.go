@@ -136,22 +136,6 @@ func TestUpstreamKilledUnderLoad(t *testing.T) {
 	t.Logf("ok %d, Etmpfail %d", ok.Load(), tmpfail.Load())
 }
 
-// onServer reports whether key (as the client sees it, in bucket
-// "default") is stored on memcached server m.
-func onServer(t *testing.T, m *testmc.Server, key string) bool {
-	t.Helper()
-	c, err := mcclient.Dial(m.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r, err := c.Get([]byte("default:" + key))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r.Status() == mc.StatusSuccess
-}
-
 // TestTwoServersEjection: keys are spread over two servers; one is killed
 // with ejection on and its keys are served by the other within the retry
 // interval; once it is back, the distribution returns.

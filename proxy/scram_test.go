@@ -27,17 +27,6 @@ type rawConn struct {
 	r *bufio.Reader
 }
 
-func dialFrom(t testing.TB, addr, localIP string) *rawConn {
-	t.Helper()
-	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)}}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatalf("dial %s from %s: %v", addr, localIP, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return &rawConn{t: t, c: c, r: bufio.NewReader(c)}
-}
-
 // send writes one request.
 func (rc *rawConn) send(op mc.Opcode, extras, key, value []byte) {
 	rc.t.Helper()
@@ -130,40 +119,6 @@ var scramCreds = sync.OnceValues(func() (map[string]string, error) {
 	}
 	return out, nil
 })
-
-// scramTail: buckets default, alice, bob, carol; alice has every
-// credential, bob a password_hash only, carol SCRAM-SHA-256 only.
-func scramTail(t testing.TB) string {
-	creds, err := scramCreds()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := hashes(t)
-	return fmt.Sprintf(`
-[[bucket]]
-name = "default"
-[[bucket]]
-name = "alice"
-[[bucket]]
-name = "bob"
-[[bucket]]
-name = "carol"
-[[user]]
-name = "alice"
-password_hash = %q
-scram_sha256 = %q
-scram_sha512 = %q
-buckets = ["alice"]
-[[user]]
-name = "bob"
-password_hash = %q
-buckets = ["bob"]
-[[user]]
-name = "carol"
-scram_sha256 = %q
-buckets = ["carol"]
-`, h["alice"], creds["aliceSCRAM-SHA-256"], creds["aliceSCRAM-SHA-512"], h["bob"], creds["carolSCRAM-SHA-256"])
-}
 
 // TestSCRAMLogin: SCRAM-SHA256 and SCRAM-SHA512 log a user in without the
 // password crossing the wire, into the bucket named like it (as PLAIN

@@ -22,19 +22,6 @@ import (
 // same connection, and clients whose stats reader would wait for an END
 // that does not come (python-memcached, php-memcache) no longer do.
 
-// dialDeadline connects to addr with a 5 s deadline for everything after;
-// the connection closes when the test ends.
-func dialDeadline(t *testing.T, addr string) net.Conn {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	return c
-}
-
 // textUntilVersion sends cmd then "version\r\n" on a new text connection to
 // addr and returns every byte up to and including the VERSION line: the
 // answer to cmd, and proof that the connection is still in step.

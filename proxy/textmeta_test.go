@@ -2,30 +2,11 @@ package proxy
 
 import (
 	"encoding/base64"
-	"io"
 	"strings"
 	"testing"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 )
-
-// metaExchange writes in on a text connection and reads lines until the
-// reply ends with "MN\r\n" (or the connection's deadline).
-func metaExchange(t *testing.T, tc *textConn, in string) string {
-	t.Helper()
-	if _, err := io.WriteString(tc.c, in); err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	for !strings.HasSuffix(out.String(), "MN\r\n") {
-		l := tc.line(t)
-		if l == "" {
-			break
-		}
-		out.WriteString(l)
-	}
-	return out.String()
-}
 
 // TestMetaKeyEchoFramedExactly: a key stored through the binary protocol
 // may hold "\r\n", and memcached echoes it raw to an mg with k (asked for

@@ -413,18 +413,6 @@ func tlsGoroutines() int {
 	return count
 }
 
-// goroutinesOutside counts the goroutines whose stack does not mention
-// code (a package-qualified name such as "connbridge.").
-func goroutinesOutside(code string) int {
-	count := 0
-	for _, g := range goroutineStacks() {
-		if !strings.Contains(g, code) {
-			count++
-		}
-	}
-	return count
-}
-
 // goroutineStacks returns the stack of every goroutine, one per element.
 func goroutineStacks() []string {
 	buf := make([]byte, 1<<20)
@@ -473,14 +461,6 @@ func TestTLSOpenSSL(t *testing.T) {
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil || !strings.HasPrefix(line, "VERSION ") {
 		t.Fatalf("openssl s_client: %q %v; stderr: %s", line, err, stderr.String())
-	}
-}
-
-// statusFn returns status bound to t, for status(c.Set(...)).
-func statusFn(t *testing.T) func(*mcclient.Response, error) mc.Status {
-	return func(r *mcclient.Response, err error) mc.Status {
-		t.Helper()
-		return status(t, r, err)
 	}
 }
 

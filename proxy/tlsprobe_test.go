@@ -29,21 +29,6 @@ func tcpProbe(t testing.TB, addr string) {
 	_ = c.Close()
 }
 
-// dialMany opens n TCP connections to addr, closed when the test ends.
-func dialMany(t testing.TB, addr string, n int) []net.Conn {
-	t.Helper()
-	raw := make([]net.Conn, n)
-	for i := range raw {
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		raw[i] = c
-	}
-	return raw
-}
-
 // tlsPool opens n TLS connections from 127.0.0.1, all connected before any
 // handshake starts (as a pool opened at once is), and has each complete its
 // handshake and answer VERSION; it returns how many failed, and at most

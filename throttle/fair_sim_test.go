@@ -8,6 +8,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 // The fair sharing of the free pool (DESIGN.md section 13), on a fake
@@ -36,6 +38,7 @@ func shareWithin(t *testing.T, what string, got, want, tol float64) {
 // served favours the buckets with more connections (more of them are
 // awake when room appears); fair mode gives each a third.
 func TestFairSharesIgnoreConnections(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	buckets := func() []*simBucket {
 		return []*simBucket{
 			{name: "A", hard: Unlimited, conns: 16, maxUnits: 2},
@@ -68,6 +71,7 @@ func TestFairSharesIgnoreConnections(t *testing.T) {
 }
 
 func TestFairSharesByWeight(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	got := simulate(t, fairSim(9000), []*simBucket{
 		{name: "A", hard: Unlimited, conns: 1, weight: 1, maxUnits: 3},
 		{name: "B", hard: Unlimited, conns: 8, weight: 2, maxUnits: 1},
@@ -82,6 +86,7 @@ func TestFairSharesByWeight(t *testing.T) {
 // Reservations stay outside the pool; hard limits cap a bucket's part of
 // it, and what a capped or modest bucket leaves goes to the others.
 func TestFairCapsAndModestDemand(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	got := simulate(t, fairSim(10000), []*simBucket{
 		{name: "res", reserved: 2000, hard: Unlimited, conns: 4}, // 2000 + its part of 8000
 		{name: "capped", hard: 1000, conns: 4},                   // 1000 of the pool
@@ -100,6 +105,7 @@ func TestFairCapsAndModestDemand(t *testing.T) {
 // The seed's examples 2 and 3 hold in fair mode as they do first come,
 // first served.
 func TestFairSeedExamples(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	t.Run("example 2, A idle", func(t *testing.T) {
 		got := simulate(t, fairSim(10000), []*simBucket{
 			{name: "A", reserved: 2000, hard: 8000},
@@ -147,6 +153,7 @@ func TestFairSeedExamples(t *testing.T) {
 // A bucket that becomes busy gets its share within 100 ms, and one that
 // was idle banks nothing: from then on it gets its share, not more.
 func TestFairNewcomerGetsShareAtOnce(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	cfg := fairSim(9000)
 	cfg.window = 50 * time.Millisecond
 	cfg.warm, cfg.span = time.Second, 4*time.Second
@@ -183,6 +190,7 @@ func TestFairNewcomerGetsShareAtOnce(t *testing.T) {
 // with -fair.seeds, e.g. go test -run TestFairSimulatedProperties
 // -fair.seeds 300 ./throttle (300 pass).
 func TestFairSimulatedProperties(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	seeds := *fairSeeds
 	if testing.Short() {
 		seeds = min(seeds, 4)
@@ -313,6 +321,7 @@ func TestFairReleaseOrder(t *testing.T) {
 // p99 of how long held commands wait, per bucket, in both modes, side by
 // side (logged; the proxy's BenchmarkFairFreePool measures them for real).
 func TestFairHeldWaits(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	for _, mode := range []FreePoolMode{FreePoolFCFS, FreePoolFair} {
 		cfg := defaultSim(9000)
 		cfg.freePool = mode
@@ -346,6 +355,7 @@ func p99(d []time.Duration) time.Duration {
 // (a third of 9000), not the credit of its idle spells. (Raised only to V
 // less the lag bound, it got 2.5 times its share.)
 func TestFairOnOffBanksNothing(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	for _, c := range []struct{ on, period time.Duration }{{5 * ms, 20 * ms}, {10 * ms, 20 * ms}, {20 * ms, 100 * ms}} {
 		cfg := fairSim(9000)
 		cfg.span = 5 * time.Second
@@ -367,6 +377,7 @@ func TestFairOnOffBanksNothing(t *testing.T) {
 // 5 ms late (a loaded machine), buckets of weights 1, 2 and 3 with 16, 4
 // and 1 connections still get 1/6, 2/6 and 3/6 of the pool, used in full.
 func TestFairLateWakers(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	for _, late := range []time.Duration{2 * ms, 5 * ms, 10 * ms} {
 		cfg := fairSim(6000)
 		cfg.span = 5 * time.Second
@@ -389,6 +400,7 @@ func TestFairLateWakers(t *testing.T) {
 // both modes; in this simulation, whose connections are woken in steps of
 // 10 µs, fcfs uses about 93% of it.)
 func TestFairNoBurst(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	used := func(mode FreePoolMode) float64 {
 		cfg := defaultSim(9000)
 		cfg.freePool = mode
@@ -415,6 +427,7 @@ func TestFairNoBurst(t *testing.T) {
 // units: once the others run again, its throttled connections get their
 // share alike.
 func TestFairUnthrottledBurst(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	cfg := fairSim(9000)
 	cfg.warm, cfg.span = 0, 5*time.Second
 	cfg.window = 100 * ms
@@ -498,6 +511,7 @@ func TestFairTurnWait(t *testing.T) {
 // splits the pool as 2:1:1 does. (With the lag bound counted at weight 1,
 // a bucket of weight 10000 could run 10000 times 4 ms of the pool ahead.)
 func TestFairWeightScale(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	for _, scale := range []int{1, 1000, 5000} {
 		got := simulate(t, fairSim(9000), []*simBucket{
 			{name: "A", hard: Unlimited, conns: 1, weight: 2 * scale},

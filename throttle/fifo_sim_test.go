@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 // A huge command (Charge clamps its debt, "out-of-range units are
@@ -355,6 +357,7 @@ func fifoSim(t *testing.T, seed int64, lateness time.Duration, verbose bool) fif
 }
 
 func TestFIFOSimulated(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	for _, late := range []time.Duration{0, 5 * ms} {
 		var tot fifoSimResult
 		for seed := int64(1); seed <= 40; seed++ {
@@ -432,6 +435,7 @@ func fifoSimRate(t *testing.T, mode Mode, conns int, hard Limit, burst, lateness
 // SETs): the bucket saturating its hard limit with Blocking connections
 // should get that limit within 2%, as it does with NonBlocking ones.
 func TestHardLimitMixedSizes(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	bimodal := func(r *rand.Rand) int64 {
 		if r.Intn(10) == 0 {
 			return 50
@@ -456,6 +460,7 @@ func TestHardLimitMixedSizes(t *testing.T) {
 // 16 Blocking connections get far less than the hard limit that
 // NonBlocking connections reach.
 func TestBlockingReachesHardLimitWithMixedSizes(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	sizes := func(r *rand.Rand) int64 {
 		if r.Intn(20) == 0 {
 			return 200

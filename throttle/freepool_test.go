@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 func TestBucketWeightAndFreePoolMode(t *testing.T) {
@@ -51,6 +53,7 @@ func TestBucketWeightAndFreePoolMode(t *testing.T) {
 // SetShareWeight replaces the weight in fair mode's split (fleet mode sets
 // it from the store's shares) without changing Weight; 0 goes back to it.
 func TestShareWeight(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	got := func(share int) map[string]float64 {
 		cfg := fairSim(4000)
 		cfg.span = 3 * time.Second

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 // newLeaseEngine returns an engine on a fake clock reading 1 s with the
@@ -480,6 +482,9 @@ func simulateLeased(t testing.TB, cfg simConfig, buckets []*simBucket, loops int
 // within 2% (the seed's examples, at 10 times their rates so that the
 // leases' chunks are several units).
 func TestLeaseAccuracy(t *testing.T) {
+	// The loops take turns (simulateLeased hands each step from one to the
+	// next), so the race detector has nothing to find.
+	testmc.SkipUnderRace(t)
 	cfg := defaultSim(100000)
 	cfg.span = 4 * time.Second
 	if testing.Short() {

@@ -6,6 +6,8 @@ import (
 	"math/rand"
 	"testing"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 func within(t *testing.T, what string, got, want, tol float64) {
@@ -20,6 +22,7 @@ func within(t *testing.T, what string, got, want, tol float64) {
 // Seed example 2: capacity 10000, A and B each reserve 2000 with a hard
 // limit of 8000.
 func TestSimExample2(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	ex2 := func(demandA float64, connsA int) map[string]float64 {
 		return simulate(t, defaultSim(10000), []*simBucket{
 			{name: "A", reserved: 2000, hard: 8000, demand: demandA, conns: connsA, maxUnits: 3},
@@ -50,6 +53,7 @@ func TestSimExample2(t *testing.T) {
 // Seed example 3: A 3000/6000, B 2000/5000, C 0/unlimited; A and B idle, so
 // C gets the free pool (5000) and no more: idle reservations are not lent.
 func TestSimExample3(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	got := simulate(t, defaultSim(10000), []*simBucket{
 		{name: "A", reserved: 3000, hard: 6000},
 		{name: "B", reserved: 2000, hard: 5000},
@@ -74,6 +78,7 @@ func TestSimExample3(t *testing.T) {
 // A bucket at its hard limit gets that limit, whatever the capacity, the
 // command sizes and the callers' mode.
 func TestSimHardLimit(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	for _, c := range []struct {
 		capacity Limit
 		reserved Limit
@@ -94,6 +99,7 @@ func TestSimHardLimit(t *testing.T) {
 
 // The node admits its capacity, not more, however many buckets push.
 func TestSimNodeCapacity(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	got := simulate(t, defaultSim(10000), []*simBucket{
 		{name: "A", hard: Unlimited, conns: 4, maxUnits: 4},
 		{name: "B", hard: Unlimited, conns: 4, maxUnits: 1},
@@ -109,6 +115,7 @@ func TestSimNodeCapacity(t *testing.T) {
 // bucket's other connections: together they stay at the hard limit. Over
 // its hard limit it still runs, and the others wait out the debt.
 func TestSimUnthrottledShare(t *testing.T) {
+	testmc.SkipUnderRace(t) // one goroutine drives the engine
 	got := simulate(t, defaultSim(10000), []*simBucket{
 		{name: "A", hard: 4000, conns: 4, maxUnits: 2, uDemand: 1000},
 	})

@@ -133,6 +133,7 @@ func TestServeRejectsBadConfig(t *testing.T) {
 }
 
 func TestHashPasswordAndVersion(t *testing.T) {
+	testmc.SkipUnderRace(t) // bcrypt and SCRAM at their default costs, on one goroutine
 	var out, errb bytes.Buffer
 	if code := run([]string{"hash-password"}, strings.NewReader("s3cret\n"), &out, &errb); code != 0 {
 		t.Fatalf("hash-password: exit %d: %s", code, errb.String())

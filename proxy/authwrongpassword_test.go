@@ -20,9 +20,9 @@ import (
 // that failed (the user at that address), not on the address (a NAT, a
 // Kubernetes node, a shared application host).
 
-// besideTail is scramTail plus users cold0..cold19 (cheap password hashes,
+// coldUsersTail is scramTail plus users cold0..cold19 (cheap password hashes,
 // each logging in once: every login is a cold check).
-func besideTail(t testing.TB, n int) string {
+func coldUsersTail(t testing.TB, n int) string {
 	var b strings.Builder
 	b.WriteString(scramTail(t))
 	for i := range n {
@@ -201,7 +201,7 @@ func tryScram(rc *rawConn, mech, user, pw string) (bool, error) {
 // authqueue tests check.
 func TestWrongPasswordFloodSparesCorrectLogins(t *testing.T) {
 	const cold = 20
-	p := startProxy(t, testConfig{tail: besideTail(t, cold)})
+	p := startProxy(t, testConfig{tail: coldUsersTail(t, cold)})
 	plainFlood := startWrongFlood(t, p.Addr, 8, false)
 	scramFlood := startWrongFlood(t, p.Addr, 8, true)
 	eventually(t, 10*time.Second, "both floods to be refused", func() bool {

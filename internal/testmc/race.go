@@ -1,0 +1,30 @@
+package testmc
+
+import "testing"
+
+// SkipUnderRace skips t in a binary built with -race. It is for tests that
+// run on one goroutine at a time (the simulations a fake clock drives) or
+// only compute (bcrypt at its real cost): the race detector can find
+// nothing in them and makes them 5 to 30 times slower. make test runs them without
+// -race, in full, in its test-norace pass: a package that calls this must
+// be in the Makefile's NORACE_PKGS (internal/docscheck checks it).
+func SkipUnderRace(t testing.TB) {
+	t.Helper()
+	if RaceEnabled {
+		t.Skip("one goroutine or pure computation: runs without -race (make test-norace)")
+	}
+}
+
+// UnderRace returns race in a binary built with -race and full otherwise:
+// the iteration count of a test that checks concurrency (so it runs under
+// -race too) where the full count costs the race detector minutes. The
+// caller states why the smaller count still covers what -race looks for;
+// make test runs the full count without -race (the package is in
+// NORACE_PKGS, or for ./proxy the test is one of UPSTREAM_TLS_TESTS;
+// internal/docscheck checks both).
+func UnderRace[T any](full, race T) T {
+	if RaceEnabled {
+		return race
+	}
+	return full
+}

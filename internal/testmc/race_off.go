@@ -1,0 +1,6 @@
+//go:build !race
+
+package testmc
+
+// RaceEnabled is true in a binary built with -race.
+const RaceEnabled = false
