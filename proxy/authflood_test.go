@@ -356,7 +356,7 @@ func authFlood(t testing.TB) authFloodResult {
 	}
 
 	f := startFloodProc(t, p.Addr, 100, "bob", "wrong-pw")
-	eventually(t, 5*time.Second, "the flood to be refused", func() bool {
+	eventually(t, 30*time.Second, "the flood to be refused", func() bool {
 		st := f.stats()
 		return st.authErrors >= 1 && st.tmpfails >= 1
 	})

@@ -20,9 +20,15 @@ type Client struct {
 	r      *bufio.Reader
 	w      *bufio.Writer
 	opaque uint32
-	// Timeout bounds each call (default 5 s).
+	// Timeout bounds each call (default DefaultTimeout).
 	Timeout time.Duration
 }
+
+// DefaultTimeout is a new Client's Timeout. It bounds how long a call may
+// make no progress before it fails, not how fast an answer must be: on a
+// loaded 2-core machine running several race-instrumented test processes
+// at once, a proxy that is not stuck was seen to take over 5 s to answer.
+const DefaultTimeout = 30 * time.Second
 
 // Dial connects to addr.
 func Dial(addr string) (*Client, error) {
@@ -30,7 +36,7 @@ func Dial(addr string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
-	return &Client{conn: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10), Timeout: 5 * time.Second}, nil
+	return &Client{conn: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10), Timeout: DefaultTimeout}, nil
 }
 
 // Close closes the connection.
