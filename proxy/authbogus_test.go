@@ -43,7 +43,7 @@ func authBogusFlood(t *testing.T, cached bool) {
 			f.stop()
 		}
 	}()
-	eventually(t, 10*time.Second, "the bogus names to fail", func() bool { return stats() >= 40 })
+	eventually(t, 60*time.Second, "the bogus names to fail", func() bool { return stats() >= 40 })
 	kv := runPoolClient(t, "py", "py", "/usr/bin/python3", "-c", pylibmcPool, p.Addr, poolUser, poolPass, fmt.Sprint(poolSize))
 	checkPoolData(t, p.Addr, kv)
 	if stats() < 40 {

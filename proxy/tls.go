@@ -344,7 +344,7 @@ func (f *tlsFront) acceptLoop() {
 		}
 		backoff = 0
 		src := authSource(c.RemoteAddr().String())
-		e, ok := f.takeSource(src)
+		e, ok := f.takeSource(src, c)
 		if !ok && f.park(c, src, time.Now()) {
 			continue // its turn comes when one of its source's handshakes ends
 		}
@@ -372,6 +372,22 @@ type hsEntry struct {
 	start   time.Time   // when it took its slot
 	hello   atomic.Bool // the client has sent something (its hello, as a rule)
 	evicted atomic.Bool // ended by the front to make room, not by the client
+	conn    net.Conn    // the client's connection (nil in unit tests)
+}
+
+// spoke reports whether e's client has sent anything: its hello seen by
+// the handshake, or bytes waiting on its socket (hasSpoken), which the
+// handshake's goroutine may not have read yet on a busy machine. Under
+// f.mu or not: it only reads the socket and sets hello.
+func (e *hsEntry) spoke() bool {
+	if e.hello.Load() {
+		return true
+	}
+	if e.conn != nil && hasSpoken(e.conn) {
+		e.hello.Store(true)
+		return true
+	}
+	return false
 }
 
 // takeSlot takes one of the tlsMaxHandshakes slots for e's handshake.
@@ -426,7 +442,7 @@ func (f *tlsFront) evictOne(self *hsEntry) bool {
 			if first == nil {
 				first = x
 			}
-			if !x.hello.Load() {
+			if !x.spoke() {
 				silent = x
 				break
 			}
@@ -448,16 +464,16 @@ func (f *tlsFront) evictOne(self *hsEntry) bool {
 	return true
 }
 
-// takeSource counts a handshake of src, false when src is at its limit;
-// the entry's context ends at the handshake timeout.
-func (f *tlsFront) takeSource(src string) (*hsEntry, bool) {
+// takeSource counts a handshake of src on c, false when src is at its
+// limit; the entry's context ends at the handshake timeout.
+func (f *tlsFront) takeSource(src string, c net.Conn) (*hsEntry, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.sources[src] >= tlsMaxHandshakesPerSource {
 		return nil, false
 	}
 	f.sources[src]++
-	e := &hsEntry{src: src, start: time.Now()}
+	e := &hsEntry{src: src, start: time.Now(), conn: c}
 	e.ctx, e.cancel = context.WithTimeout(f.ctx, tlsHandshakeTimeout)
 	f.active[src] = append(f.active[src], e)
 	return e, true

@@ -147,7 +147,7 @@ func (f *tlsFront) handshakeEnded(e *hsEntry, res hsResult, now time.Time) (net.
 			_ = p.c.Close()
 			continue
 		}
-		next := &hsEntry{src: e.src, start: now}
+		next := &hsEntry{src: e.src, start: now, conn: p.c}
 		next.ctx, next.cancel = context.WithDeadline(f.ctx, p.at.Add(tlsHandshakeTimeout))
 		list := f.active[e.src]
 		for i, x := range list {
@@ -218,7 +218,7 @@ func (f *tlsFront) forgetOutcomes(now time.Time) {
 func (f *tlsFront) evictSilentLocked(src string, ps *parkedSrc, now time.Time) bool {
 	var silent []*hsEntry
 	for _, e := range f.active[src] {
-		if !e.hello.Load() && !e.evicted.Load() && now.Sub(e.start) >= tlsSilentGrace {
+		if !e.evicted.Load() && now.Sub(e.start) >= tlsSilentGrace && !e.spoke() {
 			silent = append(silent, e)
 		}
 	}

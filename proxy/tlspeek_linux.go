@@ -9,8 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// hasSpoken reports whether the client of c, a connection waiting for its
-// source's turn, has sent anything yet (its ClientHello, as a rule): a
+// hasSpoken reports whether the client of c (waiting for its source's
+// turn, or in a handshake) has sent anything not yet read (its ClientHello, as a rule): a
 // peek at the socket's receive queue that neither waits nor consumes.
 // False when it cannot tell.
 func hasSpoken(c net.Conn) bool {
@@ -24,10 +24,11 @@ func hasSpoken(c net.Conn) bool {
 	}
 	var b [1]byte
 	spoke := false
-	_ = rc.Read(func(fd uintptr) bool {
+	// Control, not Read: a handshake's goroutine may be blocked reading
+	// the connection, holding its read lock; the peek never waits.
+	_ = rc.Control(func(fd uintptr) {
 		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
 		spoke = err == nil && n > 0
-		return true // one look, never wait
 	})
 	return spoke
 }
