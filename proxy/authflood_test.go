@@ -382,7 +382,7 @@ func authFlood(t testing.TB) authFloodResult {
 		loginAlone = append(loginAlone, p99(logins(perWindow)))
 		before := f.stats().sent
 		f.resume()
-		eventually(t, 2*time.Second, "the flood to resume", func() bool { return f.stats().sent > before+50 })
+		eventually(t, 30*time.Second, "the flood to resume", func() bool { return f.stats().sent > before+50 })
 		getFlood = append(getFlood, p99(getLatencies(t, bob, key, 100*time.Millisecond)))
 		ls := logins(perWindow)
 		allLogins = append(allLogins, ls...)
