@@ -167,6 +167,7 @@ type tlsFront struct {
 	parked    map[string]*parkedSrc // connections waiting for their source's turn (tlspark.go)
 	nParked   int
 	parkTimer *time.Timer            // sweepParked, while connections are parked
+	patience  time.Duration          // tlsParkPatience (tests of pools on a busy machine lengthen it)
 	outcomes  map[string]*hsOutcomes // each source's handshakes that completed and failed lately
 
 	logFail    logSample // failed handshakes
@@ -196,6 +197,7 @@ func newTLSFront(srv *Server, cfg *bucketcfg.Config) (*tlsFront, error) {
 		stopping: make(chan struct{}),
 		sources:  make(map[string]int),
 		active:   make(map[string][]*hsEntry),
+		patience: tlsParkPatience,
 		parked:   make(map[string]*parkedSrc),
 		outcomes: make(map[string]*hsOutcomes),
 	}

@@ -263,7 +263,7 @@ func (f *tlsFront) sweepParked() {
 		if f.evictSilentLocked(src, ps, now) {
 			ps.progress = now // the queue moves: the slots go to clients that spoke
 		}
-		stalled := now.Sub(ps.progress) >= tlsParkPatience
+		stalled := now.Sub(ps.progress) >= f.patience
 		kept := ps.conns[:0]
 		for _, p := range ps.conns {
 			if stalled || now.Sub(p.at) >= tlsHandshakeTimeout {
