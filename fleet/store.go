@@ -112,6 +112,7 @@ func OpenStore(rawURL, name string) (*Store, error) {
 			return nil, fmt.Errorf("fleet: redis_url (Sentinel): %w", scrub(err))
 		}
 		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
+		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: opts.TLSConfig}))
 		return newStore(redis.NewFailoverClient(opts), name), nil
 	case q.Has("addr"):
 		opts, err := redis.ParseClusterURL(rawURL)
@@ -119,6 +120,7 @@ func OpenStore(rawURL, name string) (*Store, error) {
 			return nil, fmt.Errorf("fleet: redis_url (Cluster): %w", scrub(err))
 		}
 		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
+		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: opts.TLSConfig}))
 		return newStore(redis.NewClusterClient(opts), name), nil
 	}
 	opts, err := redis.ParseURL(rawURL)
@@ -126,6 +128,7 @@ func OpenStore(rawURL, name string) (*Store, error) {
 		return nil, fmt.Errorf("fleet: redis_url: %w", scrub(err))
 	}
 	opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
+	opts.Dialer = softDial(redis.NewDialer(opts))
 	return newStore(redis.NewClient(opts), name), nil
 }
 
