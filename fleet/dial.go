@@ -2,8 +2,12 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"net"
+	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // softDial wraps a go-redis dialer so that a failed dial returns, instead
@@ -40,3 +44,40 @@ func (c failedConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
 func (c failedConn) SetDeadline(time.Time) error      { return nil }
 func (c failedConn) SetReadDeadline(time.Time) error  { return nil }
 func (c failedConn) SetWriteDeadline(time.Time) error { return nil }
+
+// slotMapHook keeps a Redis Cluster client's slot map fresh across a
+// failover: after a failed command, the next one first loads the map
+// again, synchronously, within its own context.
+//
+// go-redis loads the map again on MOVED, ASK and READONLY replies and once
+// a minute. A primary that died answers nothing: without this, the calls
+// for its slots went on failing against it (connection refused) after a
+// replica had taken them over, until that minute had passed (the store
+// DOWN 14 s after the cluster reported ok again). A load in the background
+// at the failure would not do: a call failing before the failover is done
+// loads the map in which the dead primary still serves the slots. Loading
+// before the next call makes the first call after the cluster is healthy
+// again reach the new primary: the store is back within a period.
+type slotMapHook struct {
+	cc    *redis.ClusterClient
+	stale atomic.Bool // the last command failed
+}
+
+func (h *slotMapHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *slotMapHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.stale.Load() {
+			// ForEachMaster loads the slot map (synchronously) before it
+			// runs the function on each primary: here, nothing.
+			_ = h.cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil })
+		}
+		err := next(ctx, cmd)
+		h.stale.Store(err != nil && !errors.Is(err, redis.Nil))
+		return err
+	}
+}
+
+func (h *slotMapHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}

@@ -121,7 +121,9 @@ func OpenStore(rawURL, name string) (*Store, error) {
 		}
 		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
 		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: opts.TLSConfig}))
-		return newStore(redis.NewClusterClient(opts), name), nil
+		cc := redis.NewClusterClient(opts)
+		cc.AddHook(&slotMapHook{cc: cc})
+		return newStore(cc, name), nil
 	}
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {

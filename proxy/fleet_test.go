@@ -34,10 +34,19 @@ type fleetTest struct {
 	tcs      []testConfig
 	wall     func() time.Time // every instance's wall clock (default time.Now)
 	fake     *fleetFake       // fake clocks (newFakeFleetTest); nil: the real clock
+	url      string           // the store's redis_url when not redis's (a cluster, Sentinel)
 }
 
 func newFleetTest(t testing.TB, tail, period string) *fleetTest {
 	return &fleetTest{t: t, redis: testmc.StartRedis(t), mc: testmc.Start(t), tail: tail, period: period}
+}
+
+// storeURL is the instances' redis_url.
+func (f *fleetTest) storeURL() string {
+	if f.url != "" {
+		return f.url
+	}
+	return f.redis.URL()
 }
 
 // start adds instance i (or restarts it with its earlier state file) with
@@ -61,7 +70,7 @@ func (f *fleetTest) start(i int, proxyLines string) *testProxy {
 			loops:     1,
 			wall:      f.wall,
 			tail: f.tail + fmt.Sprintf("[fleet]\nredis_url = %q\nname = \"test\"\ninstance = \"i%d\"\ngrant_period = %q\n",
-				f.redis.URL(), i, f.period),
+				f.storeURL(), i, f.period),
 		}
 		f.tcs[i] = tc
 	}
@@ -131,6 +140,27 @@ func fleetAdmin(t *testing.T, p *testProxy, op mc.Opcode, key, body string) {
 	if r := adminDo(t, c, op, key, body); r.Header.Status() != mc.StatusSuccess {
 		t.Fatalf("%v %s %s: %v %s", op, key, body, r.Header.Status(), r.Value)
 	}
+}
+
+// statHardLimit returns bucket's hard_limit as p's STAT throttle shows it
+// to the admin user (fleetUsers): the limit in force, not the share.
+func statHardLimit(t *testing.T, p *testProxy, bucket string) string {
+	t.Helper()
+	c := dial(t, p.Addr)
+	defer c.Close()
+	if err := c.AuthPlain("admin", "admin-pw"); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := c.Stats("throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range kv {
+		if kv[0] == "bucket:"+bucket+":hard_limit" {
+			return kv[1]
+		}
+	}
+	return ""
 }
 
 func fleetUsers(t *testing.T) string {
@@ -282,23 +312,7 @@ func TestFleetAdminChangeReachesEveryInstance(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		f.start(i, `default_bucket = "b"`)
 	}
-	hardLimit := func(p *testProxy) string {
-		c := dial(t, p.Addr)
-		defer c.Close()
-		if err := c.AuthPlain("admin", "admin-pw"); err != nil {
-			t.Fatal(err)
-		}
-		kv, err := c.Stats("throttle")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range kv {
-			if p[0] == "bucket:b:hard_limit" {
-				return p[1]
-			}
-		}
-		return ""
-	}
+	hardLimit := func(p *testProxy) string { return statHardLimit(t, p, "b") }
 	f.pass(123 * time.Millisecond) // the change comes between two syncs
 	fleetAdmin(t, f.insts[1], mc.OpSetBucketThrottleProperties, "b", `{"reserved": 0, "hard_limit": 600}`)
 	at := f.fake.clock.Now()
