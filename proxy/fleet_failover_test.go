@@ -179,3 +179,24 @@ func TestFleetClusterFailover(t *testing.T) {
 		return at
 	})
 }
+
+// TestFleetSentinelFailover: the store is a primary and its replica
+// monitored by three sentinels (quorum 2, down-after-milliseconds 1000),
+// reached through them (?master_name=); the primary is killed (SIGKILL)
+// under load. Once the sentinels name the promoted replica and it reports
+// role:master, each instance reaches the store again within 2 grant
+// periods, and an admin change is applied on both instances.
+func TestFleetSentinelFailover(t *testing.T) {
+	s := testmc.StartRedisSentinel(t, time.Second)
+	primary := s.Primary()
+	if primary == nil {
+		t.Fatal("the sentinels name no primary")
+	}
+	failoverRun(t, s.URL(), primary.Kill, func() time.Time {
+		at, err := s.WaitHealthy(30 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return at
+	})
+}

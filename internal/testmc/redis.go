@@ -22,6 +22,7 @@ type Redis struct {
 	Addr string
 
 	dir  string
+	conf string     // a configuration file, redis-server's first argument (a sentinel's)
 	args []string   // extra arguments of redis-server (a cluster node's)
 	mu   sync.Mutex // guards cmd, exited, log
 	cmd  *exec.Cmd
@@ -58,6 +59,9 @@ func (r *Redis) start(t testing.TB) {
 		"--save", "", "--appendonly", "no",
 		"--protected-mode", "no", "--daemonize", "no",
 		"--dir", r.dir, "--logfile", "", "--loglevel", "warning"}
+	if r.conf != "" {
+		args = append([]string{r.conf}, args...)
+	}
 	cmd := exec.Command("redis-server", append(args, r.args...)...)
 	log := &LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
