@@ -26,14 +26,29 @@ func softDial(dial func(ctx context.Context, network, addr string) (net.Conn, er
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
 		if err != nil {
-			return failedConn{err}, nil
+			// Twice: go-redis hands the caller the error of a failed
+			// connection handshake unwrapped once.
+			return failedConn{&notSentError{&notSentError{err}}}, nil
 		}
 		return c, nil
 	}
 }
 
+// notSentError is the failure of a call that never reached the store: its
+// connection could not be made.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string { return e.err.Error() }
+func (e *notSentError) Unwrap() error { return e.err }
+
+// notSent reports whether err says the call never reached the store.
+func notSent(err error) bool {
+	var ns *notSentError
+	return errors.As(err, &ns)
+}
+
 // failedConn is a connection that was never made: reads and writes fail
-// with the dial's error.
+// with the dial's error (a notSentError).
 type failedConn struct{ err error }
 
 func (c failedConn) Read([]byte) (int, error)         { return 0, c.err }

@@ -29,12 +29,25 @@ var updateLua string
 //go:embed leave.lua
 var leaveLua string
 
+//go:embed resolve.lua
+var resolveLua string
+
 var (
-	syncScript   = redis.NewScript(syncLua)
-	seedScript   = redis.NewScript(seedLua)
-	updateScript = redis.NewScript(updateLua)
-	leaveScript  = redis.NewScript(leaveLua)
+	syncScript    = redis.NewScript(syncLua)
+	seedScript    = redis.NewScript(seedLua)
+	updateScript  = redis.NewScript(updateLua)
+	leaveScript   = redis.NewScript(leaveLua)
+	resolveScript = redis.NewScript(resolveLua)
 )
+
+// ErrOutcomeUnknown is returned by Store.Update when the write was sent,
+// its reply was lost, and the store could not be asked (for resolveFor)
+// whether it happened: the change may or may not be in force.
+var ErrOutcomeUnknown = errors.New("fleet: the store could not be reached to tell whether the change was made")
+
+// resolveFor bounds how long Store.Update asks the store whether a write
+// whose reply was lost happened.
+const resolveFor = 2 * time.Second
 
 // ErrConflict is returned by Store.Update when the fleet's state document
 // changed between the read and the write; the caller reads it again.
@@ -181,15 +194,56 @@ func (s *Store) Seed(ctx context.Context, doc []byte) (token string, seeded bool
 
 // Update replaces the fleet's state document with doc if its token is
 // still token, and returns the new token; ErrConflict when it moved on.
+// Its answer is the truth: nil (doc is in force under the token
+// returned); ErrConflict or another error (doc was not written, and never
+// will be); or ErrOutcomeUnknown. A call whose reply is lost after it may
+// have reached the store (a timeout, a connection reset) is resolved
+// before Update returns: it asks the store whether the write happened
+// (each write records its change id), which also moves the token on if it
+// did not, so that the write, were it still on its way, finds the
+// document moved on. ErrOutcomeUnknown when the store cannot be asked
+// within resolveFor.
 func (s *Store) Update(ctx context.Context, token string, doc []byte) (string, error) {
-	tok, err := updateScript.Run(ctx, s.rdb, s.keys[:1], token, string(doc)).Text()
-	if err != nil {
+	var raw [8]byte
+	if _, err := rand.Read(raw[:]); err != nil {
 		return "", fmt.Errorf("fleet: update state: %w", err)
+	}
+	id := hex.EncodeToString(raw[:])
+	tok, err := updateScript.Run(ctx, s.rdb, s.keys[:1], token, string(doc), id).Text()
+	if err != nil {
+		var reply redis.Error
+		if notSent(err) || errors.As(err, &reply) {
+			return "", fmt.Errorf("fleet: update state: %w", err) // never ran
+		}
+		return s.resolve(ctx, token, id, err)
 	}
 	if tok == "" {
 		return "", ErrConflict
 	}
 	return tok, nil
+}
+
+// resolve asks the store, until it answers or resolveFor has passed,
+// whether the update with change id id against token happened (see
+// Update); cause is the error of the update's call.
+func (s *Store) resolve(ctx context.Context, token, id string, cause error) (string, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveFor)
+	defer cancel()
+	for {
+		r, err := resolveScript.Run(rctx, s.rdb, s.keys[:1], token, id).Slice()
+		if err == nil && len(r) == 2 {
+			if done, _ := r[0].(int64); done == 1 {
+				tok, _ := r[1].(string)
+				return tok, nil
+			}
+			return "", fmt.Errorf("fleet: update state: %w (the store says it was not made)", cause)
+		}
+		select {
+		case <-rctx.Done():
+			return "", fmt.Errorf("%w: update state: %v", ErrOutcomeUnknown, cause)
+		case <-time.After(resolveFor / 40):
+		}
+	}
 }
 
 // leave forgets instance (of this epoch) in the store.

@@ -200,3 +200,38 @@ func TestFleetSentinelFailover(t *testing.T) {
 		return at
 	})
 }
+
+// TestFleetTmpfailNotAppliedLater: an admin change made while the store is
+// down (killed) is answered Etmpfail "fleet store unavailable; change not
+// applied", and it is in force nowhere after the store comes back (empty:
+// seeded again from the instances' state), two periods on; a change made
+// then is. Fake clocks.
+func TestFleetTmpfailNotAppliedLater(t *testing.T) {
+	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n"+fleetUsers(t), "500ms")
+	for i := range 2 {
+		f.start(i, `default_bucket = "b"`)
+	}
+	f.pass(time.Second)
+	f.redis.Kill()
+	f.pass(time.Second)
+	c := login(t, f.insts[1].Addr, "admin")
+	defer c.Close()
+	r := adminDo(t, c, mc.OpSetBucketThrottleProperties, "b", `{"reserved": 0, "hard_limit": 600}`)
+	if r.Header.Status() != mc.StatusEtmpfail || string(r.Value) != "fleet store unavailable; change not applied" {
+		t.Fatalf("change with the store down: %v %q, want Etmpfail", r.Header.Status(), r.Value)
+	}
+	f.redis.Restart(t)
+	f.pass(time.Second) // 2 periods
+	for i, p := range f.insts {
+		if got := statHardLimit(t, p, "b"); got != "3000" {
+			t.Errorf("instance %d: hard_limit %s after the store came back, want 3000 (the refused change is in force)", i, got)
+		}
+	}
+	fleetAdmin(t, f.insts[1], mc.OpSetBucketThrottleProperties, "b", `{"reserved": 0, "hard_limit": 900}`)
+	f.pass(500 * time.Millisecond)
+	for i, p := range f.insts {
+		if got := statHardLimit(t, p, "b"); got != "900" {
+			t.Errorf("instance %d: hard_limit %s a period after a change made with the store back, want 900", i, got)
+		}
+	}
+}
