@@ -149,6 +149,27 @@ func failoverRun(t *testing.T, url string, kill func(), healthy func() time.Time
 		perSecond(before), int(time.Since(changed).Seconds()), perSecond(after))
 }
 
+// statHardLimit returns bucket's hard_limit as p's STAT throttle shows it
+// to the admin user (fleetUsers): the limit in force, not the share.
+func statHardLimit(t *testing.T, p *testProxy, bucket string) string {
+	t.Helper()
+	c := dial(t, p.Addr)
+	defer c.Close()
+	if err := c.AuthPlain("admin", "admin-pw"); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := c.Stats("throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range kv {
+		if kv[0] == "bucket:"+bucket+":hard_limit" {
+			return kv[1]
+		}
+	}
+	return ""
+}
+
 func perSecond(secs [][]float64) string {
 	var out []string
 	for _, s := range secs {

@@ -142,27 +142,6 @@ func fleetAdmin(t *testing.T, p *testProxy, op mc.Opcode, key, body string) {
 	}
 }
 
-// statHardLimit returns bucket's hard_limit as p's STAT throttle shows it
-// to the admin user (fleetUsers): the limit in force, not the share.
-func statHardLimit(t *testing.T, p *testProxy, bucket string) string {
-	t.Helper()
-	c := dial(t, p.Addr)
-	defer c.Close()
-	if err := c.AuthPlain("admin", "admin-pw"); err != nil {
-		t.Fatal(err)
-	}
-	kv, err := c.Stats("throttle")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, kv := range kv {
-		if kv[0] == "bucket:"+bucket+":hard_limit" {
-			return kv[1]
-		}
-	}
-	return ""
-}
-
 func fleetUsers(t *testing.T) string {
 	h := hashes(t)
 	return fmt.Sprintf("[[user]]\nname = \"admin\"\npassword_hash = %q\nprivileges = [\"admin\"]\nbuckets = [\"*\"]\n", h["admin"])
