@@ -467,7 +467,7 @@ func (f *Fleet) Update(ctx context.Context, change func(doc []byte) ([]byte, err
 			return "", err
 		}
 		if !ok {
-			nt, seeded, err := f.cfg.Store.Seed(ctx, next)
+			nt, seeded, err := f.cfg.Store.SeedResolved(ctx, next)
 			if err != nil {
 				return "", err
 			}

@@ -176,20 +176,77 @@ func (s *Store) Load(ctx context.Context) (doc []byte, token string, ok bool, er
 // returns the token in force and whether doc was stored. Each seeding
 // names a new life of the store with a random id.
 func (s *Store) Seed(ctx context.Context, doc []byte) (token string, seeded bool, err error) {
-	var id [8]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		return "", false, fmt.Errorf("fleet: seed state: %w", err)
-	}
-	r, err := seedScript.Run(ctx, s.rdb, s.keys[:1], string(doc), hex.EncodeToString(id[:]), s.nowArg()).Slice()
+	id, err := newChangeID()
 	if err != nil {
 		return "", false, fmt.Errorf("fleet: seed state: %w", err)
 	}
+	tok, err := s.seed(ctx, doc, id)
+	return tok, err == nil && tokenID(tok) == id, err
+}
+
+// SeedResolved is Seed for an admin change: a call that failed after it
+// may have reached the store is sent again (the same document under the
+// same id: a store it seeded already is left as it is, and a copy
+// arriving late finds the store seeded) until the store answers or
+// resolveFor has passed; then ErrOutcomeUnknown.
+func (s *Store) SeedResolved(ctx context.Context, doc []byte) (token string, seeded bool, err error) {
+	id, err := newChangeID()
+	if err != nil {
+		return "", false, fmt.Errorf("fleet: seed state: %w", err)
+	}
+	tok, err := s.seed(ctx, doc, id)
+	if err != nil && mayHaveRun(err) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveFor)
+		defer cancel()
+		for err != nil && rctx.Err() == nil {
+			select {
+			case <-rctx.Done():
+			case <-time.After(resolveFor / 40):
+				tok, err = s.seed(rctx, doc, id)
+			}
+		}
+		if err != nil {
+			return "", false, fmt.Errorf("%w: seed state: %v", ErrOutcomeUnknown, err)
+		}
+	}
+	return tok, err == nil && tokenID(tok) == id, err
+}
+
+// seed runs seed.lua with doc under id and returns the token in force.
+func (s *Store) seed(ctx context.Context, doc []byte, id string) (string, error) {
+	r, err := seedScript.Run(ctx, s.rdb, s.keys[:1], string(doc), id, s.nowArg()).Slice()
+	if err != nil {
+		return "", fmt.Errorf("fleet: seed state: %w", err)
+	}
 	if len(r) != 2 {
-		return "", false, fmt.Errorf("fleet: seed state: reply of %d elements", len(r))
+		return "", fmt.Errorf("fleet: seed state: reply of %d elements", len(r))
 	}
 	tok, _ := r[0].(string)
-	n, _ := r[1].(int64)
-	return tok, n == 1, nil
+	return tok, nil
+}
+
+// tokenID returns the id part of a token ("id:version").
+func tokenID(tok string) string {
+	id, _, _ := strings.Cut(tok, ":")
+	return id
+}
+
+// newChangeID returns a random id (16 hex digits) for a seeding or an
+// update.
+func newChangeID() (string, error) {
+	var raw [8]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(raw[:]), nil
+}
+
+// mayHaveRun reports whether a failed call may have reached the store and
+// run: not when its connection could not be made, nor when the store
+// answered an error.
+func mayHaveRun(err error) bool {
+	var reply redis.Error
+	return !notSent(err) && !errors.As(err, &reply)
 }
 
 // Update replaces the fleet's state document with doc if its token is
@@ -204,16 +261,14 @@ func (s *Store) Seed(ctx context.Context, doc []byte) (token string, seeded bool
 // document moved on. ErrOutcomeUnknown when the store cannot be asked
 // within resolveFor.
 func (s *Store) Update(ctx context.Context, token string, doc []byte) (string, error) {
-	var raw [8]byte
-	if _, err := rand.Read(raw[:]); err != nil {
+	id, err := newChangeID()
+	if err != nil {
 		return "", fmt.Errorf("fleet: update state: %w", err)
 	}
-	id := hex.EncodeToString(raw[:])
 	tok, err := updateScript.Run(ctx, s.rdb, s.keys[:1], token, string(doc), id).Text()
 	if err != nil {
-		var reply redis.Error
-		if notSent(err) || errors.As(err, &reply) {
-			return "", fmt.Errorf("fleet: update state: %w", err) // never ran
+		if !mayHaveRun(err) {
+			return "", fmt.Errorf("fleet: update state: %w", err)
 		}
 		return s.resolve(ctx, token, id, err)
 	}

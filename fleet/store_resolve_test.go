@@ -10,20 +10,26 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// replyHook fails the next update script call: after it ran (its reply
-// lost) or before it was sent (lost on its way); and, while cut, every
-// call (the store unreachable, though the calls may have been sent).
+// replyHook fails the next call of the script (update.lua unless set):
+// after it ran (its reply lost) or before it was sent (lost on its way);
+// and, while cut, every call (the store unreachable, though the calls may
+// have been sent).
 type replyHook struct {
 	mu                 sync.Mutex
 	loseReply, loseCmd bool
 	cut                bool
+	src                string // the script's source: updateLua unless set
 }
 
 func (h *replyHook) hook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		isUpdate := (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(cmd.Args()) > 3 &&
-			(cmd.Args()[1] == updateScript.Hash() || cmd.Args()[1] == updateLua)
 		h.mu.Lock()
+		src := h.src
+		if src == "" {
+			src = updateLua
+		}
+		isUpdate := (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(cmd.Args()) > 3 &&
+			(cmd.Args()[1] == redis.NewScript(src).Hash() || cmd.Args()[1] == src)
 		cut, loseCmd, loseReply := h.cut, isUpdate && h.loseCmd, isUpdate && h.loseReply
 		if isUpdate {
 			h.loseCmd = false
@@ -47,16 +53,21 @@ func (h *replyHook) hook(next redis.ProcessHook) redis.ProcessHook {
 
 func resolveStore(t *testing.T) (*Store, *replyHook) {
 	t.Helper()
+	st, h := emptyResolveStore(t)
+	if _, _, err := st.Seed(context.Background(), []byte(`{"v":0}`)); err != nil {
+		t.Fatal(err)
+	}
+	return st, h
+}
+
+func emptyResolveStore(t *testing.T) (*Store, *replyHook) {
+	t.Helper()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
 	h := &replyHook{}
 	rdb.AddHook(procHook(h.hook))
-	st := newStore(rdb, "resolve")
-	if _, _, err := st.Seed(context.Background(), []byte(`{"v":0}`)); err != nil {
-		t.Fatal(err)
-	}
-	return st, h
+	return newStore(rdb, "resolve"), h
 }
 
 // TestUpdateAnswerIsTheTruth: an update whose reply is lost after it ran
@@ -101,4 +112,16 @@ func TestUpdateAnswerIsTheTruth(t *testing.T) {
 			t.Errorf("Update with the store lost: %v, want ErrOutcomeUnknown", err)
 		}
 	})
+}
+
+// TestSeedResolved: an admin change seeding an empty store whose reply is
+// lost after it ran answers seeded, with the token in force.
+func TestSeedResolved(t *testing.T) {
+	st, h := emptyResolveStore(t)
+	h.src, h.loseReply = seedLua, true
+	tok, seeded, err := st.SeedResolved(context.Background(), []byte(`{"v":1}`))
+	doc, cur, _, _ := st.Load(context.Background())
+	if err != nil || !seeded || tok != cur || string(doc) != `{"v":1}` {
+		t.Errorf("SeedResolved: %q %v %v; the store holds %s under %q: want seeded, the token in force", tok, seeded, err, doc, cur)
+	}
 }
