@@ -106,11 +106,18 @@
 // store's shares back in force. Clients see none of it: admission never
 // waits for the store.
 //
-// A store found empty (restarted) is seeded again, under a new id; for
-// one lease its first callers leave room for the instances they knew of
-// ([Config.Instances], a hint-th of each limit each), which may still hold
-// shares from its earlier life. An instance that starts while the store is
-// down divides the limits by the same number under Share.
+// A store found empty (restarted) is seeded again, under a new id. After
+// a silence (no instance called within its lease: the whole fleet lost the
+// store, or it is new or emptied), for one lease from the first call after
+// it, the callers leave room for the instances they knew of and that are
+// not back yet (the most any caller since then knew of, kept in the store:
+// a caller's own count drops at its first good call; [Config.Instances]
+// for one just started), an expect-th of each limit each: they may still
+// hold their last shares or their fallback parts. The instances reach the
+// store at their first call after it is back (softDial), so each is back
+// within a period of the first (TestSimStoreBackInstancesApart). An
+// instance that starts while the store is down divides the limits by the
+// same number under Share.
 //
 // The store's lease (1.25 periods) is shorter than the three periods an
 // instance keeps its shares: an instance cut off from the store alone

@@ -447,8 +447,10 @@ func (f *Fleet) put(g *Grants) {
 // force (nil when the store holds none) and returns the new one, which is
 // written if nobody changed the document meanwhile (else change runs again
 // on the newer one, up to 8 times). It returns the new token. Errors: the
-// store's (unreachable, slow), change's own, or ErrConflict after too many
-// races. Safe from any goroutine; two round trips per try.
+// store's (unreachable, slow: the document was not changed, and will not
+// be), ErrOutcomeUnknown (the write was sent, and the store lost before it
+// could tell whether it was made), change's own, or ErrConflict after too
+// many races. Safe from any goroutine; two round trips per try.
 func (f *Fleet) Update(ctx context.Context, change func(doc []byte) ([]byte, error)) (string, error) {
 	f.updates.Lock()
 	defer f.updates.Unlock()
@@ -465,7 +467,7 @@ func (f *Fleet) Update(ctx context.Context, change func(doc []byte) ([]byte, err
 			return "", err
 		}
 		if !ok {
-			nt, seeded, err := f.cfg.Store.Seed(ctx, next)
+			nt, seeded, err := f.cfg.Store.SeedResolved(ctx, next)
 			if err != nil {
 				return "", err
 			}

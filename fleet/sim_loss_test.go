@@ -113,19 +113,32 @@ func TestSimStoreFlap(t *testing.T) {
 	}
 }
 
-func simStoreFlap(t *testing.T, empty bool) {
+// simFallenBack starts three instances (6, 3 and 1 saturating clients of
+// bucket "b", hard limit 3000; 1 s periods), runs 3 s, then loses the
+// store for 8 s: every instance is in the plain fallback.
+func simFallenBack(t *testing.T) *sim {
 	s := newSim(t, time.Second, throttle.Unlimited, simBucket{name: "b", hard: 3000})
 	for _, c := range []int{6, 3, 1} {
 		s.add().clients["b"] = c
 	}
 	s.run(3*time.Second, nil)
 	s.lose.down = true
-	s.run(8*time.Second, nil) // every instance in the plain fallback
-	// Up for exactly one step: the step at which instance 2 syncs.
-	flap := s.inst[2]
-	for (s.clock.Now()+simStep-flap.phase)%s.period != 0 {
+	s.run(8*time.Second, nil)
+	return s
+}
+
+// runToSync runs s until in's next sync is at the next step.
+func runToSync(s *sim, in *simInstance) {
+	for (s.clock.Now()+simStep-in.phase)%s.period != 0 {
 		s.run(simStep, nil)
 	}
+}
+
+func simStoreFlap(t *testing.T, empty bool) {
+	s := simFallenBack(t)
+	// Up for exactly one step: the step at which instance 2 syncs.
+	flap := s.inst[2]
+	runToSync(s, flap)
 	if empty {
 		s.mr.FlushAll()
 	}
@@ -191,5 +204,52 @@ func TestSimFallbackOfferedEveryCall(t *testing.T) {
 	s.run(5*time.Second, nil)
 	if got := s.inst[2].granted - before; got < 5 {
 		t.Errorf("the Granted hook ran %d times in 5 failed calls, want each", got)
+	}
+}
+
+// TestSimStoreBackInstancesApart: the whole fleet lost the store and fell
+// back (a third of the limit each); the store comes back, emptied (a
+// restart without persistence) or as it was, and instance 1's first call
+// after it fails (its connection still broken), so it comes back a period
+// after the others. The limits the instances enforce add up to at most the
+// fleet's at every step: the first callers back leave room for the
+// instances not back yet, however few instances their own last reply
+// counted.
+func TestSimStoreBackInstancesApart(t *testing.T) {
+	for _, empty := range []bool{true, false} {
+		t.Run(map[bool]string{false: "persisted", true: "restarted-empty"}[empty], func(t *testing.T) {
+			s := simFallenBack(t)
+			runToSync(s, s.inst[0])
+			if empty {
+				s.mr.FlushAll()
+			}
+			late := s.inst[1]
+			late.cut.down = true
+			s.lose.down = false
+			worst := int64(0)
+			check := func() {
+				var sum int64
+				for _, in := range s.inst {
+					_, h := in.f.Grants().Limits("b", 0, 3000)
+					n, _ := h.Finite()
+					sum += n
+				}
+				if sum > worst {
+					worst = sum
+				}
+			}
+			s.run(s.period, check) // instance 1's call at its phase fails
+			late.cut.down = false
+			s.run(3*s.period, check)
+			if worst > 3000 {
+				t.Errorf("after the store's return the instances enforced hard limits adding up to %d, above the fleet's 3000", worst)
+			}
+			u0 := s.units("b")
+			s.run(2*time.Second, check)
+			per, total := delta(u0, s.units("b"))
+			if rate := total / 2; rate > 3000*1.001 || rate < 3000*0.95 {
+				t.Errorf("after the return the fleet used %.0f units/s (per instance %.0f), want 3000 +-5%%", rate, per)
+			}
+		})
 	}
 }

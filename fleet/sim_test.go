@@ -44,6 +44,7 @@ type simInstance struct {
 	units   map[string]float64
 	waiting map[string]int
 	down    bool            // not syncing (killed)
+	cut     lossHook        // this instance's own calls fail (down) while set
 	states  int             // state documents received
 	dropped map[string]bool // buckets it no longer has (removed from its file)
 	fcfs    bool            // shares first come first served even in a fair sim
@@ -114,10 +115,11 @@ func newSim(t *testing.T, period time.Duration, capacity throttle.Limit, buckets
 // add starts an instance whose sync phase is the next in a spread of 7/23
 // of a period per instance.
 func (s *sim) add() *simInstance {
+	in := &simInstance{clients: map[string]int{}, units: map[string]float64{}, waiting: map[string]int{}, dropped: map[string]bool{}}
 	rdb := redis.NewClient(&redis.Options{Addr: s.mr.Addr(), MaxRetries: -1})
 	rdb.AddHook(procHook(s.lose.hook))
+	rdb.AddHook(procHook(in.cut.hook))
 	s.t.Cleanup(func() { rdb.Close() })
-	in := &simInstance{clients: map[string]int{}, units: map[string]float64{}, waiting: map[string]int{}, dropped: map[string]bool{}}
 	in.phase = s.nextPhase
 	s.nextPhase = (s.nextPhase + (s.period * 7 / 23).Truncate(simStep)) % s.period
 	f, err := New(Config{Store: newStore(rdb, "sim"), Instance: fmt.Sprintf("i%d", len(s.inst)), Period: s.period, OnStoreLoss: s.policy, Clock: s.clock}, Hooks{

@@ -29,12 +29,25 @@ var updateLua string
 //go:embed leave.lua
 var leaveLua string
 
+//go:embed resolve.lua
+var resolveLua string
+
 var (
-	syncScript   = redis.NewScript(syncLua)
-	seedScript   = redis.NewScript(seedLua)
-	updateScript = redis.NewScript(updateLua)
-	leaveScript  = redis.NewScript(leaveLua)
+	syncScript    = redis.NewScript(syncLua)
+	seedScript    = redis.NewScript(seedLua)
+	updateScript  = redis.NewScript(updateLua)
+	leaveScript   = redis.NewScript(leaveLua)
+	resolveScript = redis.NewScript(resolveLua)
 )
+
+// ErrOutcomeUnknown is returned by Store.Update when the write was sent,
+// its reply was lost, and the store could not be asked (for resolveFor)
+// whether it happened: the change may or may not be in force.
+var ErrOutcomeUnknown = errors.New("fleet: the store could not be reached to tell whether the change was made")
+
+// resolveFor bounds how long Store.Update asks the store whether a write
+// whose reply was lost happened.
+const resolveFor = 2 * time.Second
 
 // ErrConflict is returned by Store.Update when the fleet's state document
 // changed between the read and the write; the caller reads it again.
@@ -112,6 +125,7 @@ func OpenStore(rawURL, name string) (*Store, error) {
 			return nil, fmt.Errorf("fleet: redis_url (Sentinel): %w", scrub(err))
 		}
 		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
+		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: opts.TLSConfig}))
 		return newStore(redis.NewFailoverClient(opts), name), nil
 	case q.Has("addr"):
 		opts, err := redis.ParseClusterURL(rawURL)
@@ -119,13 +133,17 @@ func OpenStore(rawURL, name string) (*Store, error) {
 			return nil, fmt.Errorf("fleet: redis_url (Cluster): %w", scrub(err))
 		}
 		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
-		return newStore(redis.NewClusterClient(opts), name), nil
+		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: opts.TLSConfig}))
+		cc := redis.NewClusterClient(opts)
+		cc.AddHook(&slotMapHook{cc: cc})
+		return newStore(cc, name), nil
 	}
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: redis_url: %w", scrub(err))
 	}
 	opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
+	opts.Dialer = softDial(redis.NewDialer(opts))
 	return newStore(redis.NewClient(opts), name), nil
 }
 
@@ -158,33 +176,129 @@ func (s *Store) Load(ctx context.Context) (doc []byte, token string, ok bool, er
 // returns the token in force and whether doc was stored. Each seeding
 // names a new life of the store with a random id.
 func (s *Store) Seed(ctx context.Context, doc []byte) (token string, seeded bool, err error) {
-	var id [8]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		return "", false, fmt.Errorf("fleet: seed state: %w", err)
-	}
-	r, err := seedScript.Run(ctx, s.rdb, s.keys[:1], string(doc), hex.EncodeToString(id[:]), s.nowArg()).Slice()
+	id, err := newChangeID()
 	if err != nil {
 		return "", false, fmt.Errorf("fleet: seed state: %w", err)
 	}
+	tok, err := s.seed(ctx, doc, id)
+	return tok, err == nil && tokenID(tok) == id, err
+}
+
+// SeedResolved is Seed for an admin change: a call that failed after it
+// may have reached the store is sent again (the same document under the
+// same id: a store it seeded already is left as it is, and a copy
+// arriving late finds the store seeded) until the store answers or
+// resolveFor has passed; then ErrOutcomeUnknown.
+func (s *Store) SeedResolved(ctx context.Context, doc []byte) (token string, seeded bool, err error) {
+	id, err := newChangeID()
+	if err != nil {
+		return "", false, fmt.Errorf("fleet: seed state: %w", err)
+	}
+	tok, err := s.seed(ctx, doc, id)
+	if err != nil && mayHaveRun(err) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveFor)
+		defer cancel()
+		for err != nil && rctx.Err() == nil {
+			select {
+			case <-rctx.Done():
+			case <-time.After(resolveFor / 40):
+				tok, err = s.seed(rctx, doc, id)
+			}
+		}
+		if err != nil {
+			return "", false, fmt.Errorf("%w: seed state: %v", ErrOutcomeUnknown, err)
+		}
+	}
+	return tok, err == nil && tokenID(tok) == id, err
+}
+
+// seed runs seed.lua with doc under id and returns the token in force.
+func (s *Store) seed(ctx context.Context, doc []byte, id string) (string, error) {
+	r, err := seedScript.Run(ctx, s.rdb, s.keys[:1], string(doc), id, s.nowArg()).Slice()
+	if err != nil {
+		return "", fmt.Errorf("fleet: seed state: %w", err)
+	}
 	if len(r) != 2 {
-		return "", false, fmt.Errorf("fleet: seed state: reply of %d elements", len(r))
+		return "", fmt.Errorf("fleet: seed state: reply of %d elements", len(r))
 	}
 	tok, _ := r[0].(string)
-	n, _ := r[1].(int64)
-	return tok, n == 1, nil
+	return tok, nil
+}
+
+// tokenID returns the id part of a token ("id:version").
+func tokenID(tok string) string {
+	id, _, _ := strings.Cut(tok, ":")
+	return id
+}
+
+// newChangeID returns a random id (16 hex digits) for a seeding or an
+// update.
+func newChangeID() (string, error) {
+	var raw [8]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(raw[:]), nil
+}
+
+// mayHaveRun reports whether a failed call may have reached the store and
+// run: not when its connection could not be made, nor when the store
+// answered an error.
+func mayHaveRun(err error) bool {
+	var reply redis.Error
+	return !notSent(err) && !errors.As(err, &reply)
 }
 
 // Update replaces the fleet's state document with doc if its token is
 // still token, and returns the new token; ErrConflict when it moved on.
+// Its answer is the truth: nil (doc is in force under the token
+// returned); ErrConflict or another error (doc was not written, and never
+// will be); or ErrOutcomeUnknown. A call whose reply is lost after it may
+// have reached the store (a timeout, a connection reset) is resolved
+// before Update returns: it asks the store whether the write happened
+// (each write records its change id), which also moves the token on if it
+// did not, so that the write, were it still on its way, finds the
+// document moved on. ErrOutcomeUnknown when the store cannot be asked
+// within resolveFor.
 func (s *Store) Update(ctx context.Context, token string, doc []byte) (string, error) {
-	tok, err := updateScript.Run(ctx, s.rdb, s.keys[:1], token, string(doc)).Text()
+	id, err := newChangeID()
 	if err != nil {
 		return "", fmt.Errorf("fleet: update state: %w", err)
+	}
+	tok, err := updateScript.Run(ctx, s.rdb, s.keys[:1], token, string(doc), id).Text()
+	if err != nil {
+		if !mayHaveRun(err) {
+			return "", fmt.Errorf("fleet: update state: %w", err)
+		}
+		return s.resolve(ctx, token, id, err)
 	}
 	if tok == "" {
 		return "", ErrConflict
 	}
 	return tok, nil
+}
+
+// resolve asks the store, until it answers or resolveFor has passed,
+// whether the update with change id id against token happened (see
+// Update); cause is the error of the update's call.
+func (s *Store) resolve(ctx context.Context, token, id string, cause error) (string, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveFor)
+	defer cancel()
+	for {
+		r, err := resolveScript.Run(rctx, s.rdb, s.keys[:1], token, id).Slice()
+		if err == nil && len(r) == 2 {
+			if done, _ := r[0].(int64); done == 1 {
+				tok, _ := r[1].(string)
+				return tok, nil
+			}
+			return "", fmt.Errorf("fleet: update state: %w (the store says it was not made)", cause)
+		}
+		select {
+		case <-rctx.Done():
+			return "", fmt.Errorf("%w: update state: %v", ErrOutcomeUnknown, cause)
+		case <-time.After(resolveFor / 40):
+		}
+	}
 }
 
 // leave forgets instance (of this epoch) in the store.

@@ -11,7 +11,9 @@
 -- clock: Store.SetClock).
 --
 -- KEYS[1] config  hash: version, state (the fleet's state document, JSON),
---                       id (names this life of the store), seeded_at (ms)
+--                       id (names this life of the store), seeded_at (ms),
+--                       back_at (ms: the first call after a silence),
+--                       expect (instances the callers since back_at knew of)
 -- KEYS[2] members hash: instance -> "lastseen_ms epoch seq lease_ms"
 -- KEYS[3] entries hash: bucket.."|"..instance ->
 --                         "cap weight res hard cum reserved_limit hard_limit
@@ -60,13 +62,13 @@ local seq, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
 local known, hint = ARGV[5], tonumber(ARGV[6]) or 1
 local forget = 3600000
 
-local cfg = redis.call('HMGET', KEYS[1], 'version', 'id', 'seeded_at')
+local cfg = redis.call('HMGET', KEYS[1], 'version', 'id', 'back_at', 'expect')
 local version = tonumber(cfg[1])
 if not version then
   return {'seed', now}
 end
 local token = (cfg[2] or '') .. ':' .. cfg[1]
-local seededAt = tonumber(cfg[3]) or 0
+local backAt, expect = tonumber(cfg[3]) or 0, tonumber(cfg[4]) or 1
 
 -- fields parses a record of n numbers; nil when it is not one.
 local function fields(s, n)
@@ -92,6 +94,7 @@ end
 -- Members: who is alive, is the caller's report new, is its name its own?
 local others = {}
 local fresh = true
+local selfLive = false
 local raw = redis.call('HGETALL', KEYS[2])
 for i = 1, #raw, 2 do
   local name, rec = raw[i], raw[i + 1]
@@ -100,6 +103,7 @@ for i = 1, #raw, 2 do
   if not (lastseen and sq and ls) then
     redis.call('HDEL', KEYS[2], name)
   elseif name == inst then
+    if lastseen + ls >= now then selfLive = true end
     if ep == epoch then
       if sq >= seq then
         return {'stale', now}
@@ -122,12 +126,25 @@ for i = 1, #raw, 2 do
 end
 redis.call('HSET', KEYS[2], inst, string.format('%.0f', now) .. ' ' .. epoch .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
 
--- Instances the caller knew of that have not called since the store was
--- seeded: for one lease after seeding each may still hold its share from
--- the store's earlier life, a hint-th of each limit.
+-- A return after a silence: no instance has called within its lease (the
+-- whole fleet lost the store, or it is new or was emptied). The instances
+-- the callers knew of may still hold shares from before it (their last
+-- grants, or their parts of a fallback) until each calls again, which it
+-- does within a period of the store's return: for one lease from the
+-- first call after the silence, each instance not back yet (phantoms)
+-- holds an expect-th of each limit, expect being the most instances any
+-- caller since that first one knew of. The store keeps it: a caller's own
+-- count drops to the instances back so far at its first good call.
+if #others == 0 and not selfLive then
+  backAt, expect = now, math.max(hint, 1)
+  redis.call('HSET', KEYS[1], 'back_at', string.format('%.0f', now), 'expect', expect)
+elseif now - backAt < lease and hint > expect then
+  expect = hint
+  redis.call('HSET', KEYS[1], 'expect', expect)
+end
 local phantoms = 0
-if now - seededAt < lease and hint > #others + 1 then
-  phantoms = hint - #others - 1
+if now - backAt < lease and expect > #others + 1 then
+  phantoms = expect - #others - 1
 end
 
 -- waterfill returns every claimant's part of limit (caps -1: unlimited,
@@ -206,7 +223,7 @@ local function grant(limit, cap, weight, theirs, grantAt, limitAt, cur)
   end
   if limit < 0 then return -1, -1 end
   local caps, ws = {cap}, {weight}
-  local held = phantoms * math.floor(limit / hint)
+  local held = phantoms * math.floor(limit / expect)
   for _, e in ipairs(theirs) do
     caps[#caps + 1] = e[1]
     ws[#ws + 1] = math.max(e[2], 0.001)

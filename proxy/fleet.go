@@ -524,7 +524,10 @@ func (srv *Server) pushFleetEpochs() {
 // fleetChange applies change to the fleet's state document in the store
 // (compare-and-set), then makes the result the state in force here. The
 // caller holds adminMu. Errors: change's own, an invalid result (Einval),
-// or the store being unreachable (Etmpfail: nothing changed anywhere).
+// the store being unreachable (Etmpfail: nothing changed anywhere, and
+// nothing will: fleet.Store.Update resolves a lost reply before it
+// answers), or the store lost after the change was sent and not reachable
+// to tell whether it was made (Einternal).
 func (srv *Server) fleetChange(ctx context.Context, change func(*bucketcfg.State) error) error {
 	link := srv.fleet
 	var next *bucketcfg.State
@@ -552,6 +555,12 @@ func (srv *Server) fleetChange(ctx context.Context, change func(*bucketcfg.State
 		var ae *adminError
 		if errors.As(err, &ae) {
 			return err
+		}
+		if errors.Is(err, fleet.ErrOutcomeUnknown) {
+			// The write was sent and may have been made: neither success
+			// nor Etmpfail ("not applied") would be the truth.
+			srv.log.Error().Err(err).Msg("fleet store lost after a change was sent; whether it is in force is unknown")
+			return &adminError{binary.StatusEinternal, "fleet store lost after the change was sent; it may be in force: read it back"}
 		}
 		srv.log.Warn().Err(err).Msg("fleet store unavailable; change not applied")
 		return &adminError{binary.StatusEtmpfail, "fleet store unavailable; change not applied"}

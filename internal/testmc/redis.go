@@ -21,9 +21,11 @@ type Redis struct {
 	// Addr is "127.0.0.1:PORT"; it stays the same across Restart.
 	Addr string
 
-	dir string
-	mu  sync.Mutex // guards cmd, exited, log
-	cmd *exec.Cmd
+	dir  string
+	conf string     // a configuration file, redis-server's first argument (a sentinel's)
+	args []string   // extra arguments of redis-server (a cluster node's)
+	mu   sync.Mutex // guards cmd, exited, log
+	cmd  *exec.Cmd
 	// exited is closed when the process started last has exited and been
 	// waited for.
 	exited chan struct{}
@@ -53,11 +55,14 @@ func (r *Redis) URL() string { return "redis://" + r.Addr + "/0" }
 func (r *Redis) start(t testing.TB) {
 	t.Helper()
 	_, port, _ := net.SplitHostPort(r.Addr)
-	cmd := exec.Command("redis-server",
-		"--bind", "127.0.0.1", "--port", port,
+	args := []string{"--bind", "127.0.0.1", "--port", port,
 		"--save", "", "--appendonly", "no",
 		"--protected-mode", "no", "--daemonize", "no",
-		"--dir", r.dir, "--logfile", "", "--loglevel", "warning")
+		"--dir", r.dir, "--logfile", "", "--loglevel", "warning"}
+	if r.conf != "" {
+		args = append([]string{r.conf}, args...)
+	}
+	cmd := exec.Command("redis-server", append(args, r.args...)...)
 	log := &LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
@@ -220,4 +225,15 @@ func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// Output returns what the server started last has written (its log, at
+// level warning unless its arguments say otherwise).
+func (r *Redis) Output() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.log == nil {
+		return ""
+	}
+	return r.log.String()
 }
