@@ -43,14 +43,14 @@ fleet: build
 ## the proxy tests whose traffic TLS changes (test-upstream-tls): the
 ## upstream wire (framing across records, partial reads, reconnects,
 ## pipelines, large values, real clients), not the throttle's arithmetic.
-## Then, alone: the fleet test that still bounds rates on the real clock
-## (TestFleetStoreLoss, each second within +10% of a fleet limit: it
-## measures the machine as well while other tests share its cores; the
-## other fleet rate tests run on fake clocks), and, without the race detector (it
+## Then, alone: the fleet tests against real Redis Cluster and Sentinel
+## processes, whose failovers run on the real clock and must be back within
+## two grant periods (the fleet rate tests run on fake clocks), and,
+## without the race detector (it
 ## distorts latencies), the TLS handshake flood (proxy/tlsflood_test.go).
 ## TESTJSON=DIR: each pass writes `go test -json` to DIR/PASS.json instead
 ## of its usual output (scripts/flake.sh, scripts/testtimes.sh).
-FLEET_RATE_TESTS := ^TestFleetStoreLoss$$
+FLEET_RATE_TESTS := ^TestFleet(ClusterFailover|SentinelFailover)$$
 UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*|TestTextUpstreamFailureFraming)$$
 # The packages with tests that skip or shorten under -race
 # (testmc.SkipUnderRace, testmc.UnderRace: simulations on one goroutine at a

@@ -114,7 +114,7 @@ func failoverRun(t *testing.T, url string, kill func(), healthy func() time.Time
 	killed := time.Now()
 	kill()
 	ok := healthy()
-	down, up, back := w.waitUp(ok.Sub(time.Now()) + 10*period)
+	down, up, back := w.waitUp(time.Until(ok) + 10*period)
 	since := func(at time.Time) string {
 		if at.IsZero() {
 			return "never"

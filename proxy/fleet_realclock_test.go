@@ -68,17 +68,6 @@ func (l *load) add(t testing.TB, i int, addr string, n int) {
 	}
 }
 
-// remove stops n of instance i's connections.
-func (l *load) remove(i, n int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for k := 0; k < n && len(l.stop[i]) > 0; k++ {
-		last := len(l.stop[i]) - 1
-		close(l.stop[i][last])
-		l.stop[i] = l.stop[i][:last]
-	}
-}
-
 func (l *load) close() {
 	l.mu.Lock()
 	for _, ss := range l.stop {
