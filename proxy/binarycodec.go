@@ -10,8 +10,8 @@ type binaryCodec struct{}
 
 var _ codec = binaryCodec{}
 
-func (binaryCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
-	f, n, err := binary.Decode(buf, maxBody)
+func (binaryCodec) decode(buf []byte, cx codecCtx, r *request) (int, error) {
+	f, n, err := binary.Decode(buf, cx.maxBody)
 	r.frame = f
 	r.op, r.opaque, r.cas = f.Opcode, f.Opaque, f.CAS
 	if err != nil || n == 0 {
@@ -22,8 +22,8 @@ func (binaryCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 	return n, nil
 }
 
-func (binaryCodec) requestLen(buf []byte, maxBody int) int {
-	return binary.PendingFrameLen(buf, maxBody)
+func (binaryCodec) requestLen(buf []byte, cx codecCtx) int {
+	return binary.PendingFrameLen(buf, cx.maxBody)
 }
 
 func (binaryCodec) peekLen() int { return binary.HeaderLen }

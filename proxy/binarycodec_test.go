@@ -19,7 +19,7 @@ func TestBinaryCodecDecode(t *testing.T) {
 	in := append(append([]byte{}, frame...), 0x80) // and the first byte of the next
 
 	var r request
-	n, err := c.decode(in, 1<<20, &r)
+	n, err := c.decode(in, codecCtx{maxBody: 1 << 20}, &r)
 	if err != nil || n != len(frame) {
 		t.Fatalf("decode: n %d err %v, want %d", n, err, len(frame))
 	}
@@ -29,17 +29,17 @@ func TestBinaryCodecDecode(t *testing.T) {
 	if !bytes.Equal(r.frame.Raw, frame) || r.head() != (reqHead{op: mc.OpSetQ, opaque: 42}) {
 		t.Errorf("frame %x, head %+v", r.frame.Raw, r.head())
 	}
-	if got := c.requestLen(in[:mc.HeaderLen], 1<<20); got != len(frame) {
+	if got := c.requestLen(in[:mc.HeaderLen], codecCtx{maxBody: 1 << 20}); got != len(frame) {
 		t.Errorf("requestLen of its header: %d, want %d", got, len(frame))
 	}
 
-	if n, err := c.decode(frame[:len(frame)-1], 1<<20, &r); n != 0 || err != nil || r.key != nil {
+	if n, err := c.decode(frame[:len(frame)-1], codecCtx{maxBody: 1 << 20}, &r); n != 0 || err != nil || r.key != nil {
 		t.Errorf("incomplete frame: n %d err %v key %q; want 0, nil, none", n, err, r.key)
 	}
-	if n, err := c.decode(frame, 8, &r); n != 0 || !errors.Is(err, mc.ErrFrameTooLarge) || r.op != mc.OpSetQ || r.opaque != 42 {
+	if n, err := c.decode(frame, codecCtx{maxBody: 8}, &r); n != 0 || !errors.Is(err, mc.ErrFrameTooLarge) || r.op != mc.OpSetQ || r.opaque != 42 {
 		t.Errorf("frame over maxBody: n %d err %v op %s opaque %d; want ErrFrameTooLarge with the op and opaque", n, err, r.op, r.opaque)
 	}
-	if got := c.requestLen(frame[:mc.HeaderLen], 8); got != 0 {
+	if got := c.requestLen(frame[:mc.HeaderLen], codecCtx{maxBody: 8}); got != 0 {
 		t.Errorf("requestLen of a header over maxBody: %d, want 0", got)
 	}
 }
@@ -105,7 +105,7 @@ func TestBinaryCodecAllocatesNothing(t *testing.T) {
 	st.up, _, _ = mc.Decode(raw, 0)
 	allocs := testing.AllocsPerRun(1000, func() {
 		st.out = st.out[:0]
-		if n, err := st.c.decode(frame, 1<<20, &st.req); n == 0 || err != nil {
+		if n, err := st.c.decode(frame, codecCtx{maxBody: 1 << 20}, &st.req); n == 0 || err != nil {
 			t.Fatal(n, err)
 		}
 		q := st.req.head()
@@ -137,7 +137,7 @@ func BenchmarkBinaryCodec(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		st.out = st.out[:0]
-		_, _ = st.c.decode(frame, 1<<20, &st.req)
+		_, _ = st.c.decode(frame, codecCtx{maxBody: 1 << 20}, &st.req)
 		f := &st.up
 		st.out = st.c.appendResponse(st.out, st.req.head(), response{op: f.Opcode, status: f.Status(), extras: f.Extras(), key: f.Key(), value: f.Value(), upstream: f})
 	}

@@ -92,6 +92,31 @@ type response struct {
 	metaRaw int
 }
 
+// codecCtx is what a codec is told of its session with each request it
+// reads (the session's state may change between two): a codec holds no
+// pointer back to its session.
+type codecCtx struct {
+	// maxBody bounds a request's body (its bytes past the header).
+	maxBody int
+	// prefix is the length of the bucket's namespace, which the keys get
+	// upstream; -1 while the session has no bucket.
+	prefix int
+	// textAuth: the client must authenticate and has not, which it may do
+	// with memcached's text authentication (a set carrying "user
+	// password").
+	textAuth bool
+}
+
+// codecCtx is what the session's codec needs to know of it to read the
+// next request, within maxBody.
+func (s *session) codecCtx(maxBody int) codecCtx {
+	cx := codecCtx{maxBody: maxBody, prefix: -1, textAuth: s.needAuth && s.user == nil}
+	if s.bkt != nil {
+		cx.prefix = len(*s.bkt.prefix.Load())
+	}
+	return cx
+}
+
 // codec is one client protocol. A session holds one for its whole life.
 // Its methods run on the session's loop and must not allocate per request
 // on the common path: a pointer they get must point into the session (or
@@ -101,19 +126,18 @@ type codec interface {
 	// length. n == 0 and a nil error: buf holds no whole request yet. An
 	// error: the input is no valid request and the stream cannot be
 	// resumed; r's op and opaque are what could be read, to answer it.
-	// maxBody bounds a request's body (its bytes past the header).
 	//
 	// A client command may become several requests (a text multi-key
 	// get: one per key, then its end): decode then sets r.more and
 	// returns n == 0 for every part but the last, whose n is the whole
 	// command's length; the codec remembers which part comes next, and is
 	// asked again at the same place (after a hold, too) until the last.
-	decode(buf []byte, maxBody int, r *request) (n int, err error)
+	decode(buf []byte, cx codecCtx, r *request) (n int, err error)
 
 	// requestLen returns the length of the request at the start of buf
 	// once buf tells it (with the binary protocol, its header has arrived
-	// and is valid within maxBody), else 0.
-	requestLen(buf []byte, maxBody int) int
+	// and is valid within cx.maxBody), else 0.
+	requestLen(buf []byte, cx codecCtx) int
 
 	// peekLen is how many bytes at the start of a request requestLen
 	// needs (the binary header); 0: everything buffered (a protocol

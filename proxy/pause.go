@@ -118,7 +118,7 @@ func (s *session) checkBuffered() gnet.Action {
 		return gnet.None
 	}
 	if start, err := s.peekStart(); err == nil {
-		limit += s.codec.requestLen(start, s.maxBody())
+		limit += s.codec.requestLen(start, s.codecCtx(s.maxBody()))
 	}
 	if n > limit {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).Int("limit", limit).

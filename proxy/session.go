@@ -150,7 +150,6 @@ func (s *session) onTraffic() gnet.Action {
 		// (A binary response magic stays binary: the client is confused,
 		// and gets Einval, notRequest.)
 		if m := binary.Magic(b[0]); !m.IsRequest() && !m.IsResponse() {
-			s.text.s = s
 			s.codec = &s.text
 		}
 	}
@@ -167,7 +166,7 @@ func (s *session) onTraffic() gnet.Action {
 	}
 	if err != nil {
 		return gnet.None
-	} else if n := s.codec.requestLen(hdr, maxBody); n > s.c.InboundBuffered() {
+	} else if n := s.codec.requestLen(hdr, s.codecCtx(maxBody)); n > s.c.InboundBuffered() {
 		return s.checkBuffered()
 	}
 	buf, _ := s.c.Peek(-1)
@@ -179,7 +178,7 @@ func (s *session) onTraffic() gnet.Action {
 			break
 		}
 		s.framed = true
-		n, err := s.codec.decode(buf[off:], maxBody, r)
+		n, err := s.codec.decode(buf[off:], s.codecCtx(maxBody), r)
 		var refused *codecReply
 		if err != nil {
 			refused = asRefusal(err)

@@ -45,12 +45,11 @@ func benchText(b *testing.B, in []byte, want string, answer func(c *textCodec, d
 		out []byte
 	}
 	st := &state{out: make([]byte, 0, 4096)}
-	st.c.s = &session{}
 	c := &st.c
 	one := func() {
 		st.out = st.out[:0]
 		for {
-			n, err := c.decode(in, 1<<20, &st.r)
+			n, err := c.decode(in, codecCtx{maxBody: 1 << 20, prefix: -1}, &st.r)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -20,9 +20,9 @@ import (
 // mn is answered by the proxy, in order.
 //
 // A session keeps its textCodec in place (session.text) and the codec
-// interface points at it, so that its buffers are reused.
+// interface points at it, so that its buffers are reused. What it needs to
+// know of the session comes with each call (codecCtx).
 type textCodec struct {
-	s       *session
 	cmd     text.Command
 	auth    text.Auth
 	tc      textCommand
@@ -66,13 +66,13 @@ func (c *textCodec) peekLen() int { return 0 }
 
 func (c *textCodec) starts(byte) bool { return true }
 
-func (c *textCodec) requestLen(buf []byte, maxBody int) int {
-	n, err := c.parse(buf, maxBody)
+func (c *textCodec) requestLen(buf []byte, cx codecCtx) int {
+	n, err := c.parse(buf, cx)
 	if err != nil {
 		return 0 // decode answers it
 	}
 	if n == 0 {
-		if c.authenticating() {
+		if cx.textAuth {
 			return c.auth.Need
 		}
 		return c.cmd.Need
@@ -80,20 +80,18 @@ func (c *textCodec) requestLen(buf []byte, maxBody int) int {
 	return n
 }
 
-// authenticating reports that the client must authenticate and may do so
-// with memcached's text authentication (a first set carrying "user
-// password").
-func (c *textCodec) authenticating() bool { return c.s.needAuth && c.s.user == nil }
-
-func (c *textCodec) parse(buf []byte, maxBody int) (int, error) {
-	if c.authenticating() {
-		return text.ParseAuth(buf, maxBody, &c.auth)
+// parse reads the command at the start of buf: memcached's text
+// authentication (a set carrying "user password") while the client must
+// authenticate, else any command.
+func (c *textCodec) parse(buf []byte, cx codecCtx) (int, error) {
+	if cx.textAuth {
+		return text.ParseAuth(buf, cx.maxBody, &c.auth)
 	}
-	return text.Parse(buf, maxBody, &c.cmd)
+	return text.Parse(buf, cx.maxBody, &c.cmd)
 }
 
-func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
-	n, err := c.parse(buf, maxBody)
+func (c *textCodec) decode(buf []byte, cx codecCtx, r *request) (int, error) {
+	n, err := c.parse(buf, cx)
 	if err != nil {
 		var te *text.Error
 		if errors.As(err, &te) {
@@ -109,19 +107,12 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
-	if c.authenticating() {
-		// memcached's text authentication, as SASL PLAIN.
-		c.tc = textCommand{kind: tkAuth, key: []byte("PLAIN")}
-		c.scratch = append(c.scratch[:0], 0)
-		c.scratch = append(c.scratch, c.auth.User...)
-		c.scratch = append(c.scratch, 0)
-		c.scratch = append(c.scratch, c.auth.Password...)
-		c.tc.value = c.scratch
-		c.scratch = buildTextRequest(nil, &c.tc, r)
+	if cx.textAuth {
+		c.decodeAuth(r)
 		return n, nil
 	}
 	cmd := &c.cmd
-	if c.keyTooLong(cmd) {
+	if keyTooLong(cmd, cx.prefix) {
 		// A key memcached takes (the parser refused longer ones as
 		// memcached does) that the bucket's namespace makes too long:
 		// refused as memcached refuses a key over 250 bytes, but with
@@ -134,7 +125,8 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 		}
 		return 0, re
 	}
-	if cmd.Kind.IsMeta() && cmd.Kind != text.KindMetaNoop && c.metaLineTooLong(cmd) {
+	v := cmd.Verb
+	if v.Run == text.RunMeta && metaLineTooLong(cmd, cx.prefix) {
 		// memcached closes a connection on a command line it has read
 		// more than 2 KiB of without its end, depending on how the bytes
 		// arrive; the upstream connection is shared, so a namespaced line
@@ -143,52 +135,62 @@ func (c *textCodec) decode(buf []byte, maxBody int, r *request) (int, error) {
 		return 0, &codecReply{close: true}
 	}
 	tc := &c.tc
-	*tc = textCommand{noreply: cmd.NoReply, key: cmd.Key, value: cmd.Value, flags: cmd.Flags,
+	*tc = textCommand{verb: v, noreply: cmd.NoReply, key: cmd.Key, value: cmd.Value, flags: cmd.Flags,
 		exptime: textExptime(cmd.Exptime), cas: cmd.CAS, delta: cmd.Delta}
-	tc.kind = textKinds[cmd.Kind]
-	switch tc.kind {
-	case tkGet, tkGets, tkGat, tkGats:
+	switch {
+	case v.Run == text.RunRefused: // memcached's administrative commands
+		re := &codecReply{skip: n}
+		if !cmd.NoReply { // memcached sends nothing then, errors included
+			re.reply = errAdminUnsupported
+		}
+		return 0, re
+	case v.Run == text.RunMeta:
+		if !c.decodeMeta(r) {
+			return 0, &codecReply{reply: errMetaKey, skip: n}
+		}
+		return n, nil
+	case cmd.Kind.IsMultiGet():
 		if c.part < len(cmd.Keys) {
 			tc.key = cmd.Keys[c.part]
 			c.scratch = buildTextRequest(c.scratch, tc, r)
 			r.more = true
 			return 0, nil
 		}
-		tc.kind, tc.key = tkEnd, nil
+		tc.part, tc.key = partEnd, nil
 		c.scratch = buildTextRequest(c.scratch, tc, r)
 		r.last = true
 		return n, nil
-	case tkStats:
+	case cmd.Kind == text.KindStats:
 		tc.key = nil
 		if len(cmd.Args) > 0 {
 			tc.key = cmd.Args[0]
 		}
-	case tkMeta:
-		if !c.decodeMeta(r) {
-			return 0, &codecReply{reply: errMetaKey, skip: n}
-		}
-		return n, nil
-	case 0: // memcached's administrative commands
-		re := &codecReply{skip: n}
-		if !cmd.NoReply { // memcached sends nothing then, errors included
-			re.reply = errAdminUnsupported
-		}
-		return 0, re
 	}
 	c.scratch = buildTextRequest(c.scratch, tc, r)
 	return n, nil
 }
 
+// decodeAuth fills r with memcached's text authentication (c.auth) as a
+// SASL PLAIN request.
+func (c *textCodec) decodeAuth(r *request) {
+	c.tc = textCommand{part: partAuth, key: []byte("PLAIN")}
+	c.scratch = append(c.scratch[:0], 0)
+	c.scratch = append(c.scratch, c.auth.User...)
+	c.scratch = append(c.scratch, 0)
+	c.scratch = append(c.scratch, c.auth.Password...)
+	c.tc.value = c.scratch
+	c.scratch = buildTextRequest(nil, &c.tc, r)
+}
+
 // keyTooLong reports whether a key of cmd is too long for memcached once
-// the session's bucket namespace is put in front of it.
-func (c *textCodec) keyTooLong(cmd *text.Command) bool {
-	b := c.s.bkt
-	if b == nil {
+// the bucket's namespace, prefix bytes, is put in front of it (never
+// without a bucket: prefix < 0).
+func keyTooLong(cmd *text.Command, prefix int) bool {
+	if prefix < 0 {
 		return false
 	}
-	prefix := len(*b.prefix.Load())
-	if cmd.Kind.IsMeta() {
-		return cmd.Kind != text.KindMetaNoop && metaKeyTooLong(cmd, prefix)
+	if cmd.Verb.Run == text.RunMeta {
+		return metaKeyTooLong(cmd, prefix)
 	}
 	room := binary.MaxKeyLen - prefix
 	if len(cmd.Key) > room {
@@ -229,39 +231,24 @@ func (c *textCodec) appendError(dst []byte, q reqHead, st binary.Status, reason 
 // reply passes; so do a noreply command's errors, which appendTextError
 // never makes (memcached sends none either).
 func (c *textCodec) passes(q reqHead, reply []byte) bool {
-	switch k, _ := tagOf(q.opaque); k {
-	case tkGet, tkGets, tkGat, tkGats:
+	switch k, p, _ := tagOf(q.opaque); {
+	case p == partEnd:
+		if c.failed {
+			c.failed = false
+			return false
+		}
+	case p == partCommand && k.IsMultiGet():
 		if c.failed {
 			return false
 		}
 		// A key answers its VALUE block, nothing (a miss), or else the
 		// error line appendTextError made of its failure.
 		c.failed = len(reply) > 0 && !bytes.HasPrefix(reply, valuePrefix)
-	case tkEnd:
-		if c.failed {
-			c.failed = false
-			return false
-		}
 	}
 	return true
 }
 
 var valuePrefix = []byte("VALUE ")
-
-// textKinds maps the commands proto/text parses to those the codec
-// translates; 0 for the ones it does not (memcached's administrative
-// commands).
-var textKinds = [...]textKind{
-	text.KindGet: tkGet, text.KindGets: tkGets, text.KindGat: tkGat, text.KindGats: tkGats,
-	text.KindSet: tkSet, text.KindAdd: tkAdd, text.KindReplace: tkReplace, text.KindAppend: tkAppend,
-	text.KindPrepend: tkPrepend, text.KindCas: tkCas, text.KindIncr: tkIncr, text.KindDecr: tkDecr,
-	text.KindDelete: tkDelete, text.KindTouch: tkTouch, text.KindFlushAll: tkFlushAll,
-	text.KindVersion: tkVersion, text.KindVerbosity: tkVerbosity, text.KindQuit: tkQuit,
-	text.KindStats: tkStats, text.KindMetaNoop: tkMetaNoop,
-	text.KindMetaGet: tkMeta, text.KindMetaSet: tkMeta, text.KindMetaDelete: tkMeta,
-	text.KindMetaArithmetic: tkMeta, text.KindMetaDebug: tkMeta,
-	text.KindAdmin: 0,
-}
 
 // textExptime is a text exptime as the binary protocol's: memcached's text
 // protocol expires an item at once for a negative exptime, which the

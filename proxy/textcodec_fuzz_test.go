@@ -30,14 +30,13 @@ func FuzzTextCodec(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		s := &session{bkt: newBucket("tenant", true, nil, 123456)}
-		s.text.s = s
-		c := &s.text
+		c := &textCodec{}
+		cx := codecCtx{maxBody: 1 << 20, prefix: len(fuzzPrefix)}
 		prefix := []byte(fuzzPrefix)
 		buf := in
 		for steps := 0; len(buf) > 0 && steps < 10000; steps++ {
 			var r request
-			n, err := c.decode(buf, 1<<20, &r)
+			n, err := c.decode(buf, cx, &r)
 			if n < 0 || n > len(buf) {
 				t.Fatalf("decode consumed %d of %d bytes", n, len(buf))
 			}

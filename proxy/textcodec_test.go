@@ -97,14 +97,15 @@ func TestTextAuthentication(t *testing.T) {
 // TestTextCodecAllocatesNothing: decoding a get or a set and writing their
 // replies allocate nothing once the codec's buffers have grown.
 func TestTextCodecAllocatesNothing(t *testing.T) {
-	c := &textCodec{s: &session{}}
+	c := &textCodec{}
+	cx := codecCtx{maxBody: 1 << 20, prefix: -1}
 	get := []byte("get key1 key2\r\n")
 	set := []byte("set key 1 0 5\r\nhello\r\n")
 	var r request
 	out := make([]byte, 0, 4096)
 	run := func() {
 		for {
-			n, err := c.decode(get, 1<<20, &r)
+			n, err := c.decode(get, cx, &r)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -114,7 +115,7 @@ func TestTextCodecAllocatesNothing(t *testing.T) {
 				break
 			}
 		}
-		if _, err := c.decode(set, 1<<20, &r); err != nil {
+		if _, err := c.decode(set, cx, &r); err != nil {
 			t.Fatal(err)
 		}
 		out = c.appendResponse(out[:0], r.head(), response{status: binary.StatusSuccess})

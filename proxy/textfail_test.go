@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/proto/text"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
@@ -146,16 +147,16 @@ func TestTextMaxHoldRefusalFraming(t *testing.T) {
 func TestTextErrorLineWording(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		k       textKind
+		k       text.Kind
 		noreply bool
 		want    string
 	}{
-		{tkSet, false, "CLIENT_ERROR bad command line format\r\n"},
-		{tkGet, false, "CLIENT_ERROR bad command line format\r\n"},
-		{tkDelete, true, ""},
-		{tkMeta, false, "CLIENT_ERROR bad command line format\r\n"},
+		{text.KindSet, false, "CLIENT_ERROR bad command line format\r\n"},
+		{text.KindGet, false, "CLIENT_ERROR bad command line format\r\n"},
+		{text.KindDelete, true, ""},
+		{text.KindMetaGet, false, "CLIENT_ERROR bad command line format\r\n"},
 	} {
-		q := reqHead{opaque: textTag(c.k, c.noreply)}
+		q := reqHead{opaque: textTag(c.k, partCommand, c.noreply)}
 		if got := string(appendTextError(nil, q, binary.StatusEinval, reasonKeyTooLong)); got != c.want {
 			t.Errorf("kind %d noreply %v: %q, want %q", c.k, c.noreply, got, c.want)
 		}

@@ -16,7 +16,7 @@ import (
 // flag is given), and replies lose it again (the k flag's token, ME's key).
 // memcached applies every flag itself, q included, so the replies are its
 // own. For admission and units a meta command counts as the binary command
-// it stands for (metaOps): mg is a read of its key and value, a write too
+// it stands for (its row's text.Verb.OpFor): mg is a read of its key and value, a write too
 // when it touches (T) or may create (N); ms a write of its key and data;
 // md and ma writes of their key.
 
@@ -56,21 +56,12 @@ func (c *textCodec) decodeMeta(r *request) bool {
 		m.keyBuf, m.key = k, k
 	}
 	m.data = nil
-	op := binary.OpGet
-	switch cmd.Kind {
-	case text.KindMetaGet:
-		if metaHasFlag(cmd.Meta, 'T') || metaHasFlag(cmd.Meta, 'N') {
-			op = binary.OpGAT
-		}
-	case text.KindMetaSet:
-		op = binary.OpSet
+	if cmd.Kind.IsStorage() {
 		m.data = cmd.Value[:len(cmd.Value)+2] // Parse checked its "\r\n"
-	case text.KindMetaDelete:
-		op = binary.OpDelete
-	case text.KindMetaArithmetic:
-		op = binary.OpIncrement
 	}
-	*r = request{op: op, opaque: textTag(tkMeta, false), key: m.key, value: cmd.Value, meta: true}
+	touch := metaHasFlag(cmd.Meta, 'T') || metaHasFlag(cmd.Meta, 'N')
+	op := cmd.Verb.OpFor(false, touch)
+	*r = request{op: op, opaque: textTag(cmd.Kind, partCommand, false), key: m.key, value: cmd.Value, meta: true}
 	return true
 }
 
@@ -124,14 +115,14 @@ func (m *metaCommand) tooLong(prefix int) bool {
 }
 
 // metaLineTooLong reports whether meta command cmd's line, with its key in
-// the session's namespace, is longer than memcached reliably reads:
-// text.MaxLineLen bytes, "\r\n" included.
-func (c *textCodec) metaLineTooLong(cmd *text.Command) bool {
-	b := c.s.bkt
-	if b == nil {
+// the bucket's namespace of prefix bytes, is longer than memcached
+// reliably reads: text.MaxLineLen bytes, "\r\n" included (never without
+// a bucket: prefix < 0).
+func metaLineTooLong(cmd *text.Command, prefix int) bool {
+	if prefix < 0 {
 		return false
 	}
-	key, _ := cmdWireKeyLen(cmd, len(*b.prefix.Load()))
+	key, _ := cmdWireKeyLen(cmd, prefix)
 	return len(cmd.Line)-len(cmd.Key)+key+2 > text.MaxLineLen
 }
 

@@ -10,60 +10,44 @@ import (
 
 // The text protocol's classic commands, translated to the binary
 // commands the proxy forwards (DESIGN.md section 12), and the binary
-// answers translated back into memcached's text replies. The text codec
-// (to come with proto/text's parser) fills a textCommand per command line
-// and sends the requests built here; the reply functions give the bytes a
-// text client gets for each answer, byte for byte what memcached would
-// send.
+// answers translated back into memcached's text replies. Which binary
+// command a text command runs as is its row in proto/text's command table
+// (text.Verb.OpFor); what its answers read as is here, keyed by the row's
+// kind (appendTextResponse, textFailure). The text codec fills a
+// textCommand per command line (per key of a retrieval) and sends the
+// requests built here; the reply functions give the bytes a text client
+// gets for each answer, byte for byte what memcached would send.
 
-// textKind is the text command a request comes from.
-type textKind uint8
+// textPart is which part of a text command a request is, beyond the
+// command itself: the requests the proxy adds or substitutes.
+type textPart uint8
 
 const (
-	tkGet textKind = iota + 1
-	tkGets
-	tkGat
-	tkGats
-	tkEnd // the "END" after a retrieval command's keys
-	tkSet
-	tkAdd
-	tkReplace
-	tkAppend
-	tkPrepend
-	tkCas
-	tkIncr
-	tkDecr
-	tkDelete
-	tkTouch
-	tkFlushAll
-	tkVersion
-	tkVerbosity
-	tkQuit
-	tkStats
-	tkMetaNoop
-	tkAuth    // memcached's text authentication, as SASL PLAIN
-	tkCasZero // cas with the value 0, which never matches (see buildTextRequest)
-	tkMeta    // mg ms md ma me, forwarded as meta commands (textmeta.go)
+	partCommand textPart = iota // the command (one key of a retrieval)
+	partEnd                     // the "END" after a retrieval's keys: a NOOP
+	partAuth                    // memcached's text authentication: SASL PLAIN
+	partCasZero                 // cas with the value 0, which never matches: a GET (see buildTextRequest)
 )
 
 // textTag is what a text request's reqHead.opaque carries (the text
-// protocol has no opaque of its own): the command kind, and whether the
-// client asked for no reply.
-func textTag(k textKind, noreply bool) uint32 {
-	t := uint32(k)
+// protocol has no opaque of its own): the command's kind (proto/text's
+// command table), the part, and whether the client asked for no reply.
+func textTag(k text.Kind, p textPart, noreply bool) uint32 {
+	t := uint32(k) | uint32(p)<<9
 	if noreply {
 		t |= 1 << 8
 	}
 	return t
 }
 
-func tagOf(opaque uint32) (k textKind, noreply bool) {
-	return textKind(opaque & 0xff), opaque&(1<<8) != 0
+func tagOf(opaque uint32) (k text.Kind, p textPart, noreply bool) {
+	return text.Kind(opaque & 0xff), textPart(opaque >> 9 & 3), opaque&(1<<8) != 0
 }
 
 // textCommand is one parsed text command (one key of it, for retrieval).
 type textCommand struct {
-	kind    textKind
+	verb    *text.Verb // the command's row in proto/text's table; nil for partAuth
+	part    textPart
 	key     []byte
 	value   []byte // storage commands' data
 	flags   uint32 // storage commands' client flags
@@ -73,83 +57,72 @@ type textCommand struct {
 	noreply bool
 }
 
-// textOps maps a command to its binary opcode, loud and quiet (noreply).
-var textOps = [...]struct{ loud, quiet binary.Opcode }{
-	tkGet:       {binary.OpGetKQ, binary.OpGetKQ},
-	tkGets:      {binary.OpGetKQ, binary.OpGetKQ},
-	tkGat:       {binary.OpGATKQ, binary.OpGATKQ},
-	tkGats:      {binary.OpGATKQ, binary.OpGATKQ},
-	tkEnd:       {binary.OpNoop, binary.OpNoop},
-	tkSet:       {binary.OpSet, binary.OpSetQ},
-	tkAdd:       {binary.OpAdd, binary.OpAddQ},
-	tkReplace:   {binary.OpReplace, binary.OpReplaceQ},
-	tkAppend:    {binary.OpAppend, binary.OpAppendQ},
-	tkPrepend:   {binary.OpPrepend, binary.OpPrependQ},
-	tkCas:       {binary.OpSet, binary.OpSetQ},
-	tkIncr:      {binary.OpIncrement, binary.OpIncrementQ},
-	tkDecr:      {binary.OpDecrement, binary.OpDecrementQ},
-	tkDelete:    {binary.OpDelete, binary.OpDeleteQ},
-	tkTouch:     {binary.OpTouch, binary.OpTouch},
-	tkFlushAll:  {binary.OpFlush, binary.OpFlushQ},
-	tkVersion:   {binary.OpVersion, binary.OpVersion},
-	tkVerbosity: {binary.OpVerbosity, binary.OpVerbosity},
-	tkQuit:      {binary.OpQuit, binary.OpQuit},
-	tkStats:     {binary.OpStat, binary.OpStat},
-	tkMetaNoop:  {binary.OpNoop, binary.OpNoop},
-	tkAuth:      {binary.OpSASLAuth, binary.OpSASLAuth},
-	tkCasZero:   {binary.OpGet, binary.OpGet},
+// kind is c's command kind (KindNone for partAuth).
+func (c *textCommand) kind() text.Kind {
+	if c.verb == nil {
+		return text.KindNone
+	}
+	return c.verb.Kind
+}
+
+// op is the binary command c runs as: its row's (text.Verb.OpFor), or
+// the proxy's own for the parts it adds.
+func (c *textCommand) op() binary.Opcode {
+	switch c.part {
+	case partEnd:
+		return binary.OpNoop
+	case partAuth:
+		return binary.OpSASLAuth
+	case partCasZero:
+		return binary.OpGet
+	}
+	return c.verb.OpFor(c.noreply, false)
 }
 
 // buildTextRequest fills r with c as a binary request whose frame is built
 // in buf (reused; returned grown), so that the rest of the proxy sees a
 // binary client's command. Retrieval commands are quiet GETKQ/GATKQ (a
-// miss answers nothing) followed by tkEnd (a NOOP answered "END").
+// miss answers nothing) followed by partEnd (a NOOP answered "END").
+// The extras are those memcached's binary protocol reads for the opcode.
 //
 // A cas with the value 0 never stores in the text protocol (no item has
 // CAS 0: memcached answers EXISTS, or NOT_FOUND for a missing key), while
 // a binary SET with CAS 0 stores unconditionally: it becomes a GET whose
 // hit answers EXISTS.
 func buildTextRequest(buf []byte, c *textCommand, r *request) []byte {
-	if c.kind == tkCas && c.cas == 0 {
-		z := textCommand{kind: tkCasZero, key: c.key, noreply: c.noreply}
+	if c.part == partCommand && c.kind() == text.KindCas && c.cas == 0 {
+		z := textCommand{verb: c.verb, part: partCasZero, key: c.key, noreply: c.noreply}
 		c = &z
 	}
-	ops := textOps[c.kind]
-	op := ops.loud
-	if c.noreply {
-		op = ops.quiet
-	}
+	op := c.op()
 	var ex [20]byte
 	var extras []byte
-	switch c.kind {
-	case tkSet, tkAdd, tkReplace, tkCas:
+	switch op {
+	case binary.OpSet, binary.OpSetQ, binary.OpAdd, binary.OpAddQ, binary.OpReplace, binary.OpReplaceQ:
 		be.BigEndian.PutUint32(ex[0:], c.flags)
 		be.BigEndian.PutUint32(ex[4:], c.exptime)
 		extras = ex[:8]
-	case tkIncr, tkDecr:
+	case binary.OpIncrement, binary.OpIncrementQ, binary.OpDecrement, binary.OpDecrementQ:
 		// No initial value and expiry 0xffffffff: a missing key is
 		// NOT_FOUND, as in the text protocol.
 		be.BigEndian.PutUint64(ex[0:], c.delta)
 		be.BigEndian.PutUint64(ex[8:], 0)
 		be.BigEndian.PutUint32(ex[16:], 0xffffffff)
 		extras = ex[:20]
-	case tkGat, tkGats, tkTouch:
+	case binary.OpGATKQ, binary.OpTouch:
 		be.BigEndian.PutUint32(ex[0:], c.exptime)
 		extras = ex[:4]
-	case tkFlushAll:
+	case binary.OpFlush, binary.OpFlushQ:
 		if c.exptime != 0 {
 			be.BigEndian.PutUint32(ex[0:], c.exptime)
 			extras = ex[:4]
 		}
-	case tkVerbosity:
+	case binary.OpVerbosity:
 		// The level is not kept: the proxy answers verbosity itself
 		// (dispatch); the extras make the frame well formed.
 		extras = ex[:4]
 	}
-	h := binary.Header{Magic: binary.MagicRequest, Opcode: op, Opaque: textTag(c.kind, c.noreply)}
-	if c.kind == tkCas {
-		h.CAS = c.cas
-	}
+	h := binary.Header{Magic: binary.MagicRequest, Opcode: op, Opaque: textTag(c.kind(), c.part, c.noreply), CAS: c.cas}
 	buf = binary.AppendFrame(buf[:0], h, nil, extras, c.key, c.value)
 	f, _, _ := binary.Decode(buf, len(buf))
 	*r = request{op: op, opaque: h.Opaque, cas: h.CAS, frame: f, extras: f.Extras(), key: f.Key(), value: f.Value()}
@@ -167,15 +140,23 @@ const (
 // appendTextResponse appends the text reply to resp, the answer to the
 // text request q.
 func appendTextResponse(dst []byte, q reqHead, resp response) []byte {
-	k, noreply := tagOf(q.opaque)
+	k, p, noreply := tagOf(q.opaque)
 	if resp.status != binary.StatusSuccess {
 		return appendTextError(dst, q, resp.status, string(resp.value))
 	}
 	if noreply {
 		return dst
 	}
+	switch p {
+	case partEnd:
+		return append(dst, text.End...)
+	case partAuth:
+		return append(dst, text.AuthStored...)
+	case partCasZero:
+		return append(dst, text.Exists...)
+	}
 	switch k {
-	case tkStats:
+	case text.KindStats:
 		if len(resp.key) == 0 {
 			return append(dst, text.End...)
 		}
@@ -184,42 +165,36 @@ func appendTextResponse(dst []byte, q reqHead, resp response) []byte {
 		dst = append(dst, ' ')
 		dst = appendLine(dst, string(resp.value))
 		return append(dst, "\r\n"...)
-	case tkMetaNoop:
+	case text.KindMetaNoop:
 		return append(dst, text.MetaNoop...)
-	case tkMeta:
+	case text.KindMetaGet, text.KindMetaSet, text.KindMetaDelete, text.KindMetaArithmetic, text.KindMetaDebug:
 		return appendMetaReply(dst, resp.meta, resp.strip, resp.metaRaw)
-	case tkAuth:
-		return append(dst, text.AuthStored...)
-	case tkCasZero:
-		return append(dst, text.Exists...)
-	case tkQuit:
+	case text.KindQuit:
 		return dst
-	case tkGet, tkGets, tkGat, tkGats:
+	case text.KindGet, text.KindGets, text.KindGat, text.KindGats:
 		var flags uint32
 		if len(resp.extras) >= 4 {
 			flags = be.BigEndian.Uint32(resp.extras)
 		}
-		if k == tkGets || k == tkGats {
+		if k == text.KindGets || k == text.KindGats {
 			return text.AppendValueCAS(dst, resp.key, flags, resp.value, resp.cas)
 		}
 		return text.AppendValue(dst, resp.key, flags, resp.value)
-	case tkEnd:
-		return append(dst, text.End...)
-	case tkSet, tkAdd, tkReplace, tkAppend, tkPrepend, tkCas:
+	case text.KindSet, text.KindAdd, text.KindReplace, text.KindAppend, text.KindPrepend, text.KindCas:
 		return append(dst, text.Stored...)
-	case tkIncr, tkDecr:
+	case text.KindIncr, text.KindDecr:
 		var n uint64
 		if len(resp.value) == 8 {
 			n = be.BigEndian.Uint64(resp.value)
 		}
 		return text.AppendNumber(dst, n)
-	case tkDelete:
+	case text.KindDelete:
 		return append(dst, text.Deleted...)
-	case tkTouch:
+	case text.KindTouch:
 		return append(dst, text.Touched...)
-	case tkFlushAll, tkVerbosity:
+	case text.KindFlushAll, text.KindVerbosity:
 		return append(dst, text.OK...)
-	case tkVersion:
+	case text.KindVersion:
 		dst = append(dst, "VERSION "...)
 		dst = append(dst, resp.value...)
 		return append(dst, "\r\n"...)
@@ -237,8 +212,8 @@ func appendTextResponse(dst []byte, q reqHead, resp response) []byte {
 // command's q is not noreply: its errors are sent, as memcached sends
 // them).
 func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []byte {
-	k, noreply := tagOf(q.opaque)
-	if noreply || k == tkQuit {
+	k, p, noreply := tagOf(q.opaque)
+	if noreply || k == text.KindQuit && p == partCommand {
 		return dst
 	}
 	if st == binary.StatusSuccess { // the proxy's own answers (NOOP, QUIT ...)
@@ -250,8 +225,8 @@ func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []b
 	if st == binary.StatusEinval && reason == reasonKeyTooLong {
 		return append(dst, errBadCommandLine...)
 	}
-	switch k {
-	case tkAuth:
+	switch p {
+	case partAuth:
 		if st == binary.StatusAuthError && strings.HasPrefix(reason, plainRefused) {
 			// Not a wrong password: say why (proxy.plain_auth).
 			dst = append(dst, "CLIENT_ERROR "...)
@@ -261,51 +236,16 @@ func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []b
 		if st == binary.StatusAuthError {
 			return append(dst, text.AuthFailure...)
 		}
-	case tkVerbosity:
-		return append(dst, text.OK...) // memcached answers OK, whatever the level
-	case tkStats:
-		if st == binary.StatusKeyEnoent {
-			// A group memcached does not know (the proxy's answer, or
-			// memcached's binary one to an admin): its text answer
-			// (memcached 1.6's proto_text.c, process_stat).
-			return append(dst, text.ErrorLine...)
-		}
-	case tkFlushAll:
-		if st == binary.StatusEaccess {
-			return append(dst, "CLIENT_ERROR flush_all not allowed\r\n"...)
-		}
-	case tkGet, tkGets, tkGat, tkGats:
-		if st == binary.StatusKeyEnoent {
-			return dst
-		}
-	case tkSet, tkAdd, tkReplace, tkAppend, tkPrepend:
-		switch st {
-		case binary.StatusKeyEexists, binary.StatusKeyEnoent, binary.StatusNotStored:
-			return append(dst, text.NotStored...)
-		}
-	case tkCasZero:
+	case partCasZero:
 		if st == binary.StatusKeyEnoent {
 			return append(dst, text.NotFound...)
 		}
-	case tkCas:
-		switch st {
-		case binary.StatusKeyEexists:
-			return append(dst, text.Exists...)
-		case binary.StatusKeyEnoent:
-			return append(dst, text.NotFound...)
-		case binary.StatusNotStored:
-			return append(dst, text.NotStored...)
+	case partCommand:
+		if line := textFailure(k, st); line != "" {
+			return append(dst, line...)
 		}
-	case tkIncr, tkDecr:
-		switch st {
-		case binary.StatusKeyEnoent:
-			return append(dst, text.NotFound...)
-		case binary.StatusDeltaBadval:
-			return append(dst, textNonNumeric...)
-		}
-	case tkDelete, tkTouch:
-		if st == binary.StatusKeyEnoent {
-			return append(dst, text.NotFound...)
+		if k.IsMultiGet() && st == binary.StatusKeyEnoent {
+			return dst // a miss
 		}
 	}
 	switch st {
@@ -323,6 +263,54 @@ func appendTextError(dst []byte, q reqHead, st binary.Status, reason string) []b
 	}
 	dst = appendLine(dst, reason)
 	return append(dst, "\r\n"...)
+}
+
+// textFailure returns memcached's reply line (with its "\r\n") to
+// command k failing with st, or "" when the failure has no line of its
+// own (a retrieval miss, answered by nothing, or a failure answered with
+// its reason).
+func textFailure(k text.Kind, st binary.Status) string {
+	switch k {
+	case text.KindVerbosity:
+		return text.OK // memcached answers OK, whatever the level
+	case text.KindStats:
+		if st == binary.StatusKeyEnoent {
+			// A group memcached does not know (the proxy's answer, or
+			// memcached's binary one to an admin): its text answer
+			// (memcached 1.6's proto_text.c, process_stat).
+			return text.ErrorLine
+		}
+	case text.KindFlushAll:
+		if st == binary.StatusEaccess {
+			return "CLIENT_ERROR flush_all not allowed\r\n"
+		}
+	case text.KindSet, text.KindAdd, text.KindReplace, text.KindAppend, text.KindPrepend:
+		switch st {
+		case binary.StatusKeyEexists, binary.StatusKeyEnoent, binary.StatusNotStored:
+			return text.NotStored
+		}
+	case text.KindCas:
+		switch st {
+		case binary.StatusKeyEexists:
+			return text.Exists
+		case binary.StatusKeyEnoent:
+			return text.NotFound
+		case binary.StatusNotStored:
+			return text.NotStored
+		}
+	case text.KindIncr, text.KindDecr:
+		switch st {
+		case binary.StatusKeyEnoent:
+			return text.NotFound
+		case binary.StatusDeltaBadval:
+			return textNonNumeric
+		}
+	case text.KindDelete, text.KindTouch:
+		if st == binary.StatusKeyEnoent {
+			return text.NotFound
+		}
+	}
+	return ""
 }
 
 // appendLine appends s with every byte that would end or break a reply

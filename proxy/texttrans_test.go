@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/proto/text"
 )
 
 // textLine is how a text client writes c.
@@ -21,30 +22,33 @@ func textLine(c *textCommand) string {
 	if c.noreply {
 		nr = " noreply"
 	}
-	switch c.kind {
-	case tkGet:
-		return "get " + string(c.key) + "\r\n"
-	case tkGets:
-		return "gets " + string(c.key) + "\r\n"
-	case tkGat:
-		return fmt.Sprintf("gat %d %s\r\n", c.exptime, c.key)
-	case tkGats:
-		return fmt.Sprintf("gats %d %s\r\n", c.exptime, c.key)
-	case tkSet, tkAdd, tkReplace, tkAppend, tkPrepend:
-		name := map[textKind]string{tkSet: "set", tkAdd: "add", tkReplace: "replace", tkAppend: "append", tkPrepend: "prepend"}[c.kind]
+	name := c.verb.Name
+	switch c.kind() {
+	case text.KindGet, text.KindGets:
+		return name + " " + string(c.key) + "\r\n"
+	case text.KindGat, text.KindGats:
+		return fmt.Sprintf("%s %d %s\r\n", name, c.exptime, c.key)
+	case text.KindSet, text.KindAdd, text.KindReplace, text.KindAppend, text.KindPrepend:
 		return fmt.Sprintf("%s %s %d %d %d%s\r\n%s\r\n", name, c.key, c.flags, c.exptime, len(c.value), nr, c.value)
-	case tkCas:
+	case text.KindCas:
 		return fmt.Sprintf("cas %s %d %d %d %d%s\r\n%s\r\n", c.key, c.flags, c.exptime, len(c.value), c.cas, nr, c.value)
-	case tkIncr:
-		return fmt.Sprintf("incr %s %d%s\r\n", c.key, c.delta, nr)
-	case tkDecr:
-		return fmt.Sprintf("decr %s %d%s\r\n", c.key, c.delta, nr)
-	case tkDelete:
+	case text.KindIncr, text.KindDecr:
+		return fmt.Sprintf("%s %s %d%s\r\n", name, c.key, c.delta, nr)
+	case text.KindDelete:
 		return fmt.Sprintf("delete %s%s\r\n", c.key, nr)
-	case tkTouch:
+	case text.KindTouch:
 		return fmt.Sprintf("touch %s %d%s\r\n", c.key, c.exptime, nr)
 	}
 	panic("no text form")
+}
+
+// verbOf is the command table's row for name.
+func verbOf(name string) *text.Verb {
+	v, ok := text.Lookup(name)
+	if !ok {
+		panic("no command " + name)
+	}
+	return v
 }
 
 // TestTextTranslationMatchesMemcached sends each command as text to one
@@ -71,42 +75,42 @@ func TestTextTranslationMatchesMemcached(t *testing.T) {
 	big := bytes.Repeat([]byte("x"), 2<<20)
 	k := func(s string) []byte { return []byte(s) }
 	cmds := []textCommand{
-		{kind: tkGet, key: k("a")},
-		{kind: tkSet, key: k("a"), value: k("hello"), flags: 7},
-		{kind: tkGet, key: k("a")},
-		{kind: tkGets, key: k("a")},
-		{kind: tkAdd, key: k("a"), value: k("x")},
-		{kind: tkAdd, key: k("b"), value: k("bee"), flags: 1},
-		{kind: tkReplace, key: k("nope"), value: k("x")},
-		{kind: tkReplace, key: k("b"), value: k("bee2")},
-		{kind: tkAppend, key: k("b"), value: k("+tail")},
-		{kind: tkPrepend, key: k("b"), value: k("head+")},
-		{kind: tkAppend, key: k("nope"), value: k("x")},
-		{kind: tkPrepend, key: k("nope"), value: k("x")},
-		{kind: tkGet, key: k("b")},
-		{kind: tkCas, key: k("a"), value: k("cas1"), cas: 999999},
-		{kind: tkCas, key: k("nope"), value: k("x"), cas: 1},
-		{kind: tkCas, key: k("a"), value: k("zero"), cas: 0},
-		{kind: tkCas, key: k("nope"), value: k("zero"), cas: 0},
-		{kind: tkSet, key: k("n"), value: k("10")},
-		{kind: tkIncr, key: k("n"), delta: 5},
-		{kind: tkDecr, key: k("n"), delta: 100},
-		{kind: tkIncr, key: k("nope"), delta: 1},
-		{kind: tkIncr, key: k("a"), delta: 1},
-		{kind: tkIncr, key: k("n"), delta: 18446744073709551615},
-		{kind: tkTouch, key: k("a"), exptime: 100},
-		{kind: tkTouch, key: k("nope"), exptime: 100},
-		{kind: tkGat, key: k("a"), exptime: 200},
-		{kind: tkGats, key: k("a"), exptime: 0},
-		{kind: tkGat, key: k("nope"), exptime: 1},
-		{kind: tkDelete, key: k("b")},
-		{kind: tkDelete, key: k("b")},
-		{kind: tkSet, key: k("big"), value: big},
-		{kind: tkSet, key: k("q"), value: k("quiet"), noreply: true},
-		{kind: tkAdd, key: k("q"), value: k("x"), noreply: true},
-		{kind: tkIncr, key: k("q"), delta: 1, noreply: true},
-		{kind: tkDelete, key: k("nope"), noreply: true},
-		{kind: tkGet, key: k("q")},
+		{verb: verbOf("get"), key: k("a")},
+		{verb: verbOf("set"), key: k("a"), value: k("hello"), flags: 7},
+		{verb: verbOf("get"), key: k("a")},
+		{verb: verbOf("gets"), key: k("a")},
+		{verb: verbOf("add"), key: k("a"), value: k("x")},
+		{verb: verbOf("add"), key: k("b"), value: k("bee"), flags: 1},
+		{verb: verbOf("replace"), key: k("nope"), value: k("x")},
+		{verb: verbOf("replace"), key: k("b"), value: k("bee2")},
+		{verb: verbOf("append"), key: k("b"), value: k("+tail")},
+		{verb: verbOf("prepend"), key: k("b"), value: k("head+")},
+		{verb: verbOf("append"), key: k("nope"), value: k("x")},
+		{verb: verbOf("prepend"), key: k("nope"), value: k("x")},
+		{verb: verbOf("get"), key: k("b")},
+		{verb: verbOf("cas"), key: k("a"), value: k("cas1"), cas: 999999},
+		{verb: verbOf("cas"), key: k("nope"), value: k("x"), cas: 1},
+		{verb: verbOf("cas"), key: k("a"), value: k("zero"), cas: 0},
+		{verb: verbOf("cas"), key: k("nope"), value: k("zero"), cas: 0},
+		{verb: verbOf("set"), key: k("n"), value: k("10")},
+		{verb: verbOf("incr"), key: k("n"), delta: 5},
+		{verb: verbOf("decr"), key: k("n"), delta: 100},
+		{verb: verbOf("incr"), key: k("nope"), delta: 1},
+		{verb: verbOf("incr"), key: k("a"), delta: 1},
+		{verb: verbOf("incr"), key: k("n"), delta: 18446744073709551615},
+		{verb: verbOf("touch"), key: k("a"), exptime: 100},
+		{verb: verbOf("touch"), key: k("nope"), exptime: 100},
+		{verb: verbOf("gat"), key: k("a"), exptime: 200},
+		{verb: verbOf("gats"), key: k("a"), exptime: 0},
+		{verb: verbOf("gat"), key: k("nope"), exptime: 1},
+		{verb: verbOf("delete"), key: k("b")},
+		{verb: verbOf("delete"), key: k("b")},
+		{verb: verbOf("set"), key: k("big"), value: big},
+		{verb: verbOf("set"), key: k("q"), value: k("quiet"), noreply: true},
+		{verb: verbOf("add"), key: k("q"), value: k("x"), noreply: true},
+		{verb: verbOf("incr"), key: k("q"), delta: 1, noreply: true},
+		{verb: verbOf("delete"), key: k("nope"), noreply: true},
+		{verb: verbOf("get"), key: k("q")},
 	}
 	var buf, out []byte
 	for i := range cmds {
@@ -122,16 +126,14 @@ func TestTextTranslationMatchesMemcached(t *testing.T) {
 				out = appendTextError(out, r.head(), resp.Status(), string(resp.Value()))
 			}
 		}
-		if isRetrieval(c.kind) {
-			out = appendTextResponse(out, reqHead{op: binary.OpNoop, opaque: textTag(tkEnd, false)}, response{status: binary.StatusSuccess})
+		if c.kind().IsMultiGet() {
+			out = appendTextResponse(out, reqHead{op: binary.OpNoop, opaque: textTag(c.kind(), partEnd, false)}, response{status: binary.StatusSuccess})
 		}
 		if string(out) != want {
 			t.Errorf("%q: translated %q, memcached %q", trunc(textLine(c)), trunc(string(out)), trunc(want))
 		}
 	}
 }
-
-func isRetrieval(k textKind) bool { return k == tkGet || k == tkGets || k == tkGat || k == tkGats }
 
 func trunc(s string) string {
 	if len(s) > 80 {

@@ -76,10 +76,7 @@ func (g *gen) failKeyed() Command {
 	}
 	c := Command{Replies: 1, Kind: "failing " + verb}
 	tail := arg
-	if g.noreply() {
-		tail += " noreply"
-		c.Replies = 0
-	}
+	tail += g.quiet(verb, &c)
 	c.Text = []byte(verb + " " + pick(g.r, failKeys) + tail + "\r\n")
 	c.Alt = []byte(verb + " " + g.badKey() + tail + "\r\n")
 	return c
@@ -118,10 +115,7 @@ func (g *gen) failStore() Command {
 		tail = " " + strconv.Itoa(1+g.r.IntN(1000))
 	}
 	c := Command{Replies: 1, Kind: "failing " + verb}
-	if g.noreply() {
-		tail += " noreply"
-		c.Replies = 0
-	}
+	tail += g.quiet(verb, &c)
 	c.Text, c.Data = []byte(fmt.Sprintf("%s %s 0 0 %d%s\r\n", verb, key, len(data), tail)), data
 	c.Alt, c.AltData = []byte(fmt.Sprintf("%s %s 0 0 %d%s\r\n", verb, key, len(big), tail)), big
 	return c

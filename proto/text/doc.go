@@ -21,6 +21,12 @@
 // 32-bit field takes the low 32 bits of a 64-bit parse, so that
 // `set k 4294967296 0 1` stores flags 0.
 //
+// One table (commands.go) holds every command: its name, Kind, how a client
+// silences it, how a proxy runs it (the binary command it translates to or
+// counts as, which says how its units are counted) and which syntax Parse
+// reads it with. Lookup and Verbs give its rows; a parsed Command points at
+// its row (Command.Verb). A new command is a Kind and a row there.
+//
 // The encoders (Append*) append memcached's replies to a caller's slice:
 // VALUE blocks and status lines for the classic commands, and meta reply
 // lines with their returned flags. ParseMetaResponse reads a meta reply from
