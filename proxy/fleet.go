@@ -474,7 +474,6 @@ func (srv *Server) adoptFleetState(doc []byte, token string) error {
 		merged, ahead := mergeFleetState(st, srv.state, srv.wall().Unix())
 		if err = srv.commit(merged); err == nil {
 			link.token = token
-			srv.syncEpochs()
 			if ahead {
 				link.pushEpochs.Store(true)
 			}
@@ -492,18 +491,6 @@ func (srv *Server) adoptFleetState(doc []byte, token string) error {
 		srv.pushFleetEpochs()
 	}
 	return nil
-}
-
-// syncEpochs moves every bucket to the namespace epoch of the state in
-// force, if that is later (the state's pending flushes are the buckets'
-// already: apply). The caller holds adminMu.
-func (srv *Server) syncEpochs() {
-	for name, b := range srv.ten.Load().buckets {
-		if e := srv.state.Epochs[name]; e > b.gen.Load() {
-			b.setEpoch(e)
-			srv.log.Info().Str("bucket", name).Uint64("epoch", e).Msg("bucket flushed on another instance")
-		}
-	}
 }
 
 // pushFleetEpochs writes the local namespace epochs that are ahead of the
@@ -568,7 +555,6 @@ func (srv *Server) fleetChange(ctx context.Context, change func(*bucketcfg.State
 	if err := srv.commit(next); err != nil {
 		return err
 	}
-	srv.syncEpochs()
 	link.token = tok
 	return nil
 }

@@ -34,18 +34,20 @@ func flushDeadline(d uint32, now time.Time) int64 {
 	return 0
 }
 
-// syncPending gives every bucket in force the pending flush of the state
-// in force (none when the state has none, or when the bucket reached its
-// epoch already). The caller holds adminMu (or the Server is not serving
-// yet).
-func (srv *Server) syncPending() {
+// syncFlushes moves every bucket in force to the namespace epoch of the
+// state in force, if that is later (flushed on another instance), and
+// gives it the state's pending flush (none when the state has none, or
+// when the bucket reached its epoch already). The caller holds adminMu
+// (or the Server is not serving yet).
+func (srv *Server) syncFlushes() {
 	for name, b := range srv.ten.Load().buckets {
-		f, ok := srv.state.Flushes[name]
-		if !ok {
-			b.setPending(nil)
-			continue
+		var pending *bucketcfg.PendingFlush
+		if f, ok := srv.state.Flushes[name]; ok {
+			pending = &f
 		}
-		b.setPending(&f)
+		if b.syncFlushes(srv.state.Epochs[name], pending) {
+			srv.log.Info().Str("bucket", name).Uint64("epoch", b.gen.Load()).Msg("bucket flushed on another instance")
+		}
 	}
 }
 
@@ -254,7 +256,7 @@ func (srv *Server) flushBuckets(batch []flushReq) error {
 	for b, e := range epochs {
 		b.setEpoch(e)
 	}
-	srv.syncPending()
+	srv.syncFlushes()
 	srv.logFlushes(batch)
 	if srv.fleet != nil {
 		// A store that cannot be reached does not fail the FLUSH: the

@@ -388,3 +388,62 @@ func TestMergeFleetStateFlushes(t *testing.T) {
 func flushDelayed(op mc.Opcode, sec uint32) mcclient.Request {
 	return mcclient.Request{Opcode: op, Extras: []byte{byte(sec >> 24), byte(sec >> 16), byte(sec >> 8), byte(sec)}}
 }
+
+// TestFlushGoneMeansEpochMoved: a state that replaces a bucket's pending
+// flush by the epoch it led to (another instance applied it) moves the
+// epoch before it drops the pending flush, so that a key command never
+// finds neither: it would read the keys the flush removed. A reader
+// watches the bucket while 300 such states are put in force; before the
+// fix (pending flushes synced, then epochs), it caught the gap.
+func TestFlushGoneMeansEpochMoved(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, testConfig{proxy: `default_bucket = "b"`, tail: "[[bucket]]\nname = \"b\"\nflush_enabled = true\n"})
+	b := p.ten.Load().bucket("b")
+	base := b.gen.Load()
+	stop := make(chan struct{})
+	gaps := make(chan uint64, 1)
+	go func() {
+		defer close(gaps)
+		var last uint64 // epoch of the last pending flush seen
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if f := b.pending.Load(); f != nil {
+				last = f.Epoch
+				continue
+			}
+			if g := b.gen.Load(); g < last {
+				gaps <- last
+				return
+			}
+		}
+	}()
+	put := func(epoch uint64, pending bool) {
+		t.Helper()
+		p.adminMu.Lock()
+		defer p.adminMu.Unlock()
+		next := p.state.Clone()
+		next.Epochs["b"] = epoch
+		delete(next.Flushes, "b")
+		if pending {
+			next.Flushes["b"] = bucketcfg.PendingFlush{At: time.Now().Add(time.Hour).Unix(), Epoch: epoch + 1}
+		}
+		if err := p.commit(next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := uint64(0); i < 300; i++ {
+		put(base+i, true)
+		put(base+i+1, false)
+	}
+	close(stop)
+	if last, found := <-gaps; found {
+		t.Fatalf("the pending flush to epoch %d was gone before the bucket reached it", last)
+	}
+	if g := b.gen.Load(); g != base+300 {
+		t.Fatalf("epoch %d after the states, want %d", g, base+300)
+	}
+}

@@ -292,12 +292,9 @@ func (lp *loop) expireLeases() {
 	}
 	now := lp.srv.throttle.Now()
 	if now-lp.leasesAt < leaseEvery {
-		// Ran lately (after a pass): a stock drawn since is in leaseDue
-		// (settleLeases), which must not be before the next run may be.
-		if lp.leaseDue != 0 && lp.leaseDue < lp.leasesAt+leaseEvery {
-			lp.leaseDue = lp.leasesAt + leaseEvery
-			lp.arm()
-		}
+		// Ran lately (after a pass). leaseDue, when set, is never before
+		// the next run may be: a full run sets it to leasesAt+leaseEvery,
+		// and settleLeases never asks for an earlier one.
 		return
 	}
 	lp.leasesAt, lp.leaseDue = now, 0

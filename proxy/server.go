@@ -273,7 +273,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("proxy: buckets: %w", err)
 	}
 	s.ten.Store(ten)
-	s.syncPending()
+	s.syncFlushes()
 	if tracked {
 		if err := st.Save(cfg.Throttle.StateFile); err != nil {
 			s.stopFleet()

@@ -81,15 +81,23 @@ func (b *bucket) storeEpoch(e uint64) {
 	b.prefix.Store(&p)
 }
 
-// setPending makes f (nil: none) the bucket's delayed flush; a flush whose
-// epoch the bucket has reached already is void and dropped.
-func (b *bucket) setPending(f *bucketcfg.PendingFlush) {
+// syncFlushes makes the bucket's namespace epoch at least e and f (nil:
+// none) its delayed flush, a flush whose epoch the bucket has reached
+// being void and dropped; it reports whether the epoch moved. Both change
+// in one step under epochMu, the epoch first: whoever sees the pending
+// flush gone sees the epoch it led to.
+func (b *bucket) syncFlushes(e uint64, f *bucketcfg.PendingFlush) (moved bool) {
 	b.epochMu.Lock()
 	defer b.epochMu.Unlock()
+	if e > b.gen.Load() {
+		b.storeEpoch(e)
+		moved = true
+	}
 	if f != nil && f.Epoch <= b.gen.Load() {
 		f = nil
 	}
 	b.pending.Store(f)
+	return moved
 }
 
 // applyDueFlush puts the bucket's delayed flush in effect when its
