@@ -157,6 +157,7 @@ func fleetUsers(t testing.TB) string {
 // the shares the instances enforce add up to at most the fleet's limit
 // (the store's clamp), exactly.
 func TestFleetHardLimitFollowsTheLoad(t *testing.T) {
+	t.Parallel()
 	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n", "1s")
 	var l fleetClients
 	defer l.close(f)
@@ -221,6 +222,7 @@ func checkSplit(t *testing.T, what string, parts, want []float64) {
 // capacity, the capacities the instances enforce add up to at most the
 // fleet's at every step.
 func TestFleetCapacityAndReservation(t *testing.T) {
+	t.Parallel()
 	tail := "[[bucket]]\nname = \"x\"\n[[bucket]]\nname = \"y\"\n[[bucket]]\nname = \"r\"\n" + fleetUsers(t)
 	f := newFakeFleetTest(t, tail, "1s")
 	var l fleetClients
@@ -287,6 +289,7 @@ func TestFleetCapacityAndReservation(t *testing.T) {
 // clocks (fleetFake): "within one grant period" is counted on the fleet's
 // clock, to the step.
 func TestFleetAdminChangeReachesEveryInstance(t *testing.T) {
+	t.Parallel()
 	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n"+fleetUsers(t), "500ms")
 	for i := 0; i < 3; i++ {
 		f.start(i, `default_bucket = "b"`)
@@ -336,6 +339,7 @@ func TestFleetAdminChangeReachesEveryInstance(t *testing.T) {
 // (fakeFleetCallTimeout), so the store is killed here, and
 // TestFleetMetricsReloadAndFlush and TestFleetFlushes stop it.)
 func TestFleetStoreLoss(t *testing.T) {
+	t.Parallel()
 	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n", "500ms")
 	var l fleetClients
 	defer l.close(f)
@@ -583,6 +587,7 @@ func TestFleetFlushes(t *testing.T) {
 // section 13: each share +-5%), and the capacities the instances enforce
 // adding up to at most the fleet's at every step.
 func TestFleetFairPool(t *testing.T) {
+	t.Parallel()
 	tail := "[[bucket]]\nname = \"x\"\nweight = 1\n[[bucket]]\nname = \"y\"\nweight = 2\n" + fleetUsers(t)
 	f := newFakeFleetTest(t, tail, "500ms")
 	f.throttle = "capacity = 3000\nfree_pool = \"fair\""
