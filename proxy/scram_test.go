@@ -16,6 +16,7 @@ import (
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // rawConn is a binary-protocol connection dialled from a chosen local
@@ -380,8 +381,8 @@ func TestPlainAuthPolicy(t *testing.T) {
 // per maxFailedAuthPenalty, at most maxQueuedAuthPerSource waiting; other
 // sources do not wait.
 func TestSCRAMTurn(t *testing.T) {
-	q := newAuthQueue()
-	now := time.Now()
+	q := newAuthQueue(throttle.NewFakeClock(0))
+	now := time.Minute
 	if d, ok := q.scramTurn("a", now); d != 0 || !ok {
 		t.Fatalf("before any failure: %v %v", d, ok)
 	}

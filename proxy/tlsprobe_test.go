@@ -151,7 +151,7 @@ func TestTLSFailingSource(t *testing.T) {
 	t.Parallel()
 	s := startTLSProxy(t, false, "")
 	f := s.p.tls
-	now := time.Now()
+	now := s.p.Engine().Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for range 10 {
@@ -167,7 +167,7 @@ func TestTLSFailingSource(t *testing.T) {
 	if !f.recordLocked("bad", hsFailed, now) || !f.failingLocked("bad", now) {
 		t.Fatalf("not failing after %d failures and no completion", tlsFailMin)
 	}
-	if f.failingLocked("bad", now.Add(tlsFailMemory)) {
+	if f.failingLocked("bad", now+tlsFailMemory) {
 		t.Fatal("still failing a window later")
 	}
 	for range 2 * tlsFailMin {
