@@ -168,7 +168,6 @@ type tlsFront struct {
 	parked    map[string]*parkedSrc // connections waiting for their source's turn (tlspark.go)
 	nParked   int
 	parkTimer throttle.Timer         // sweepParked, while connections are parked
-	patience  time.Duration          // tlsParkPatience (tests of pools on a busy machine lengthen it)
 	outcomes  map[string]*hsOutcomes // each source's handshakes that completed and failed lately
 
 	logFail    logSample // failed handshakes
@@ -198,7 +197,6 @@ func newTLSFront(srv *Server, cfg *bucketcfg.Config) (*tlsFront, error) {
 		stopping: make(chan struct{}),
 		sources:  make(map[string]int),
 		active:   make(map[string][]*hsEntry),
-		patience: tlsParkPatience,
 		parked:   make(map[string]*parkedSrc),
 		outcomes: make(map[string]*hsOutcomes),
 	}

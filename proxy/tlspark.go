@@ -266,7 +266,7 @@ func (f *tlsFront) sweepParked() {
 		if f.evictSilentLocked(src, ps, now) {
 			ps.progress = now // the queue moves: the slots go to clients that spoke
 		}
-		stalled := now-ps.progress >= f.patience
+		stalled := now-ps.progress >= tlsParkPatience
 		kept := ps.conns[:0]
 		for _, p := range ps.conns {
 			if stalled || now-p.at >= tlsHandshakeTimeout {
