@@ -158,7 +158,9 @@ probes:
 	if changed {
 		h.publish()
 	}
-	h.itemMin.Store(h.minItemSize())
+	if least := h.minItemSize(); least != h.itemMin.Load() {
+		h.itemMin.Store(least) // only on a change: the loops read it with every write
+	}
 }
 
 // publish makes the ejection state visible to the loops.
