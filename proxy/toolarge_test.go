@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // Writes too large for memcached (toolarge.go; issue 28, rule 4), checked
@@ -170,5 +171,87 @@ func TestTooLargeBinaryMatchesMemcached(t *testing.T) {
 				t.Errorf("%s cas %d: the proxy's memcached read %d bytes: the value went to it", op, cas, read)
 			}
 		}
+	}
+}
+
+// TestTooLargeMetaSetBilledOneUnit: the shape of issue 28, a meta ms of 5
+// MB (over memcached's default 1 MiB items) from a bucket hard-limited to
+// 500 units/s, on the engine's fake clock. It is refused at once as
+// memcached refuses it and costs the bucket 1 unit, not the 1,281 units
+// of its bytes (244% of a second's limit); its bytes are dropped no
+// faster than the bucket's 500 write units a second with one burst (100
+// ms) of room: at every step of the clock the bytes dropped are within a
+// unit of that bound, the session is held while the gauge has no room,
+// and the mn after the value is answered once the last byte is dropped.
+func TestTooLargeMetaSetBilledOneUnit(t *testing.T) {
+	t.Parallel()
+	clock := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`,
+		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 500\n"}, clock)
+	eventually(t, 5*time.Second, "memcached's item size known", func() bool { return p.pool.ItemSizeMax() == 1<<20 })
+	ft := &fakeTime{t: t, p: p, clock: clock}
+	const size = 5 << 20
+	const rate, burst = 500 * 4096, 500 * 4096 / 10 // bytes a second, bytes of a burst
+	tc := dialText(t, p.Addr)
+	_ = tc.c.SetDeadline(time.Now().Add(time.Minute))
+	before := bucketUnits(t, p, "default")
+	in := append(append([]byte(fmt.Sprintf("ms big %d T0\r\n", size)), strings.Repeat("v", size)...), "\r\nmn\r\n"...)
+	go func() { _, _ = tc.c.Write(in) }() // ends with the test's connection at the latest
+	if got := tc.line(t); got != "SERVER_ERROR object too large for cache\r\n" {
+		t.Fatalf("5 MB ms: %q, want memcached's refusal", got)
+	}
+	if got := bucketUnits(t, p, "default").minus(before); got != (unitCounts{0, 1, 1}) {
+		t.Fatalf("5 MB ms refused: billed %+v, want 1 write unit", got)
+	}
+	total := size + 2 // the data block and its "\r\n"
+	var elapsed time.Duration
+	for step := 0; ; step++ {
+		left := ft.discarding(tc.c.LocalAddr())
+		dropped := total - left
+		most := int(int64(rate)*int64(elapsed)/int64(time.Second)) + burst + 1
+		if dropped > most || dropped < most-2*4096 && left > 0 {
+			t.Fatalf("after %v: %d bytes dropped, want %d at most and within 2 units of it", elapsed, dropped, most)
+		}
+		if left == 0 {
+			break
+		}
+		if step > 100 {
+			t.Fatalf("after %v: %d bytes still to drop", elapsed, left)
+		}
+		clock.Advance(100 * time.Millisecond)
+		elapsed += 100 * time.Millisecond
+	}
+	if got := tc.line(t); got != "MN\r\n" {
+		t.Fatalf("after the value: %q, want MN", got)
+	}
+	if got := bucketUnits(t, p, "default").minus(before); got != (unitCounts{0, 1, 1}) {
+		t.Fatalf("after the value was dropped: billed %+v, want 1 write unit", got)
+	}
+}
+
+// discarding waits until the proxy is settled at the clock's reading with
+// the session of the client at addr either held or done dropping a
+// refused value (not waiting for more of it from the client), and returns
+// the bytes it still has to drop.
+func (ft *fakeTime) discarding(addr net.Addr) int {
+	ft.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		// Settled first: then no wake-up is due, and a held session stays
+		// as it is until the clock moves.
+		_, ok := settled(ft.t, ft.p)
+		left, ready := -1, false
+		onLoop(ft.t, ft.p, func(lp *loop) {
+			if s := sessionOf(lp, addr); s != nil {
+				left, ready = s.skip, s.isHeld() || s.skip == 0
+			}
+		})
+		if ok && ready || ready && left == 0 {
+			return left
+		}
+		if time.Now().After(deadline) {
+			ft.t.Fatalf("at %v the session did not settle: %d bytes left to drop", ft.clock.Now(), left)
+		}
+		time.Sleep(50 * time.Microsecond)
 	}
 }
