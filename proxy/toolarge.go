@@ -75,9 +75,10 @@ func decodeBinaryTooLarge(buf []byte, n int, r *request) int {
 
 // refusable returns the length of the command line of the storage command
 // Parse read (n and err are its results) when memcached would refuse it as
-// too large: its namespaced key and value over cx.itemMax, or its value
-// over Parse's own bound (maxBody, Error.TooLarge); else 0. Commands
-// refused for their key or line in the namespace go the usual way.
+// too large: its namespaced key and value over cx.itemMax (also when
+// Parse refused its value as over maxBody, Error.TooLarge); else 0.
+// Commands refused for their key or line in the namespace, or only for
+// the proxy's own bound, go the usual way.
 func (c *textCodec) refusable(n int, err error, cx codecCtx) int {
 	cmd := &c.cmd
 	if cx.prefix < 0 || !cmd.Kind.IsStorage() {
@@ -107,8 +108,8 @@ func (c *textCodec) refusable(n int, err error, cx codecCtx) int {
 		}
 		key = k
 	}
-	if err == nil && (cx.itemMax <= 0 || cx.prefix+key+cmd.DataLen <= cx.itemMax) {
-		return 0
+	if cx.itemMax <= 0 || cx.prefix+key+cmd.DataLen <= cx.itemMax {
+		return 0 // memcached would take it (a value over maxBody only is the proxy's own refusal)
 	}
 	return line
 }
