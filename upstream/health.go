@@ -41,6 +41,9 @@ type health struct {
 	versions []atomic.Pointer[[]byte] // each server's VERSION answer, from its last good probe
 	itemMax  []atomic.Int64           // each server's item_size_max, from its last probe that told it; 0: unknown
 	itemMin  atomic.Int64             // the least of itemMax's known figures (settings.go); 0: none known
+	// noSettings: the server did not answer its last `stats settings`,
+	// which is not asked again until it has been down (prober-owned).
+	noSettings []bool
 
 	kick    chan struct{} // a loop saw a connection fail: probe now
 	stop    chan struct{}
@@ -57,16 +60,17 @@ func newHealth(servers []string, cfg healthConfig, log zerolog.Logger, d *dialer
 		cfg.interval = time.Second
 	}
 	return &health{
-		servers:  servers,
-		cfg:      cfg,
-		log:      log,
-		dialer:   d,
-		up:       make([]atomic.Bool, len(servers)),
-		ejected:  make([]atomic.Bool, len(servers)),
-		versions: make([]atomic.Pointer[[]byte], len(servers)),
-		itemMax:  make([]atomic.Int64, len(servers)),
-		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
+		servers:    servers,
+		cfg:        cfg,
+		log:        log,
+		dialer:     d,
+		up:         make([]atomic.Bool, len(servers)),
+		ejected:    make([]atomic.Bool, len(servers)),
+		versions:   make([]atomic.Pointer[[]byte], len(servers)),
+		itemMax:    make([]atomic.Int64, len(servers)),
+		noSettings: make([]bool, len(servers)),
+		kick:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
 	}
 }
 
@@ -121,13 +125,18 @@ probes:
 		if h.ejected[i].Load() && now.Before(retryAt[i]) {
 			continue
 		}
-		v, itemMax, err := probe(h.dialer, addr, h.cfg.timeout)
+		if !h.up[i].Load() {
+			h.noSettings[i] = false // down or never up: ask again when it answers
+		}
+		v, itemMax, err := probe(h.dialer, addr, h.cfg.timeout, !h.noSettings[i])
 		if err == nil {
 			if old := h.versions[i].Load(); old == nil || !bytes.Equal(*old, v) {
 				h.versions[i].Store(&v)
 			}
 			if itemMax > 0 {
 				h.itemMax[i].Store(itemMax)
+			} else {
+				h.noSettings[i] = true
 			}
 		}
 		was := h.up[i].Swap(err == nil)
@@ -223,11 +232,12 @@ const maxVersionLen = 64
 
 // probe sends a VERSION to addr, over TLS when d makes TLS connections,
 // and returns its answer; VERSION costs memcached no more than a NOOP, and
-// the proxy answers its clients' VERSION with it (Pool.Version). Then it
-// asks for the server's `stats settings` and returns its item_size_max
-// (settings.go), 0 when the server does not tell it: that does not make
-// the server down.
-func probe(d *dialer, addr string, timeout time.Duration) ([]byte, int64, error) {
+// the proxy answers its clients' VERSION with it (Pool.Version). Then,
+// with settings, it asks for the server's `stats settings` and returns its
+// item_size_max (settings.go), 0 when the server does not tell it (that
+// does not make the server down; a server that never answers it holds the
+// probe up to timeout, which is why the prober stops asking it).
+func probe(d *dialer, addr string, timeout time.Duration, settings bool) ([]byte, int64, error) {
 	deadline := time.Now().Add(timeout)
 	c, err := d.probeConn(addr, deadline)
 	if err != nil {
@@ -239,7 +249,10 @@ func probe(d *dialer, addr string, timeout time.Duration) ([]byte, int64, error)
 	if err != nil {
 		return nil, 0, err
 	}
-	itemMax, _ := readItemSizeMax(c)
+	var itemMax int64
+	if settings {
+		itemMax, _ = readItemSizeMax(c)
+	}
 	return v, itemMax, nil
 }
 
