@@ -112,7 +112,11 @@ func TestHarnessCatchesMissingReply(t *testing.T) {
 	})
 	s := Generate(GenOptions{Seed: 5, Commands: 5000, NoHuge: true})
 	start := time.Now()
-	rep, err := Run(context.Background(), a.Addr, r.Addr, s, Options{Timeout: 300 * time.Millisecond})
+	// The timeout only decides that the withheld side never finishes: it
+	// must be long enough for the other side's batches on a loaded
+	// machine (300 ms was not, under the race detector beside the other
+	// passes: both sides timed out), and it is what the test waits once.
+	rep, err := Run(context.Background(), a.Addr, r.Addr, s, Options{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
