@@ -92,8 +92,9 @@ test-race-proxy-parallel: test-race-proxy-bin
 	$(call runbin,race-proxy-parallel,-test.run '$(PROXY_PARALLEL)' -test.skip '$(FLEET_FAILOVER_TESTS)')
 
 # The real Redis Cluster and Sentinel failovers: mostly waiting on Redis,
-# so they overlap the other passes; their real-clock targets are
-# BenchmarkFleetFailover's, the tests fail at ten times them.
+# so they overlap the other passes; the instances run on fake clocks and
+# the figures are asserted exactly (the real-clock ones are
+# BenchmarkFleetFailover's).
 test-fleet-failover: test-race-proxy-bin
 	$(call runbin,fleet-failover,-test.run '$(FLEET_FAILOVER_TESTS)')
 

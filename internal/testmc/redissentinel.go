@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,8 @@ type RedisSentinel struct {
 	Data []*Redis
 	// Sentinels are the three sentinels (quorum 2).
 	Sentinels []*Redis
+
+	down time.Duration // down-after-milliseconds
 }
 
 // StartRedisSentinel starts a primary, a replica of it and three sentinels
@@ -28,7 +31,7 @@ type RedisSentinel struct {
 // sentinels. The processes are stopped when the test ends.
 func StartRedisSentinel(t testing.TB, down time.Duration) *RedisSentinel {
 	t.Helper()
-	s := &RedisSentinel{Master: "kvthrottle"}
+	s := &RedisSentinel{Master: "kvthrottle", down: down}
 	primary := &Redis{Addr: FreeAddr(t), dir: t.TempDir()}
 	t.Cleanup(primary.Stop)
 	primary.start(t)
@@ -131,5 +134,29 @@ func (s *RedisSentinel) WaitHealthy(timeout time.Duration) (time.Time, error) {
 			return time.Time{}, errors.New("redis sentinel: the sentinels name no live primary")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// HoldFailover keeps the sentinels from seeing the primary down (its
+// down-after-milliseconds an hour) until the returned function is called,
+// which sets it back to what StartRedisSentinel was given: a primary that
+// has been dead meanwhile is then down at once, and the failover that
+// follows is the sentinels' own. The test fails if a sentinel cannot be
+// configured.
+func (s *RedisSentinel) HoldFailover(t testing.TB) (release func()) {
+	t.Helper()
+	set := func(ms int64) {
+		t.Helper()
+		for _, sn := range s.Sentinels {
+			out, err := Cli(sn.Addr, "sentinel", "set", s.Master, "down-after-milliseconds", strconv.FormatInt(ms, 10))
+			if err != nil || out != "OK" {
+				t.Fatalf("redis sentinel: %s: sentinel set down-after-milliseconds %d: %q %v", sn.Addr, ms, out, err)
+			}
+		}
+	}
+	set(time.Hour.Milliseconds())
+	return func() {
+		t.Helper()
+		set(s.down.Milliseconds())
 	}
 }
