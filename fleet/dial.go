@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,7 @@ func softDial(dial func(ctx context.Context, network, addr string) (net.Conn, er
 		if err != nil {
 			// Twice: go-redis hands the caller the error of a failed
 			// connection handshake unwrapped once.
+			err = explainTLS(fmt.Errorf("connect to %s: %w", addr, err))
 			return failedConn{&notSentError{&notSentError{err}}}, nil
 		}
 		return c, nil

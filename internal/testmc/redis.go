@@ -20,6 +20,10 @@ import (
 type Redis struct {
 	// Addr is "127.0.0.1:PORT"; it stays the same across Restart.
 	Addr string
+	// TLSAddr is the TLS port's "127.0.0.1:PORT" (StartRedisTLS), and
+	// CAFile the PEM file of the CA that issued the server's certificate;
+	// both "" otherwise.
+	TLSAddr, CAFile string
 
 	dir  string
 	conf string     // a configuration file, redis-server's first argument (a sentinel's)
