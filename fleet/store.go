@@ -139,7 +139,9 @@ func OpenStore(rawURL, name string) (*Store, error) {
 		}
 		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
 		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: opts.TLSConfig}))
-		return newStore(redis.NewFailoverClient(opts), name), nil
+		fc := redis.NewFailoverClient(opts)
+		fc.AddHook(readOnlyHook{tries: pool + 1})
+		return newStore(fc, name), nil
 	case q.Has("addr"):
 		opts, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
@@ -163,7 +165,9 @@ func OpenStore(rawURL, name string) (*Store, error) {
 	}
 	opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
 	opts.Dialer = softDial(redis.NewDialer(opts))
-	return newStore(redis.NewClient(opts), name), nil
+	rc := redis.NewClient(opts)
+	rc.AddHook(readOnlyHook{tries: pool + 1})
+	return newStore(rc, name), nil
 }
 
 func newStore(rdb redis.UniversalClient, name string) *Store {

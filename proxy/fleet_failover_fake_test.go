@@ -35,8 +35,15 @@ type failoverStore struct {
 	url string
 	// hold keeps the store from failing over until release is called.
 	hold func() (release func())
-	// kill kills the primary holding the fleet's keys.
+	// kill kills the primary holding the fleet's keys (or, for
+	// TestFleetClusterDown, another one).
 	kill func()
+	// down, when set, waits (real time) after kill until the store's
+	// calls fail.
+	down func()
+	// failure is what the instances' logs say of the calls that failed
+	// while the store was down ("fleet sync failed" and the error).
+	failure string
 	// healthy waits (real time) until the store reports itself healthy.
 	healthy func()
 }
@@ -65,6 +72,8 @@ type failoverTimeline struct {
 func fakeFailover(t *testing.T, st failoverStore) failoverTimeline {
 	f := &fleetTest{t: t, mc: testmc.Start(t), url: st.url, period: failoverPeriod.String(),
 		tail: "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n[[bucket]]\nname = \"c\"\nhard_limit = 1000\n" + fleetUsers(t)}
+	log := &testmc.LockedBuffer{}
+	f.log = log
 	f.fakeTime()
 	var l fleetClients
 	defer l.close(f)
@@ -99,11 +108,18 @@ func fakeFailover(t *testing.T, st failoverStore) failoverTimeline {
 	secs := f.seconds(failoverBefore, "b")["b"]
 	release := st.hold()
 	st.kill()
+	if st.down != nil {
+		st.down()
+	}
+	logged := len(log.String())
 	secs = append(secs, f.seconds(failoverDown, "b")["b"]...)
 	for i, p := range f.insts {
 		if p.fleet.fl.Grants().StoreUp() {
 			t.Fatalf("instance %d has the store up with its primary dead and the failover held", i)
 		}
+	}
+	if got := log.String()[logged:]; !strings.Contains(got, "fleet sync failed") || !strings.Contains(got, st.failure) {
+		t.Errorf("the instances' logs while the store was down do not say %q:\n%s", st.failure, got)
 	}
 	release()
 	st.healthy()
@@ -190,9 +206,10 @@ func TestFleetClusterFailover(t *testing.T) {
 		t.Fatalf("no primary serves %s", fleetTag)
 	}
 	fakeFailover(t, failoverStore{
-		url:  c.URL(),
-		hold: func() func() { return c.HoldFailover(t, primary) },
-		kill: primary.Kill,
+		url:     c.URL(),
+		hold:    func() func() { return c.HoldFailover(t, primary) },
+		kill:    primary.Kill,
+		failure: "connection refused",
 		healthy: func() {
 			if _, err := c.WaitHealthy(fleetTag, 30*time.Second); err != nil {
 				t.Fatal(err)
@@ -214,9 +231,10 @@ func TestFleetSentinelFailover(t *testing.T) {
 		t.Fatal("the sentinels name no primary")
 	}
 	fakeFailover(t, failoverStore{
-		url:  s.URL(),
-		hold: func() func() { return s.HoldFailover(t) },
-		kill: primary.Kill,
+		url:     s.URL(),
+		hold:    func() func() { return s.HoldFailover(t) },
+		kill:    primary.Kill,
+		failure: "connection refused",
 		healthy: func() {
 			if _, err := s.WaitHealthy(30 * time.Second); err != nil {
 				t.Fatal(err)

@@ -241,3 +241,25 @@ func (r *Redis) Output() string {
 	}
 	return r.log.String()
 }
+
+// StartRedisReplica runs a redis-server as StartRedis does, replicating
+// primary (--replicaof), and waits until it has synchronised with it
+// (master_link_status:up, within 20 s).
+func StartRedisReplica(t testing.TB, primary *Redis) *Redis {
+	t.Helper()
+	host, port := splitAddr(primary.Addr)
+	r := &Redis{Addr: FreeAddr(t), dir: t.TempDir(), args: []string{"--replicaof", host, port, "--repl-diskless-sync-delay", "0"}}
+	t.Cleanup(r.Stop)
+	r.start(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := Cli(r.Addr, "info", "replication")
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis replica %s not synchronised with %s: %s %v", r.Addr, primary.Addr, info, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

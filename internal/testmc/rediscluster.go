@@ -220,13 +220,13 @@ func (c *RedisCluster) WaitHealthy(key string, timeout time.Duration) (time.Time
 // Replicas returns the live nodes that CLUSTER NODES (asked of primary,
 // or of any live node if primary is down) names as replicas of primary.
 func (c *RedisCluster) Replicas(primary *Redis) []*Redis {
-	id, err := c.nodeID(primary)
+	id, err := c.NodeID(primary)
 	if err != nil {
 		return nil
 	}
 	var out []*Redis
 	for _, n := range c.alive() {
-		self, err := c.nodeID(n)
+		self, err := c.NodeID(n)
 		if err != nil || self == id {
 			continue
 		}
@@ -244,9 +244,9 @@ func (c *RedisCluster) Replicas(primary *Redis) []*Redis {
 	return out
 }
 
-// nodeID returns n's cluster node id, asked of n or, if n is down, read
+// NodeID returns n's cluster node id, asked of n or, if n is down, read
 // from any live node's CLUSTER NODES by n's address.
-func (c *RedisCluster) nodeID(n *Redis) (string, error) {
+func (c *RedisCluster) NodeID(n *Redis) (string, error) {
 	if id, err := Cli(n.Addr, "cluster", "myid"); err == nil {
 		return id, nil
 	}
