@@ -263,3 +263,18 @@ func StartRedisReplica(t testing.TB, primary *Redis) *Redis {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// StartRedisConf runs redis-server as StartRedis does, on addr, with the
+// configuration file conf (redis-server's first argument; the options of
+// StartRedis and args come after it and override it) and args (e.g.
+// "--sentinel").
+func StartRedisConf(t testing.TB, conf, addr string, args ...string) *Redis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatalf("redis-server not found in PATH (make test installs it: Debian package redis-server): %v", err)
+	}
+	r := &Redis{Addr: addr, dir: t.TempDir(), conf: conf, args: args}
+	t.Cleanup(r.Stop)
+	r.start(t)
+	return r
+}

@@ -52,14 +52,24 @@ func StartRedisSentinel(t testing.TB, down time.Duration) *RedisSentinel {
 		r.start(t)
 		s.Sentinels = append(s.Sentinels, r)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	if err := s.WaitSettled(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// WaitSettled waits until the replica (Data[1]) has synchronised with its
+// primary and every sentinel counts one replica and two other sentinels,
+// or returns an error after timeout.
+func (s *RedisSentinel) WaitSettled(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
 	for !s.settled() {
 		if time.Now().After(deadline) {
-			t.Fatal("redis sentinel: the replica did not synchronise or the sentinels did not find each other within 30 s")
+			return fmt.Errorf("redis sentinel: the replica did not synchronise or the sentinels did not find each other within %v", timeout)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return s
+	return nil
 }
 
 func splitAddr(addr string) (host, port string) {
