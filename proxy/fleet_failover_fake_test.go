@@ -121,8 +121,10 @@ func fakeFailover(t *testing.T, st failoverStore) failoverTimeline {
 	if got := log.String()[logged:]; !strings.Contains(got, "fleet sync failed") || !strings.Contains(got, st.failure) {
 		t.Errorf("the instances' logs while the store was down do not say %q:\n%s", st.failure, got)
 	}
+	released := time.Now()
 	release()
 	st.healthy()
+	wait := time.Since(released).Round(10 * time.Millisecond)
 	healthyAt = f.fake.clock.Now()
 	fleetAdmin(t, f.insts[1], mc.OpSetBucketThrottleProperties, "c", `{"reserved": 0, "hard_limit": 500}`)
 	secs = append(secs, f.seconds(2, "b")["b"]...) // 2 periods
@@ -148,8 +150,8 @@ func fakeFailover(t *testing.T, st failoverStore) failoverTimeline {
 	if n := l.errs.Load(); n != 0 {
 		t.Errorf("%d client errors", n)
 	}
-	t.Logf("failover timeline (fake time, period %v): primary killed at %ds, the store down for the fleet %ds, healthy at %ds; after healthy: store up on instance 0 at %v, on instance 1 at %v; the admin change (made at healthy) in force on instance 0 at %v, on instance 1 at %v",
-		failoverPeriod, failoverBefore, failoverDown, failoverBefore+failoverDown, tl.back[0], tl.back[1], tl.applied[0], tl.applied[1])
+	t.Logf("failover timeline (fake time, period %v): primary killed at %ds, the store down for the fleet %ds, healthy at %ds (the failover, let go then, took %v of real time with the fake clock standing); after healthy: store up on instance 0 at %v, on instance 1 at %v; the admin change (made at healthy) in force on instance 0 at %v, on instance 1 at %v",
+		failoverPeriod, failoverBefore, failoverDown, failoverBefore+failoverDown, wait, tl.back[0], tl.back[1], tl.applied[0], tl.applied[1])
 	return tl
 }
 
