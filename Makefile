@@ -49,7 +49,7 @@ fleet: build
 ## handshake flood (proxy/tlsflood_test.go).
 ## TESTJSON=DIR: each pass writes `go test -json` to DIR/PASS.json instead
 ## of its usual output (scripts/flake.sh, scripts/testtimes.sh).
-FLEET_FAILOVER_TESTS := ^TestFleet(ClusterFailover|SentinelFailover)$$
+FLEET_FAILOVER_TESTS := ^TestFleet(ClusterFailover|SentinelFailover|ClusterDown|SlotMigration|ClusterDemotedPrimary|DemotedPrimary)$$
 UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*|TestTextUpstreamFailureFraming)$$
 # The packages with tests that skip or shorten under -race
 # (testmc.SkipUnderRace, testmc.UnderRace: simulations on one goroutine at a
@@ -91,9 +91,11 @@ test-race-proxy-serial: test-race-proxy-bin
 test-race-proxy-parallel: test-race-proxy-bin
 	$(call runbin,race-proxy-parallel,-test.run '$(PROXY_PARALLEL)' -test.skip '$(FLEET_FAILOVER_TESTS)')
 
-# The real Redis Cluster and Sentinel failovers: mostly waiting on Redis,
-# so they overlap the other passes; their real-clock targets are
-# BenchmarkFleetFailover's, the tests fail at ten times them.
+# The real Redis Cluster and Sentinel failovers, and the other ways the
+# store moves (proxy/fleet_cluster_replies_test.go): mostly waiting on Redis,
+# so they overlap the other passes; the instances run on fake clocks and
+# the figures are asserted exactly (the real-clock ones are
+# BenchmarkFleetFailover's).
 test-fleet-failover: test-race-proxy-bin
 	$(call runbin,fleet-failover,-test.run '$(FLEET_FAILOVER_TESTS)')
 

@@ -1,9 +1,8 @@
 package proxy
 
-// Fleet mode on a store that fails over, with real processes: the store's
-// primary is killed under load and a replica takes over. On the real clock
-// (the failover is Redis's own, in real time): what is asserted is the
-// recovery and the admin change; the rates are logged, not asserted.
+// Fleet mode on a store that fails over, with real processes and on the
+// real clock: BenchmarkFleetFailover's figures. The tests, whose figures
+// are asserted exactly, run on fake clocks (fleet_failover_fake_test.go).
 
 import (
 	"fmt"
@@ -95,9 +94,11 @@ func (w *storeWatch) close() {
 // and how long the change took to be in force on both.
 //
 // The targets (store up within 2 grant periods of healthy, the change in
-// force within 3) are real-clock figures, reported by
-// BenchmarkFleetFailover; the tests fail at ten times them, a breakage
-// (such as the minute a stale slot map used to cost), not a slow machine.
+// force within 3) are real-clock figures here, reported by
+// BenchmarkFleetFailover, which fails at ten times them (a breakage, such
+// as the minute a stale slot map used to cost, not a slow machine);
+// TestFleetClusterFailover and TestFleetSentinelFailover assert them
+// exactly on fake clocks.
 func failoverRun(t testing.TB, url string, kill func(), healthy func() time.Time) (back, applied time.Duration) {
 	const period = time.Second
 	f := &fleetTest{t: t, mc: testmc.Start(t), url: url, period: period.String(),
@@ -210,17 +211,10 @@ func perSecond(secs [][]float64) string {
 	return strings.Join(out, " ")
 }
 
-// TestFleetClusterFailover: the store is a Redis Cluster of 3 primaries and
-// 3 replicas (cluster-node-timeout 1 s); the primary holding the fleet's
-// hash tag is killed (SIGKILL) under load. Its replica takes over; once
-// every surviving node reports cluster_state:ok and names a live primary
-// for the tag, each instance reaches the store again within 2 grant
-// periods (the target; the test fails at ten times it: it used to keep
-// failing against the dead primary until the client's slot map was
-// reloaded a minute later, Store.failed), and an admin change is applied
-// on both instances.
-func TestFleetClusterFailover(t *testing.T) { clusterFailover(t) }
-
+// clusterFailover is failoverRun on a Redis Cluster of 3 primaries and 3
+// replicas (cluster-node-timeout 1 s), the primary holding the fleet's
+// hash tag killed; healthy once every surviving node reports
+// cluster_state:ok and names a live primary for the tag.
 func clusterFailover(t testing.TB) (back, applied time.Duration) {
 	c := testmc.StartRedisCluster(t, 3, 1, time.Second)
 	primary := c.Primary(fleetTag)
@@ -236,14 +230,10 @@ func clusterFailover(t testing.TB) (back, applied time.Duration) {
 	})
 }
 
-// TestFleetSentinelFailover: the store is a primary and its replica
-// monitored by three sentinels (quorum 2, down-after-milliseconds 1000),
-// reached through them (?master_name=); the primary is killed (SIGKILL)
-// under load. Once the sentinels name the promoted replica and it reports
-// role:master, each instance reaches the store again within 2 grant
-// periods, and an admin change is applied on both instances.
-func TestFleetSentinelFailover(t *testing.T) { sentinelFailover(t) }
-
+// sentinelFailover is failoverRun on a primary and its replica monitored
+// by three sentinels (quorum 2, down-after-milliseconds 1000), reached
+// through them; healthy once the sentinels name the promoted replica and
+// it reports role:master.
 func sentinelFailover(t testing.TB) (back, applied time.Duration) {
 	s := testmc.StartRedisSentinel(t, time.Second)
 	primary := s.Primary()

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"path/filepath"
 	"strings"
@@ -35,6 +36,7 @@ type fleetTest struct {
 	wall     func() time.Time // every instance's wall clock (default time.Now)
 	fake     *fleetFake       // fake clocks (newFakeFleetTest); nil: the real clock
 	url      string           // the store's redis_url when not redis's (a cluster, Sentinel)
+	log      io.Writer        // every instance's log when set (else testLogger's)
 }
 
 func newFleetTest(t testing.TB, tail, period string) *fleetTest {
@@ -69,6 +71,7 @@ func (f *fleetTest) start(i int, proxyLines string) *testProxy {
 			statePath: filepath.Join(f.t.TempDir(), "state.json"),
 			loops:     1,
 			wall:      f.wall,
+			log:       f.log,
 			tail: f.tail + fmt.Sprintf("[fleet]\nredis_url = %q\nname = \"test\"\ninstance = \"i%d\"\ngrant_period = %q\n",
 				f.storeURL(), i, f.period),
 		}
