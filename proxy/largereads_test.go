@@ -36,45 +36,65 @@ func seedLarge(t testing.TB, p *testProxy) {
 // The first scenario: one connection keeps 50 GETs of a 1 MB
 // value in flight against hard_limit 500. Billing one unit per GET at
 // admission let about 12,000 units through in the first second (24x), then
-// nothing for 10 s. Now every second after the first gets some, and the
-// 10 s windows hold the limit within 10%.
+// nothing for 10 s. On the fake clock, stepped 10 ms (five units of the
+// limit) at a time for 11 s, the proxy settling after each step: every
+// second gets at least one read, and at every second the units answered
+// so far are the limit's worth of the time passed, to within the burst
+// and one read (a read is admitted while the gauge has room and billed in
+// full). Each 10 s window is then within two reads of 5000 units.
 func TestPipelinedLargeGetsHoldTheHardLimit(t *testing.T) {
-	p := startProxy(t, testConfig{
+	t.Parallel()
+	const (
+		limit = 500
+		burst = limit / 10 // burst_ms = 100
+		span  = 11         // seconds: two 10 s windows
+		step  = 10 * time.Millisecond
+	)
+	clock := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{
 		throttle: "capacity = \"unlimited\"\nburst_ms = 100",
-		tail:     "[[bucket]]\nname = \"default\"\nhard_limit = 500\n",
-	})
+		tail:     fmt.Sprintf("[[bucket]]\nname = \"default\"\nhard_limit = %d\n", limit),
+		loops:    1,
+	}, clock)
 	seedLarge(t, p)
 	c, err := mcclient.Dial(p.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	c.Timeout = 20 * time.Second
-
-	const span = 11 // seconds: two 10 s windows
-	perSec := make([]int, span+1)
-	start := time.Now()
+	b := p.Engine().Bucket("default")
+	base := b.Stats().Commands
+	var got atomic.Int64
 	stop := make(chan struct{})
-	timer := time.AfterFunc(span*time.Second, func() { close(stop) })
-	defer timer.Stop()
-	pipelineGets(t, c, largeKey, 50, stop, func(at time.Time) {
-		if s := int(at.Sub(start) / time.Second); s < len(perSec) {
-			perSec[s] += largeUnits
+	done := make(chan struct{})
+	defer func() { close(stop); <-done }()
+	go func() {
+		defer close(done)
+		pipelineGets(t, c, largeKey, 50, stop, func(time.Time) { got.Add(1) })
+	}()
+	ready := func() bool { return uint64(got.Load()) == b.Stats().Commands-base }
+	ft := &fakeTime{t: t, p: p, clock: clock}
+	ft.settle(1, ready)
+	var units []int // units answered at each second
+	for s := 0; s <= span; s++ {
+		for range time.Second / step * time.Duration(min(s, 1)) {
+			ft.step(step, 1, ready)
 		}
-	})
-	t.Logf("units per second: %v", perSec)
-	for i := 0; i+10 <= span; i++ {
-		sum := 0
-		for _, u := range perSec[i : i+10] {
-			sum += u
+		units = append(units, int(got.Load())*largeUnits)
+		if d := units[s] - limit*s; d > burst+largeUnits || d < -largeUnits {
+			t.Errorf("after %d s of the fake clock: %d units answered, want %d (the limit's) -%d +%d (one read; the burst and one read)", s, units[s], limit*s, largeUnits, burst+largeUnits)
 		}
-		if sum < 4500 || sum > 5500 {
-			t.Errorf("10 s window from %d s: %d units, want 5000 +-10%%", i, sum)
+		if s > 0 && units[s] == units[s-1] {
+			t.Errorf("second %d got nothing", s)
 		}
 	}
-	for i, u := range perSec[1:span] {
-		if u == 0 {
-			t.Errorf("second %d got nothing", i+1)
+	perSec := make([]int, span)
+	for s := range perSec {
+		perSec[s] = units[s+1] - units[s]
+	}
+	t.Logf("units at the start %d, then per second: %v", units[0], perSec)
+	for i := 0; i+10 <= span; i++ {
+		if sum := units[i+10] - units[i]; sum < 10*limit-2*largeUnits-burst || sum > 10*limit+2*largeUnits+burst {
+			t.Errorf("10 s window from %d s: %d units, want %d within two reads and the burst", i, sum, 10*limit)
 		}
 	}
 }
