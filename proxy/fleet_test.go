@@ -135,7 +135,7 @@ func checkWindow(t *testing.T, what string, secs [][]float64, limit float64) []f
 
 // fleetAdmin makes an admin change through instance p and fails the test
 // unless it succeeds.
-func fleetAdmin(t *testing.T, p *testProxy, op mc.Opcode, key, body string) {
+func fleetAdmin(t testing.TB, p *testProxy, op mc.Opcode, key, body string) {
 	t.Helper()
 	c := login(t, p.Addr, "admin")
 	defer c.Close()
@@ -144,7 +144,7 @@ func fleetAdmin(t *testing.T, p *testProxy, op mc.Opcode, key, body string) {
 	}
 }
 
-func fleetUsers(t *testing.T) string {
+func fleetUsers(t testing.TB) string {
 	h := hashes(t)
 	return fmt.Sprintf("[[user]]\nname = \"admin\"\npassword_hash = %q\nprivileges = [\"admin\"]\nbuckets = [\"*\"]\n", h["admin"])
 }
