@@ -61,18 +61,18 @@ func (n *fakeNeighbour) read(t testing.TB, stop <-chan struct{}) {
 }
 
 // largeReadsFake is largeReadsBesideNeighbours on the fake clock: one
-// event loop; the clock stepped a millisecond at a time, the proxy
-// settling after each step with every answer read; the neighbours send
-// their GET (when the last one is answered) every 10 ms of the clock,
+// event loop; the clock stepped 2 ms (ten units of the capacity, a
+// twenty-fifth of a large read) at a time, the proxy settling after each
+// step with every answer read; the neighbours send their GET (when the last one is answered) every 10 ms of the clock,
 // with the clock standing still, and their waits are counted on it. The
 // node's rate and the free pool's (the big bucket's and spare's) are the
 // engine's units over largeReadsWindow after 500 ms of warm-up.
 func largeReadsFake(t testing.TB) largeReadsResult {
 	const (
-		step   = time.Millisecond
-		warm   = 500 // steps: the burst spent, the pool saturated
+		step   = 2 * time.Millisecond
+		warm   = 250 // steps: the burst spent, the pool saturated
 		window = int(largeReadsWindow / step)
-		pace   = 10 // steps between a neighbour's GETs
+		pace   = 5 // steps between a neighbour's GETs: 10 ms
 	)
 	clock := throttle.NewFakeClock(time.Hour)
 	p := startProxyClock(t, testConfig{
