@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/testcerts"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
@@ -27,36 +26,9 @@ import (
 // value there.)
 func TestTooLargeMixedItemSizes(t *testing.T) {
 	t.Parallel()
-	small, big := testmc.Start(t, smallItems...), testmc.Start(t)
-	statePath := t.TempDir() + "/state.json"
-	listen := testmc.FreeAddr(t)
-	tc := testConfig{throttle: `capacity = "unlimited"`}
-	cfg, err := bucketcfg.Parse([]byte(tc.render(listen, []string{small.Addr, big.Addr}, statePath)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := New(Options{Config: cfg, Logger: testLogger(t), HealthInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkPauseMoves(t, srv)
-	p := &testProxy{Server: srv, Addr: listen, MC: small, stop: testmc.Serve(t, srv)}
-	eventually(t, 5*time.Second, "the small server's item size known", func() bool {
-		return p.pool.ItemSizeMax() == 1024
-	})
+	p, _, big := startMixedItems(t, "")
 	via := dialText(t, p.Addr)
-	// A key that lives on the 1 MiB server.
-	key := ""
-	for i := 0; i < 200 && key == ""; i++ {
-		k := fmt.Sprintf("mixed%d", i)
-		textDo(t, via, "set "+k+" 0 0 3\r\nold\r\n", "STORED\r\n")
-		if onServer(t, big, k) {
-			key = k
-		}
-	}
-	if key == "" {
-		t.Fatal("no key of 200 on the 1 MiB server")
-	}
+	key := keyOnServer(t, via, big, "mixed") // a key that lives on the 1 MiB server
 	v := strings.Repeat("y", 2000)
 	got := textDo(t, via, fmt.Sprintf("set %s 0 0 2000\r\n%s\r\nget %s\r\n", key, v, key), "END\r\n")
 	want := fmt.Sprintf("STORED\r\nVALUE %s 0 2000\r\n%s\r\nEND\r\n", key, v)

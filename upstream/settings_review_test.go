@@ -1,13 +1,8 @@
 package upstream
 
 import (
-	"io"
-	"net"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
 // Outside review of issue 28, rule 4 (the prober learning item_size_max).
@@ -22,24 +17,14 @@ import (
 // learned before is never refreshed, so a restart with another -I between
 // two probes goes unseen.)
 func TestPoolAsksSettingsAgainAfterOneLostAnswer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stats atomic.Int32
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go fakeSettingsServer(c, &stats)
+	fs := startSettingsServer(t, func(ask int32) int64 {
+		if ask == 1 {
+			return 0 // lost
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	p := newTestPool(t, PoolConfig{Servers: []string{ln.Addr().String()}},
+		return 1024
+	})
+	stats := &fs.asks
+	p := newTestPool(t, PoolConfig{Servers: []string{fs.addr}},
 		PoolOptions{Timeout: 100 * time.Millisecond, ProbeInterval: 5 * time.Millisecond})
 	p.Start()
 	eventually(t, 5*time.Second, "the first ask", func() bool { return stats.Load() >= 1 })
@@ -50,37 +35,5 @@ func TestPoolAsksSettingsAgainAfterOneLostAnswer(t *testing.T) {
 				p.ItemSizeMax(), stats.Load())
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// fakeSettingsServer answers VERSION, and `stats settings` with
-// item_size_max 1024, except the first ask of all (counted in stats),
-// which it leaves unanswered.
-func fakeSettingsServer(c net.Conn, stats *atomic.Int32) {
-	defer c.Close()
-	var hdr [binary.HeaderLen]byte
-	for {
-		if _, err := io.ReadFull(c, hdr[:]); err != nil {
-			return
-		}
-		h, _ := binary.ParseHeader(hdr[:])
-		if _, err := io.CopyN(io.Discard, c, int64(h.BodyLen)); err != nil {
-			return
-		}
-		var resp []byte
-		if h.Opcode == binary.OpStat {
-			if stats.Add(1) == 1 {
-				continue // lost
-			}
-			sh := binary.Header{Magic: binary.MagicResponse, Opcode: binary.OpStat, Opaque: h.Opaque}
-			resp = binary.AppendFrame(resp, sh, nil, nil, []byte("maxconns"), []byte("1024"))
-			resp = binary.AppendFrame(resp, sh, nil, nil, []byte("item_size_max"), []byte("1024"))
-			resp = binary.AppendFrame(resp, sh, nil, nil, nil, nil)
-		} else {
-			resp = binary.AppendFrame(nil, binary.Header{Magic: binary.MagicResponse, Opcode: binary.OpVersion, Opaque: h.Opaque}, nil, nil, nil, []byte("1.6.18"))
-		}
-		if _, err := c.Write(resp); err != nil {
-			return
-		}
 	}
 }
