@@ -278,7 +278,17 @@ func TestPoolProbesEjectsAndReadmits(t *testing.T) {
 	}
 
 	mb.Stop()
-	eventually(t, 3*time.Second, "the dead server ejected", func() bool { return stateOf(p, mb.Addr).Ejected })
+	// The prober records a state, then hands the loops their server list
+	// at the end of its round: wait for both.
+	allOn := func(keys [][]byte, c *Conn) bool {
+		for _, k := range keys {
+			if lp.Pick(k) != c {
+				return false
+			}
+		}
+		return true
+	}
+	eventually(t, 3*time.Second, "the dead server ejected", func() bool { return stateOf(p, mb.Addr).Ejected && allOn(onB, connA) })
 	if st := stateOf(p, mb.Addr); st.Up || !p.AnyUp() || !stateOf(p, ma.Addr).Up || stateOf(p, ma.Addr).Ejected {
 		t.Fatalf("one server dead: its state %+v, the other's %+v, AnyUp %v", st, stateOf(p, ma.Addr), p.AnyUp())
 	}
@@ -291,7 +301,7 @@ func TestPoolProbesEjectsAndReadmits(t *testing.T) {
 	mb.Restart(t)
 	eventually(t, 5*time.Second, "the server readmitted", func() bool {
 		st := stateOf(p, mb.Addr)
-		return st.Up && !st.Ejected
+		return st.Up && !st.Ejected && allOn(onB, connB)
 	})
 	for _, k := range onB {
 		if lp.Pick(k) != connB {
