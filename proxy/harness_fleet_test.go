@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -117,6 +119,14 @@ func (f *fleetTest) settleInst(i int) {
 	}
 }
 
+// fleetTickPatience bounds the real time one fleet tick may take under
+// fake clocks: a liveness bound, not a figure (the fake clock stands
+// meanwhile). A tick makes a few store calls in turn, each bounded by
+// fakeFleetCallTimeout; a call can wait out its timeout on a loaded
+// machine, as one did once during a demotion (TestFleetDemotedPrimary
+// beside the other race passes: over 30 s), so the bound covers three.
+const fleetTickPatience = 3*fakeFleetCallTimeout + 10*time.Second
+
 // step moves the fake clock by d: the loops first, then each instance's
 // fleet in turn (see fleetFake).
 func (f *fleetTest) step(d time.Duration) {
@@ -134,12 +144,18 @@ func (f *fleetTest) step(d time.Duration) {
 			continue
 		}
 		ff.fclocks[i].Set(now)
-		deadline := time.Now().Add(30 * time.Second)
+		start := time.Now()
 		for p.fleet.fl.NextTick() <= now {
-			if time.Now().After(deadline) {
-				f.t.Fatalf("at %v instance %d's fleet tick due at %v has not run", now, i, p.fleet.fl.NextTick())
+			if time.Since(start) > fleetTickPatience {
+				var stacks strings.Builder
+				_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+				f.t.Logf("goroutines:\n%s", stacks.String())
+				f.t.Fatalf("at %v instance %d's fleet tick due at %v has not run in %v", now, i, p.fleet.fl.NextTick(), fleetTickPatience)
 			}
 			time.Sleep(50 * time.Microsecond)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			f.t.Logf("at %v instance %d's fleet tick took %v of real time (a store call waiting for its timeout?)", now, i, took.Round(time.Millisecond))
 		}
 		f.settleInst(i)
 	}
