@@ -147,6 +147,9 @@ func (s *session) forward(r *request, b *bucket) bool {
 		u.NotifyRoom(s.unpauseFn)
 		return false
 	}
+	if b != nil && r.op.Class() == binary.ClassWrite && len(r.value) > 0 && !s.raiseCeiling(b, r) {
+		return false
+	}
 	var grant throttle.Grant
 	var leased *lane
 	if b != nil && r.op.Class().Metered() {
@@ -155,7 +158,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 		cost := s.lp.srv.cost(r.op.Class(), len(key)+len(r.value))
 		g, wait, l := s.admit(b, cost)
 		if g.Domain == throttle.Held {
-			return s.throttled(r, b, g, wait)
+			return s.throttled(r, b, wait)
 		}
 		if s.heldAt != 0 {
 			s.lp.srv.throttleWait(b, s.lp.srv.throttle.Now()-s.heldAt)
