@@ -182,6 +182,7 @@ func (srv *Server) apply(eff *bucketcfg.Config) error {
 	ten, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs, srv.startClass.Load(), srv.localLimits)
 	srv.ten.Store(ten)
 	srv.syncFlushes()
+	srv.restoreCeilings(srv.state)
 	srv.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.recheckSessions))
 	})

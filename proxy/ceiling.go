@@ -6,8 +6,8 @@ import "time"
 // item counts.
 const ceilingProbeTimeout = 2 * time.Second
 
-// startCeilings sets the buckets' ceilings (throttle.ReadCost) before the
-// proxy serves: class 1 when every upstream server reports curr_items 0
+// startCeilings sets the ceilings (throttle.ReadCost) of the buckets
+// without one saved for their epoch, before the proxy serves: class 1 when every upstream server reports curr_items 0
 // (nothing stored: every value of every bucket will be written through
 // the proxy, which raises the ceiling before it forwards), else they stay
 // at the largest item (M), as the engine starts them. Buckets created
@@ -23,7 +23,13 @@ func (srv *Server) startCeilings() {
 		return
 	}
 	srv.startClass.Store(1)
-	for _, b := range srv.ten.Load().buckets {
+	srv.adminMu.Lock()
+	defer srv.adminMu.Unlock()
+	for name, b := range srv.ten.Load().buckets {
+		if c, ok := srv.state.Ceilings[name]; ok && c.Epoch == b.gen.Load() {
+			continue // its saved class holds
+		}
 		b.tb.ReadCost().Reset(b.gen.Load())
+		b.savedCeil.Store(1)
 	}
 }

@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"bytes"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
@@ -171,5 +174,65 @@ func TestRefundWakesHeldSessions(t *testing.T) {
 	clk.Advance(10 * time.Millisecond)
 	if r := answered(t, gotB, "b's GET after the refund"); r.Status() != mc.StatusSuccess {
 		t.Fatalf("b: status %v %q", r.Status(), r.Value)
+	}
+}
+
+// The ceiling of a bucket's epoch is in the state file before the write
+// that raised it is answered, and a restart starts from it: on servers
+// that hold items, a bucket with a saved class starts there, one without
+// at M (the largest item); on servers that hold none, at class 1.
+func TestCeilingSurvivesRestart(t *testing.T) {
+	tc := testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 100",
+		tail:      "[[bucket]]\nname = \"default\"\n[[bucket]]\nname = \"other\"\n",
+		statePath: filepath.Join(t.TempDir(), "state.json")}
+	m := testmc.Start(t)
+	p := startProxyTo(t, m, tc)
+	for _, name := range []string{"default", "other"} {
+		if c := p.Engine().Bucket(name).ReadCost().Ceiling(); c != 1 {
+			t.Fatalf("%s: ceiling %d on empty servers, want class 1", name, c)
+		}
+	}
+	c := dial(t, p.Addr)
+	if r, err := c.Set([]byte("k"), bytes.Repeat([]byte("v"), 100_000)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("set: %v %v", r, err)
+	}
+	st, err := bucketcfg.LoadState(tc.statePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := st.Ceilings["default"], (bucketcfg.Ceiling{Epoch: 0, Class: 32}); got != want {
+		t.Fatalf("saved ceiling %+v when the SET was answered, want %+v", got, want)
+	}
+	c.Close()
+	p.stop(t)
+
+	tc.tail += "[[bucket]]\nname = \"third\"\n"
+	p = startProxyTo(t, m, tc) // memcached holds the value
+	for name, want := range map[string]int64{"default": 32, "other": 1, "third": 257} {
+		// (other's class 1 was saved with default's: nothing was written
+		// to it; third has none saved, and the servers hold items)
+		if c := p.Engine().Bucket(name).ReadCost().Ceiling(); c != want {
+			t.Errorf("%s: ceiling %d after a restart, want %d", name, c, want)
+		}
+	}
+}
+
+// The fleet's merge of ceilings: the greater epoch wins, then the larger
+// class; a local ceiling ahead of the fleet's is pushed (ahead).
+func TestMergeFleetStateCeilings(t *testing.T) {
+	t.Parallel()
+	fleetSt, local := bucketcfg.NewState(), bucketcfg.NewState()
+	fleetSt.Ceilings["a"] = bucketcfg.Ceiling{Epoch: 1, Class: 64}
+	fleetSt.Ceilings["b"] = bucketcfg.Ceiling{Epoch: 2, Class: 1}
+	local.Ceilings["a"] = bucketcfg.Ceiling{Epoch: 1, Class: 8}
+	local.Ceilings["b"] = bucketcfg.Ceiling{Epoch: 1, Class: 257}
+	m, ahead := mergeFleetState(fleetSt, local, 100)
+	if ahead || m.Ceilings["a"].Class != 64 || m.Ceilings["b"] != fleetSt.Ceilings["b"] {
+		t.Fatalf("merged %v ahead %v, want the fleet's", m.Ceilings, ahead)
+	}
+	local.Ceilings["b"] = bucketcfg.Ceiling{Epoch: 2, Class: 32}
+	m, ahead = mergeFleetState(fleetSt, local, 100)
+	if !ahead || m.Ceilings["b"].Class != 32 {
+		t.Fatalf("merged %v ahead %v, want b's raise kept and pushed", m.Ceilings, ahead)
 	}
 }

@@ -17,7 +17,8 @@ const raisePoll = 5 * time.Millisecond
 // ceiling"): so no read billed under the old class can find it. It reports
 // whether r may go now; otherwise the session is held until the reads
 // admitted under the old class have settled (at most one round trip, at
-// most 9 times per epoch of a bucket), and r is dispatched again then.
+// most 9 times per epoch of a bucket) and the raised class is saved in
+// the state file (ceilingsave.go), and r is dispatched again then.
 // APPEND and PREPEND (ms modes A and P) add their bytes to the largest
 // value. On the loop.
 func (s *session) raiseCeiling(b *bucket, r *request) bool {
@@ -27,7 +28,10 @@ func (s *session) raiseCeiling(b *bucket, r *request) bool {
 		if pending {
 			s.lp.srv.wakeHeld() // the raise others waited for is through
 		}
-		return true
+		if b.ceilingSaved() {
+			return true
+		}
+		s.lp.srv.saveCeilings() // and wait for it: wakeHeld when saved
 	}
 	s.hold(held, raisePoll)
 	return false

@@ -127,9 +127,11 @@ type Server struct {
 	// start: 1 when every server was empty before the proxy served, 0
 	// (the largest item) otherwise (ceiling.go)
 	startClass atomic.Int64
-	metrics    *metrics.Metrics
-	pool       *upstream.Pool          // upstream servers in force, their health and connections
-	ten        atomic.Pointer[tenants] // buckets and users in force
+	// a save of the ceilings runs, and another is asked for (ceilingsave.go)
+	ceilSaving, ceilAgain atomic.Bool
+	metrics               *metrics.Metrics
+	pool                  *upstream.Pool          // upstream servers in force, their health and connections
+	ten                   atomic.Pointer[tenants] // buckets and users in force
 
 	adminMu sync.Mutex // serialises admin changes and reloads
 	file    *bucketcfg.Config
@@ -278,6 +280,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.ten.Store(ten)
 	s.syncFlushes()
+	s.startSavedCeilings(st)
 	if tracked {
 		if err := st.Save(cfg.Throttle.StateFile); err != nil {
 			s.stopFleet()

@@ -27,6 +27,9 @@ type bucket struct {
 	prefix atomic.Pointer[[]byte] // key namespace upstream; changes on FLUSH
 	gen    atomic.Uint64          // flush generation
 	gone   atomic.Bool            // removed by a reload
+	// savedCeil is the ceiling (read units) of the current epoch known to
+	// be in the state file, or that needs no saving (ceilingsave.go)
+	savedCeil atomic.Int64
 
 	// pending is the bucket's delayed flush not yet in effect (nil: none),
 	// applied by the first key command at or after its deadline
@@ -65,6 +68,7 @@ func newBucket(name string, flushEnabled bool, tb *throttle.Bucket, epoch uint64
 	b.flushEnabled.Store(flushEnabled)
 	b.setEpoch(epoch) // before tb: the ceiling is the caller's to set
 	b.tb = tb
+	b.savedCeil.Store(tb.ReadCost().Ceiling())
 	return b
 }
 
@@ -84,6 +88,7 @@ func (b *bucket) storeEpoch(e uint64) {
 	b.prefix.Store(&p)
 	if e > old && b.tb != nil {
 		b.tb.ReadCost().Reset(e)
+		b.savedCeil.Store(1) // class 1 needs no saving: no saved class is read as empty servers' or M
 	}
 }
 
