@@ -112,7 +112,9 @@ func BenchmarkReservationBesideReadFlood(b *testing.B) {
 	waitFlood := run(floodConn, 8, 16, "big", stopFlood)
 	waitChurn := churn(b, p.Addr, 4, "big", stopFlood)
 	time.Sleep(time.Second) // warm-up
+	held0 := calm.Stats().Held
 	beside, node := rate(5 * time.Second)
+	held := calm.Stats().Held - held0
 	b.StopTimer()
 	close(stopFlood)
 	close(stopCalm)
@@ -122,6 +124,7 @@ func BenchmarkReservationBesideReadFlood(b *testing.B) {
 	b.ReportMetric(100*alone/reserved, "alone_%_of_reservation")
 	b.ReportMetric(100*beside/reserved, "beside_flood_%_of_reservation")
 	b.ReportMetric(node, "node_units/s")
+	b.ReportMetric(float64(held), "calm_held")
 }
 
 // churn runs n goroutines that each, until stop is closed, open a

@@ -185,7 +185,7 @@ func TestAlternatingShapeAt500(t *testing.T) {
 	const span = 22
 	runReaders(clk, span*time.Second, 100*time.Microsecond, r)
 	got := sum(r.perSec[2:12])
-	t.Logf("per second: %v", r.perSec)
+	t.Logf("%d units in 10 s (%.1f%% of 5000); per second: %v", got, float64(got)/50, r.perSec)
 	if got < 5000*98/100 {
 		t.Errorf("%d units in 10 s, want at least 98%% of 5000", got)
 	}
