@@ -234,3 +234,24 @@ func TestReservedNeighbourBesideReadFlood(t *testing.T) {
 		t.Errorf("reserved bucket held %d times within its reservation", held)
 	}
 }
+
+// Reads billed at the ceiling, through a bucket and a lease, and the
+// raise of a write allocate nothing.
+func TestReadCostNoAllocs(t *testing.T) {
+	e, clk := newCostEngine(t, Unlimited)
+	b, _ := e.AddBucket("a", 1000000, Unlimited)
+	l := b.NewLease()
+	var w Waiter
+	n := testing.AllocsPerRun(1000, func() {
+		clk.Advance(time.Millisecond)
+		g, _ := b.AdmitCost(&w, Blocking, Cost{Read: true})
+		b.Settle(g, 1)
+		g, _ = l.AdmitCost(&w, Blocking, Cost{Read: true})
+		l.Settle(g, 1)
+		b.ReadCost().Raise(100, false)
+		b.ReadCost().TryDrain()
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations per read and raise, want 0", n)
+	}
+}
