@@ -236,3 +236,26 @@ func TestMergeFleetStateCeilings(t *testing.T) {
 		t.Fatalf("merged %v ahead %v, want b's raise kept and pushed", m.Ceilings, ahead)
 	}
 }
+
+// In fleet mode a raise of a bucket's ceiling on one instance reaches the
+// others through the fleet's state document (a grant period or two).
+func TestFleetCeilings(t *testing.T) {
+	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\n", "1s")
+	a, b := f.start(0, `default_bucket = "b"`), f.start(1, `default_bucket = "b"`)
+	for _, p := range []*testProxy{a, b} {
+		if c := p.Engine().Bucket("b").ReadCost().Ceiling(); c != 1 {
+			t.Fatalf("ceiling %d on empty servers, want class 1", c)
+		}
+	}
+	ca := dial(t, a.Addr)
+	defer ca.Close()
+	if r, err := ca.Set([]byte("k"), bytes.Repeat([]byte("v"), 100_000)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("set: %v %v", r, err)
+	}
+	if c := a.Engine().Bucket("b").ReadCost().Ceiling(); c != 32 {
+		t.Fatalf("a: ceiling %d after a 100 KB value, want 32", c)
+	}
+	testmc.Eventually(t, 5*time.Second, "b learns a's ceiling", func() bool {
+		return b.Engine().Bucket("b").ReadCost().Ceiling() == 32
+	})
+}
