@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run fleet test test-passes test-race test-race-proxy-bin test-race-proxy-serial test-race-proxy-parallel test-race-packages test-norace test-upstream-tls deps vet bench fuzz clean
+.PHONY: all build run fleet test test-passes test-race test-race-proxy-bin test-race-proxy-serial test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-upstream-tls deps vet bench fuzz clean
 
 all: build
 
@@ -43,15 +43,14 @@ fleet: build
 ## the proxy tests whose traffic TLS changes (test-upstream-tls): the
 ## upstream wire (framing across records, partial reads, reconnects,
 ## pipelines, large values, real clients), not the throttle's arithmetic.
-## Then, alone: the fleet tests against real Redis Cluster and Sentinel
-## processes, whose failovers run on the real clock and must be back within
-## two grant periods (the fleet rate tests run on fake clocks), and,
-## without the race detector (it
-## distorts latencies), the TLS handshake flood (proxy/tlsflood_test.go).
+## the fleet tests against real Redis Cluster and Sentinel processes
+## (test-fleet-failover; the fleet rate tests run on fake clocks). Then,
+## alone and without the race detector (it distorts latencies), the TLS
+## handshake flood (proxy/tlsflood_test.go).
 ## TESTJSON=DIR: each pass writes `go test -json` to DIR/PASS.json instead
 ## of its usual output (scripts/flake.sh, scripts/testtimes.sh).
-FLEET_RATE_TESTS := ^TestFleet(ClusterFailover|SentinelFailover)$$
-UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*|TestTextUpstreamFailureFraming)$$
+FLEET_FAILOVER_TESTS := ^TestFleet(ClusterFailover|SentinelFailover|ClusterDown|SlotMigration|ClusterDemotedPrimary|DemotedPrimary)$$
+UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestHardLimitHoldsRealClock|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*|TestTextUpstreamFailureFraming)$$
 # The packages with tests that skip or shorten under -race
 # (testmc.SkipUnderRace, testmc.UnderRace: simulations on one goroutine at a
 # time, bcrypt at its real cost); internal/docscheck checks the list.
@@ -75,12 +74,11 @@ test: deps
 ## test-passes: make test without installing anything or vet (what
 ## scripts/flake.sh runs).
 test-passes:
-	@$(MAKE) --no-print-directory -j6 $(WITH_VET) test-race test-norace test-upstream-tls
-	$(call gotest,fleet-rate,-race -count=1 -timeout 10m -run '$(FLEET_RATE_TESTS)' ./proxy)
+	@$(MAKE) --no-print-directory -j6 $(WITH_VET) test-race test-norace test-upstream-tls test-fleet-failover
 	$(call gotest,tls-flood,-count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy)
 
-## test-race: every test with -race: the proxy's in two processes (see
-## PROXY_PARALLEL), every other package's in a third.
+## test-race: every test with -race but the failovers: the proxy's in two
+## processes (see PROXY_PARALLEL), every other package's in a third.
 test-race: test-race-proxy-serial test-race-proxy-parallel test-race-packages
 
 test-race-proxy-bin:
@@ -88,10 +86,18 @@ test-race-proxy-bin:
 	$(GO) test -race -c -o $(PROXY_RACE_BIN) ./proxy
 
 test-race-proxy-serial: test-race-proxy-bin
-	$(call runbin,race-proxy-serial,-test.skip '$(FLEET_RATE_TESTS)|$(PROXY_PARALLEL)')
+	$(call runbin,race-proxy-serial,-test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
 
 test-race-proxy-parallel: test-race-proxy-bin
-	$(call runbin,race-proxy-parallel,-test.run '$(PROXY_PARALLEL)' -test.skip '$(FLEET_RATE_TESTS)')
+	$(call runbin,race-proxy-parallel,-test.run '$(PROXY_PARALLEL)' -test.skip '$(FLEET_FAILOVER_TESTS)')
+
+# The real Redis Cluster and Sentinel failovers, and the other ways the
+# store moves (proxy/fleet_cluster_replies_test.go): mostly waiting on Redis,
+# so they overlap the other passes; the instances run on fake clocks and
+# the figures are asserted exactly (the real-clock ones are
+# BenchmarkFleetFailover's).
+test-fleet-failover: test-race-proxy-bin
+	$(call runbin,fleet-failover,-test.run '$(FLEET_FAILOVER_TESTS)')
 
 test-race-packages:
 	$(call gotest,race,-race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/proxy$$'))

@@ -3,7 +3,9 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +30,7 @@ func softDial(dial func(ctx context.Context, network, addr string) (net.Conn, er
 		if err != nil {
 			// Twice: go-redis hands the caller the error of a failed
 			// connection handshake unwrapped once.
+			err = explainTLS(fmt.Errorf("connect to %s: %w", addr, err))
 			return failedConn{&notSentError{&notSentError{err}}}, nil
 		}
 		return c, nil
@@ -95,4 +98,46 @@ func (h *slotMapHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *slotMapHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// readOnlyHook sends a command again after a READONLY reply, on a single
+// server or through Sentinel (a Cluster client follows READONLY itself).
+//
+// A READONLY reply comes from a server that was the primary when the
+// connection was made and has been demoted since: a DNS name moved to a
+// new primary, or a demotion the sentinels did not make (they close the
+// old primary's clients when they do). go-redis closes that connection,
+// but the pool may hold more to the same server, and each would fail one
+// more call: a period each. A replica writes nothing (a script fails at
+// its first write, before any), so the command is sent again, up to
+// tries times in all: each try after a READONLY takes another pooled
+// connection or makes a new one, which goes to the primary in force (the
+// sentinels are asked again, the name resolved again).
+type readOnlyHook struct{ tries int }
+
+func (h readOnlyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h readOnlyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		for try := 1; try < h.tries && isReadOnly(err) && ctx.Err() == nil; try++ {
+			err = next(ctx, cmd)
+		}
+		return err
+	}
+}
+
+func (h readOnlyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// isReadOnly reports whether err is a server's READONLY reply (to a
+// command, or to a script's write).
+func isReadOnly(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	msg := reply.Error()
+	return strings.HasPrefix(msg, "READONLY ") || strings.Contains(msg, "-READONLY ")
 }

@@ -93,6 +93,11 @@ func (s *Store) nowArg() string {
 //   - the same with "?addr=host:port&addr=..." and no master_name: Redis
 //     Cluster, the host and the addr parameters being seed nodes (every key
 //     of a fleet shares one hash tag, so one node serves a fleet's calls).
+//
+// With rediss:// the store's certificate is verified, against the system's
+// roots or the CAs in the file the parameter tls_ca_file names;
+// tls_cert_file and tls_key_file name a client certificate and its key
+// (for Redis's tls-auth-clients). These three take absolute paths.
 func OpenStore(rawURL, name string) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -114,6 +119,11 @@ func OpenStore(rawURL, name string) (*Store, error) {
 		}
 		return errors.New(msg)
 	}
+	u, tlsFiles, err := splitTLSParams(u)
+	if err != nil {
+		return nil, err
+	}
+	rawURL = u.String()
 	q := u.Query()
 	// The caller bounds every call with a context deadline; go-redis's own
 	// retries would only make a late reply later.
@@ -124,13 +134,21 @@ func OpenStore(rawURL, name string) (*Store, error) {
 		if err != nil {
 			return nil, fmt.Errorf("fleet: redis_url (Sentinel): %w", scrub(err))
 		}
+		if err := tlsFiles.apply(opts.TLSConfig); err != nil {
+			return nil, err
+		}
 		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
 		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: opts.TLSConfig}))
-		return newStore(redis.NewFailoverClient(opts), name), nil
+		fc := redis.NewFailoverClient(opts)
+		fc.AddHook(readOnlyHook{tries: pool + 1})
+		return newStore(fc, name), nil
 	case q.Has("addr"):
 		opts, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
 			return nil, fmt.Errorf("fleet: redis_url (Cluster): %w", scrub(err))
+		}
+		if err := tlsFiles.apply(opts.TLSConfig); err != nil {
+			return nil, err
 		}
 		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
 		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: opts.TLSConfig}))
@@ -142,9 +160,14 @@ func OpenStore(rawURL, name string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fleet: redis_url: %w", scrub(err))
 	}
+	if err := tlsFiles.apply(opts.TLSConfig); err != nil {
+		return nil, err
+	}
 	opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
 	opts.Dialer = softDial(redis.NewDialer(opts))
-	return newStore(redis.NewClient(opts), name), nil
+	rc := redis.NewClient(opts)
+	rc.AddHook(readOnlyHook{tries: pool + 1})
+	return newStore(rc, name), nil
 }
 
 func newStore(rdb redis.UniversalClient, name string) *Store {
@@ -161,7 +184,7 @@ func (s *Store) Close() error { return s.rdb.Close() }
 func (s *Store) Load(ctx context.Context) (doc []byte, token string, ok bool, err error) {
 	vals, err := s.rdb.HMGet(ctx, s.keys[0], "state", "version", "id").Result()
 	if err != nil {
-		return nil, "", false, fmt.Errorf("fleet: load state: %w", err)
+		return nil, "", false, fmt.Errorf("fleet: load state: %w", explainTLS(err))
 	}
 	st, _ := vals[0].(string)
 	vs, _ := vals[1].(string)
@@ -368,7 +391,7 @@ func (s *Store) sync(ctx context.Context, req *syncRequest) (*syncReply, error) 
 	}
 	raw, err := syncScript.Run(ctx, s.rdb, s.keys, args...).Slice()
 	if err != nil {
-		return nil, fmt.Errorf("fleet: sync: %w", err)
+		return nil, fmt.Errorf("fleet: sync: %w", explainTLS(err))
 	}
 	return parseSyncReply(raw)
 }

@@ -572,7 +572,10 @@ func fleetOn(t *testing.T, url, name string, state func([]byte, string) error) *
 	if state == nil {
 		state = func([]byte, string) error { return nil }
 	}
-	f, err := New(Config{Store: st, Instance: name, Period: 200 * time.Millisecond}, Hooks{
+	// The tests drive syncOnce by hand and stop no store: a call's
+	// timeout is a liveness bound, not the default half period (100 ms),
+	// which a loaded machine's Redis round trip can exceed.
+	f, err := New(Config{Store: st, Instance: name, Period: 200 * time.Millisecond, CallTimeout: 20 * time.Second}, Hooks{
 		Usage: func(dst []Usage) (Node, []Usage) {
 			return Node{Capacity: throttle.Unlimited, FreePool: throttle.Unlimited},
 				append(dst, Usage{Name: "b", Reserved: 0, HardLimit: 3000, Waiting: 4})

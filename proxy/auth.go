@@ -95,7 +95,7 @@ func (s *session) saslAuth(r *request) {
 	}
 	addr := authSource(s.remote)
 	src := authPair(addr, user)
-	now := time.Now()
+	now := srv.throttle.Now()
 	penalised := srv.authQ.penalised(src, addr, now)
 	// A user with no failure here may use the cache while only its
 	// address is penalised (authdecoy.go); a miss then closes the cache to
@@ -141,7 +141,8 @@ func (srv *Server) checkAuth(j *authJob) (refused bool) {
 		} else {
 			start := time.Now()
 			u, err = srv.authCache.Authenticate(j.cfg, j.user, j.pass)
-			srv.bcryptTook.Store(int64(time.Since(start)))
+			j.took = srv.bcryptDuration(time.Since(start))
+			srv.bcryptTook.Store(int64(j.took))
 		}
 		if err == nil && j.src != nil {
 			srv.authQ.verified(j.src)
@@ -149,6 +150,17 @@ func (srv *Server) checkAuth(j *authJob) (refused bool) {
 	}
 	srv.authAnswer(j, u, err)
 	return errors.Is(err, bucketcfg.ErrAuthFailed)
+}
+
+// bcryptDuration is what a bcrypt run that took real (its real, CPU-bound
+// duration) counts as: real, unless a test fixed it (fixedBcrypt), so
+// that the penalties and decoy delays derived from it are known exactly
+// on a fake clock.
+func (srv *Server) bcryptDuration(real time.Duration) time.Duration {
+	if d := srv.fixedBcrypt.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return real
 }
 
 // dropAuth answers a check the stopped worker did not run.

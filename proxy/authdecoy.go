@@ -29,11 +29,11 @@ import (
 // fresh reports whether source src (an authPair) has no failure penalty,
 // no check queued and no cache miss pending: its logins may use the
 // password cache even while its address is penalised.
-func (q *authQueue) fresh(src string, now time.Time) bool {
+func (q *authQueue) fresh(src string, now time.Duration) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	as := q.sources[src]
-	return as == nil || (len(as.jobs) == 0 && !now.Before(as.notBefore) && !now.Before(as.noCache))
+	return as == nil || (len(as.jobs) == 0 && now >= as.notBefore && now >= as.noCache)
 }
 
 // missed records that a login of src (of address addr) missed the password
@@ -41,11 +41,11 @@ func (q *authQueue) fresh(src string, now time.Time) bool {
 // again before its check succeeds (verified) or maxFailedAuthPenalty has
 // passed. With maxAuthSources remembered and none to forget, it records
 // nothing (the login's check is then refused too: push finds no room).
-func (q *authQueue) missed(src, addr string, now time.Time) {
+func (q *authQueue) missed(src, addr string, now time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if as := q.source(src, addr, now); as != nil && now.Add(maxFailedAuthPenalty).After(as.noCache) {
-		as.noCache = now.Add(maxFailedAuthPenalty)
+	if as := q.source(src, addr, now); as != nil && now+maxFailedAuthPenalty > as.noCache {
+		as.noCache = now + maxFailedAuthPenalty
 	}
 }
 
@@ -55,7 +55,7 @@ func (q *authQueue) verified(src *authSrc) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if cur := q.sources[src.key]; cur != nil {
-		cur.noCache = time.Time{}
+		cur.noCache = 0
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // pairJob is a check of user from address addr, as the proxy queues it.
@@ -16,8 +18,8 @@ func pairJob(addr, user string) *authJob { return &authJob{user: user, addr: add
 // checks, whatever the users.
 func TestAuthPairPenalty(t *testing.T) {
 	t.Parallel()
-	q := newAuthQueue()
-	now := time.Now()
+	q := newAuthQueue(throttle.NewFakeClock(0))
+	now := time.Minute
 	q.push(authPair("A", "bob"), pairJob("A", "bob"), now)
 	j, _ := q.pop(now)
 	q.failed(j.src, 10*time.Millisecond, now)
@@ -32,7 +34,7 @@ func TestAuthPairPenalty(t *testing.T) {
 	if got := popUsers(t, q, now); len(got) != 1 || got[0] != "alice" {
 		t.Fatalf("served %v while bob at A is penalised, want [alice]", got)
 	}
-	popUsers(t, q, now.Add(time.Hour))
+	popUsers(t, q, now+time.Hour)
 
 	// Failures on many users from one address: the address waits.
 	for i := range maxFailingUsersPerAddr + 1 {
@@ -52,7 +54,7 @@ func TestAuthPairPenalty(t *testing.T) {
 	}
 
 	// One address's checks, all users together, are bounded.
-	q2 := newAuthQueue()
+	q2 := newAuthQueue(throttle.NewFakeClock(0))
 	for i := range maxQueuedAuthPerAddr {
 		if !q2.push(authPair("C", fmt.Sprint(i)), pairJob("C", "u"), now) {
 			t.Fatalf("check %d of address C refused", i+1)

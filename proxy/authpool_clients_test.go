@@ -68,7 +68,10 @@ start = threading.Barrier(n)
 res = [None] * n
 def run(i):
     try:
-        c = pylibmc.Client([addr], binary=True, username=user, password=password)
+        # Timeouts of 10 s as dalli's below: libmemcached's 5 s default
+        # poll timeout is a latency bound a loaded test machine can miss.
+        c = pylibmc.Client([addr], binary=True, username=user, password=password,
+                           behaviors={"connect_timeout": 10000, "_poll_timeout": 10000})
         start.wait()
         key = "pool-py-%d" % i
         ok = c.set(key, "py %d" % i)

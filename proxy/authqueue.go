@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // Bounds on the password checks waiting for the auth worker. Past one,
@@ -67,6 +68,9 @@ type authJob struct {
 	// charge, when set by the check, is the worker time its failure is
 	// charged (a decoy's), in place of the time it took.
 	charge time.Duration
+	// took, set by the check, is how long its bcrypt run took (0: none
+	// ran), which its failure is charged.
+	took time.Duration
 }
 
 // authQueue holds the password checks waiting for the Server's one auth
@@ -78,7 +82,12 @@ type authJob struct {
 // fail is served at most 1/failedAuthShare of the time. A connection has at
 // most one check waiting (its session dispatches nothing meanwhile). Safe
 // for concurrent use.
+//
+// Its times (penalties, turns, the worker's waits) are readings of clock,
+// the engine's (Server.throttle): on a fake clock a test decides when a
+// penalty ends.
 type authQueue struct {
+	clock   throttle.Clock
 	mu      sync.Mutex
 	sources map[string]*authSrc
 	addrs   map[string]*authAddr // addresses with checks queued or users under penalty
@@ -95,10 +104,10 @@ type authSrc struct {
 	key       string
 	addr      string // its address ("": none)
 	jobs      []*authJob
-	notBefore time.Time
+	notBefore time.Duration
 	// noCache: until then, a login of this source uses the password cache
 	// only when it is not penalised (see fresh).
-	noCache time.Time
+	noCache time.Duration
 	decoy   bool // an unknown user's: its failures count not towards its address's
 }
 
@@ -106,12 +115,12 @@ type authSrc struct {
 // under a failure penalty, by source key, with the penalty's end.
 type authAddr struct {
 	n         int
-	failing   map[string]time.Time
-	notBefore time.Time // set while more than maxFailingUsersPerAddr fail
+	failing   map[string]time.Duration
+	notBefore time.Duration // set while more than maxFailingUsersPerAddr fail
 }
 
-func newAuthQueue() *authQueue {
-	return &authQueue{sources: make(map[string]*authSrc), addrs: make(map[string]*authAddr), wake: make(chan struct{}, 1)}
+func newAuthQueue(clock throttle.Clock) *authQueue {
+	return &authQueue{clock: clock, sources: make(map[string]*authSrc), addrs: make(map[string]*authAddr), wake: make(chan struct{}, 1)}
 }
 
 // authPair is the queue's source for a login of user from address addr
@@ -120,12 +129,14 @@ func authPair(addr, user string) string { return addr + "\x00" + user }
 
 // notBefore is when as's next check may start: its own penalty, or its
 // address's while the address guesses across users. Under q.mu.
-func (q *authQueue) notBefore(as *authSrc) time.Time { return q.addrNotBefore(as.notBefore, as.addr) }
+func (q *authQueue) notBefore(as *authSrc) time.Duration {
+	return q.addrNotBefore(as.notBefore, as.addr)
+}
 
 // addrNotBefore is the later of nb and the penalty of address addr. Under
 // q.mu.
-func (q *authQueue) addrNotBefore(nb time.Time, addr string) time.Time {
-	if a := q.addrs[addr]; a != nil && addr != "" && a.notBefore.After(nb) {
+func (q *authQueue) addrNotBefore(nb time.Duration, addr string) time.Duration {
+	if a := q.addrs[addr]; a != nil && addr != "" && a.notBefore > nb {
 		return a.notBefore
 	}
 	return nb
@@ -136,17 +147,17 @@ func (q *authQueue) addrNotBefore(nb time.Time, addr string) time.Time {
 // address, or of the address across users. Such a login may not use the
 // password cache nor join another source's check at once: a correct
 // guess would otherwise be told apart from a wrong one without waiting.
-func (q *authQueue) penalised(src, addr string, now time.Time) bool {
+func (q *authQueue) penalised(src, addr string, now time.Duration) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.hurry || q.stopped {
 		return false
 	}
-	var nb time.Time
+	var nb time.Duration
 	if as := q.sources[src]; as != nil {
 		nb = as.notBefore
 	}
-	return now.Before(q.addrNotBefore(nb, addr))
+	return now < q.addrNotBefore(nb, addr)
 }
 
 // authSource is the queue's fairness key for a client address ("ip:port"):
@@ -170,7 +181,7 @@ func authSource(remote string) string {
 
 // push queues j for source src; false when a bound is reached or the
 // worker has stopped (j is then not queued).
-func (q *authQueue) push(src string, j *authJob, now time.Time) bool {
+func (q *authQueue) push(src string, j *authJob, now time.Duration) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.stopped || (!j.decoy && q.n >= maxQueuedAuth) {
@@ -224,7 +235,7 @@ func (q *authQueue) addr(a string) *authAddr {
 	e := q.addrs[a]
 	if e == nil {
 		if len(q.addrs) >= maxAuthSources {
-			q.forget(time.Now())
+			q.forget(q.clock.Now())
 		}
 		e = &authAddr{}
 		q.addrs[a] = e
@@ -234,24 +245,24 @@ func (q *authQueue) addr(a string) *authAddr {
 
 // forget drops the sources with nothing queued whose penalty is over, and
 // the addresses with nothing left to remember.
-func (q *authQueue) forget(now time.Time) {
+func (q *authQueue) forget(now time.Duration) {
 	for k, as := range q.sources {
-		if len(as.jobs) == 0 && !now.Before(as.notBefore) && !now.Before(as.noCache) {
+		if len(as.jobs) == 0 && now >= as.notBefore && now >= as.noCache {
 			delete(q.sources, k)
 		}
 	}
 	for k, a := range q.addrs {
 		a.prune(now)
-		if a.n == 0 && len(a.failing) == 0 && !now.Before(a.notBefore) {
+		if a.n == 0 && len(a.failing) == 0 && now >= a.notBefore {
 			delete(q.addrs, k)
 		}
 	}
 }
 
 // prune forgets the users whose penalty is over.
-func (a *authAddr) prune(now time.Time) {
+func (a *authAddr) prune(now time.Duration) {
 	for k, end := range a.failing {
-		if !now.Before(end) {
+		if now >= end {
 			delete(a.failing, k)
 		}
 	}
@@ -260,19 +271,19 @@ func (a *authAddr) prune(now time.Time) {
 // userFailed records that source key of the address failed, penalised
 // until nb; past maxFailingUsersPerAddr users failing at once, the whole
 // address waits until nb. Under q.mu.
-func (q *authQueue) userFailed(addr, key string, nb, now time.Time) {
+func (q *authQueue) userFailed(addr, key string, nb, now time.Duration) {
 	if addr == "" {
 		return
 	}
 	a := q.addr(addr)
 	if a.failing == nil {
-		a.failing = make(map[string]time.Time)
+		a.failing = make(map[string]time.Duration)
 	}
 	a.prune(now)
-	if nb.After(a.failing[key]) {
+	if nb > a.failing[key] {
 		a.failing[key] = nb
 	}
-	if len(a.failing) > maxFailingUsersPerAddr && nb.After(a.notBefore) {
+	if len(a.failing) > maxFailingUsersPerAddr && nb > a.notBefore {
 		a.notBefore = nb
 	}
 }
@@ -281,12 +292,12 @@ func (q *authQueue) userFailed(addr, key string, nb, now time.Time) {
 // order that may be served at now. When checks wait but none may start
 // yet, it returns nil and how long until one may; nil and 0 when none
 // waits.
-func (q *authQueue) pop(now time.Time) (*authJob, time.Duration) {
+func (q *authQueue) pop(now time.Duration) (*authJob, time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var wait time.Duration
 	for i, as := range q.order {
-		if d := q.notBefore(as).Sub(now); d > 0 && !q.hurry {
+		if d := q.notBefore(as) - now; d > 0 && !q.hurry {
 			if wait == 0 || d < wait {
 				wait = d
 			}
@@ -300,7 +311,7 @@ func (q *authQueue) pop(now time.Time) (*authJob, time.Duration) {
 			q.order = append(q.order, as) // its next check waits for the others'
 		} else {
 			as.jobs = nil
-			if !now.Before(as.notBefore) && !now.Before(as.noCache) {
+			if now >= as.notBefore && now >= as.noCache {
 				delete(q.sources, as.key) // failed brings it back if need be
 			}
 		}
@@ -311,7 +322,7 @@ func (q *authQueue) pop(now time.Time) (*authJob, time.Duration) {
 		if a := q.addrs[j.addr]; a != nil && j.addr != "" {
 			if a.n--; a.n == 0 {
 				a.prune(now)
-				if len(a.failing) == 0 && !now.Before(a.notBefore) {
+				if len(a.failing) == 0 && now >= a.notBefore {
 					delete(q.addrs, j.addr)
 				}
 			}
@@ -334,9 +345,10 @@ func (q *authQueue) drain() {
 }
 
 // failed records that a check of src failed after using took of the
-// worker: src's next check may not start before end plus
-// took*(failedAuthShare-1), at most maxFailedAuthPenalty.
-func (q *authQueue) failed(src *authSrc, took time.Duration, end time.Time) {
+// worker (its bcrypt run): src's next check may not start before end (a
+// reading of q.clock) plus took*(failedAuthShare-1), at most
+// maxFailedAuthPenalty.
+func (q *authQueue) failed(src *authSrc, took time.Duration, end time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.stopped {
@@ -347,8 +359,8 @@ func (q *authQueue) failed(src *authSrc, took time.Duration, end time.Time) {
 	} else {
 		q.sources[src.key] = src
 	}
-	nb := end.Add(min(took*(failedAuthShare-1), maxFailedAuthPenalty))
-	if nb.After(src.notBefore) {
+	nb := end + min(took*(failedAuthShare-1), maxFailedAuthPenalty)
+	if nb > src.notBefore {
 		src.notBefore = nb
 	}
 	if !src.decoy {
@@ -358,7 +370,8 @@ func (q *authQueue) failed(src *authSrc, took time.Duration, end time.Time) {
 
 // start runs the worker: it hands the queued checks to check, one at a
 // time, until the returned stop function is called; check reports whether
-// the credentials were refused, which counts against the source's share.
+// the credentials were refused, which counts against the source's share
+// (the job's took, or its charge).
 // stop waits for the worker to end (after the check it is running, if
 // any), refuses further pushes, and hands the checks still queued to drop.
 // Call start once, and stop once.
@@ -366,30 +379,39 @@ func (q *authQueue) start(check func(*authJob) (refused bool), drop func(*authJo
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		timer := time.NewTimer(time.Hour)
-		timer.Stop()
+		var timer throttle.Timer // wakes the worker when a penalty ends
+		defer func() {
+			if timer != nil {
+				timer.Stop()
+			}
+		}()
+		wake := func() {
+			select {
+			case q.wake <- struct{}{}:
+			default:
+			}
+		}
 		for {
-			j, wait := q.pop(time.Now())
+			j, wait := q.pop(q.clock.Now())
 			if j == nil {
-				if wait > 0 {
+				switch {
+				case wait <= 0:
+				case timer == nil:
+					timer = throttle.AfterFunc(q.clock, wait, wake)
+				default:
 					timer.Reset(wait)
 				}
 				select {
 				case <-quit:
-					timer.Stop()
 					return
 				case <-q.wake:
-				case <-timer.C:
 				}
-				timer.Stop()
 				continue
 			}
-			start := time.Now()
 			if check(j) {
-				end := time.Now()
-				took := end.Sub(start)
+				took, end := j.took, q.clock.Now()
 				if j.charge > 0 { // a decoy: charged as the bcrypt run it stands for
-					took, end = j.charge, end.Add(j.charge)
+					took, end = j.charge, end+j.charge
 				}
 				q.failed(j.src, took, end)
 			}
@@ -425,26 +447,26 @@ func (q *authQueue) start(check func(*authJob) (refused bool), drop func(*authJo
 // outcome), so that one source guesses no faster with SCRAM, whose check
 // costs the proxy nothing, than with PLAIN. false: maxQueuedAuthPerSource
 // turns are taken already (refuse the proof with Etmpfail).
-func (q *authQueue) scramTurn(src string, now time.Time) (time.Duration, bool) {
+func (q *authQueue) scramTurn(src string, now time.Duration) (time.Duration, bool) {
 	return q.scramTurnFrom(src, "", now)
 }
 
 // scramTurnFrom is scramTurn for source src of address addr (authPair),
 // whose proofs also wait while the address guesses across users; a turn
 // taken then is taken from the address's too.
-func (q *authQueue) scramTurnFrom(src, addr string, now time.Time) (time.Duration, bool) {
+func (q *authQueue) scramTurnFrom(src, addr string, now time.Duration) (time.Duration, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	as := q.sources[src]
-	var nb time.Time
+	var nb time.Duration
 	if as != nil {
 		nb = as.notBefore
 	}
 	nb = q.addrNotBefore(nb, addr)
-	if q.hurry || q.stopped || !now.Before(nb) {
+	if q.hurry || q.stopped || now >= nb {
 		return 0, true
 	}
-	wait := nb.Sub(now)
+	wait := nb - now
 	if wait > maxQueuedAuthPerSource*maxFailedAuthPenalty {
 		return 0, false
 	}
@@ -453,8 +475,8 @@ func (q *authQueue) scramTurnFrom(src, addr string, now time.Time) (time.Duratio
 			return wait, true
 		}
 	}
-	as.notBefore = nb.Add(maxFailedAuthPenalty)
-	if a := q.addrs[addr]; addr != "" && a != nil && now.Before(a.notBefore) {
+	as.notBefore = nb + maxFailedAuthPenalty
+	if a := q.addrs[addr]; addr != "" && a != nil && now < a.notBefore {
 		a.notBefore = as.notBefore // the address's next turn comes after this one
 	}
 	return wait, true
@@ -462,7 +484,7 @@ func (q *authQueue) scramTurnFrom(src, addr string, now time.Time) (time.Duratio
 
 // source returns src's entry, made (for address addr) if need be; nil
 // when maxAuthSources are remembered and none can be forgotten. Under q.mu.
-func (q *authQueue) source(src, addr string, now time.Time) *authSrc {
+func (q *authQueue) source(src, addr string, now time.Duration) *authSrc {
 	as := q.sources[src]
 	if as != nil {
 		return as
@@ -481,11 +503,11 @@ func (q *authQueue) source(src, addr string, now time.Time) *authSrc {
 // scramFailed records a wrong SCRAM proof from source src as a failed
 // check: src's next check (PLAIN or SCRAM) waits maxFailedAuthPenalty.
 // With maxAuthSources remembered and none to forget, it records nothing.
-func (q *authQueue) scramFailed(src string, now time.Time) { q.scramFailedFrom(src, "", now) }
+func (q *authQueue) scramFailed(src string, now time.Duration) { q.scramFailedFrom(src, "", now) }
 
 // scramFailedFrom is scramFailed for source src of address addr
 // (authPair): it counts towards the address's users under penalty.
-func (q *authQueue) scramFailedFrom(src, addr string, now time.Time) {
+func (q *authQueue) scramFailedFrom(src, addr string, now time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.stopped {
@@ -495,8 +517,8 @@ func (q *authQueue) scramFailedFrom(src, addr string, now time.Time) {
 	if as == nil {
 		return
 	}
-	nb := now.Add(maxFailedAuthPenalty)
-	if nb.After(as.notBefore) {
+	nb := now + maxFailedAuthPenalty
+	if nb > as.notBefore {
 		as.notBefore = nb
 	}
 	q.userFailed(addr, src, nb, now)

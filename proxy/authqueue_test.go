@@ -5,11 +5,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 func jobFor(user string) *authJob { return &authJob{user: user} }
 
-func popUsers(t *testing.T, q *authQueue, now time.Time) []string {
+func popUsers(t *testing.T, q *authQueue, now time.Duration) []string {
 	t.Helper()
 	var got []string
 	for {
@@ -24,8 +26,8 @@ func popUsers(t *testing.T, q *authQueue, now time.Time) []string {
 // Round robin between sources, FIFO within one.
 func TestAuthQueueRoundRobin(t *testing.T) {
 	t.Parallel()
-	q := newAuthQueue()
-	now := time.Now()
+	q := newAuthQueue(throttle.NewFakeClock(0))
+	now := time.Minute
 	for _, p := range [][2]string{{"A", "a1"}, {"A", "a2"}, {"A", "a3"}, {"B", "b1"}, {"C", "c1"}, {"B", "b2"}} {
 		if !q.push(p[0], jobFor(p[1]), now) {
 			t.Fatalf("push %v refused", p)
@@ -49,8 +51,8 @@ func TestAuthQueueRoundRobin(t *testing.T) {
 // One source cannot fill the queue; all sources together are bounded too.
 func TestAuthQueueBounds(t *testing.T) {
 	t.Parallel()
-	q := newAuthQueue()
-	now := time.Now()
+	q := newAuthQueue(throttle.NewFakeClock(0))
+	now := time.Minute
 	for i := 0; i < maxQueuedAuthPerSource; i++ {
 		if !q.push("attacker", jobFor("x"), now) {
 			t.Fatalf("check %d of one source refused", i+1)
@@ -82,8 +84,8 @@ func TestAuthQueueBounds(t *testing.T) {
 // duration, capped; others are served meanwhile; draining lifts the wait.
 func TestAuthQueueFailurePenalty(t *testing.T) {
 	t.Parallel()
-	q := newAuthQueue()
-	now := time.Now()
+	q := newAuthQueue(throttle.NewFakeClock(0))
+	now := time.Minute
 	q.push("A", jobFor("a1"), now)
 	j, _ := q.pop(now)
 	q.failed(j.src, 10*time.Millisecond, now)
@@ -96,10 +98,10 @@ func TestAuthQueueFailurePenalty(t *testing.T) {
 	if j, wait := q.pop(now); j != nil || wait != wantWait {
 		t.Fatalf("pop = %v, wait %v; want nothing for %v", j, wait, wantWait)
 	}
-	if j, _ := q.pop(now.Add(wantWait - time.Millisecond)); j != nil {
+	if j, _ := q.pop(now + wantWait - time.Millisecond); j != nil {
 		t.Fatal("served before the penalty is over")
 	}
-	if j, _ := q.pop(now.Add(wantWait)); j == nil || j.user != "a2" {
+	if j, _ := q.pop(now + wantWait); j == nil || j.user != "a2" {
 		t.Fatalf("pop after the penalty = %v", j)
 	}
 	// Successes cost nothing: a source is not penalised by them.
@@ -127,8 +129,8 @@ func TestAuthQueueFailurePenalty(t *testing.T) {
 // forgotten sources are only those with nothing queued and no penalty.
 func TestAuthQueueRemembersPenalty(t *testing.T) {
 	t.Parallel()
-	q := newAuthQueue()
-	now := time.Now()
+	q := newAuthQueue(throttle.NewFakeClock(0))
+	now := time.Minute
 	q.push("A", jobFor("a1"), now)
 	j, _ := q.pop(now) // A has nothing queued now
 	q.failed(j.src, 10*time.Millisecond, now)
@@ -137,7 +139,7 @@ func TestAuthQueueRemembersPenalty(t *testing.T) {
 	if j, _ := q.pop(now); j != nil {
 		t.Fatal("penalty lost once the source's queue emptied")
 	}
-	later := now.Add(time.Hour)
+	later := now + time.Hour
 	if j, _ := q.pop(later); j == nil {
 		t.Fatal("not served after the penalty")
 	}
@@ -151,7 +153,7 @@ func TestAuthQueueRemembersPenalty(t *testing.T) {
 // checks still queued to drop, and refuses later pushes.
 func TestAuthQueueWorker(t *testing.T) {
 	t.Parallel()
-	q := newAuthQueue()
+	q := newAuthQueue(throttle.NewFakeClock(0))
 	var running, most, checked, dropped atomic.Int32
 	release := make(chan struct{})
 	var once sync.Once
@@ -170,7 +172,7 @@ func TestAuthQueueWorker(t *testing.T) {
 		checked.Add(1)
 		return false
 	}, func(*authJob) { dropped.Add(1) })
-	now := time.Now()
+	now := time.Duration(0)
 	for i := 0; i < 6; i++ {
 		q.push(string(rune('a'+i)), jobFor("ok"), now)
 	}

@@ -160,7 +160,7 @@ func TestPymemcacheHeldBackPressure(t *testing.T) {
 	pyFailed()
 	checkInputBound(t, p)
 	for i := 0; i < 2; i++ {
-		if got := admitted(t, clock, b, time.Second, limit); got < limit-1 || got > limit+1 {
+		if got := admitted(t, p, clock, b, time.Second); got != limit {
 			t.Fatalf("advancing the clock 1 s admitted %d sets, want %d (the hard limit)", got, limit)
 		}
 		checkInputBound(t, p)

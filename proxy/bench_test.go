@@ -197,3 +197,26 @@ func benchPipelinedOn(b *testing.B, conn net.Conn) {
 		roundTrip()
 	}
 }
+
+// BenchmarkUpstreamRecovery reports, on the real clock, how soon the proxy
+// recovers from memcached's failures, beside their targets (the tests
+// TestUpstreamKilledUnderLoad and TestTwoServersEjection fail only at
+// coarseFactor times them): traffic again after memcached is back on its
+// port (resumeTarget), a dead server's keys served by the other with
+// ejection on (ejectTarget), and that server in the ring again once back
+// (rejoinTarget). The b.N loop is not used: run it with -benchtime 1x.
+func BenchmarkUpstreamRecovery(b *testing.B) {
+	resumed := upstreamKilledUnderLoad(b)
+	ejected, rejoined := twoServersEjection(b)
+	b.ReportMetric(float64(resumed)/1e6, "resume_ms")
+	b.ReportMetric(float64(ejected)/1e6, "eject_ms")
+	b.ReportMetric(float64(rejoined)/1e6, "rejoin_ms")
+	for _, f := range []struct {
+		what        string
+		got, target time.Duration
+	}{{"resume", resumed, resumeTarget}, {"eject", ejected, ejectTarget}, {"rejoin", rejoined, rejoinTarget}} {
+		if f.got > f.target {
+			b.Logf("a target missed: %s took %v (target %v)", f.what, f.got, f.target)
+		}
+	}
+}

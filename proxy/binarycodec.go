@@ -11,11 +11,12 @@ type binaryCodec struct{}
 var _ codec = binaryCodec{}
 
 func (binaryCodec) decode(buf []byte, cx codecCtx, r *request) (int, error) {
+	if n := binaryTooLarge(buf, cx); n > 0 {
+		return decodeBinaryTooLarge(buf, n, r), nil
+	}
 	f, n, err := binary.Decode(buf, cx.maxBody)
-	r.frame = f
-	r.op, r.opaque, r.cas = f.Opcode, f.Opaque, f.CAS
+	*r = request{frame: f, op: f.Opcode, opaque: f.Opaque, cas: f.CAS}
 	if err != nil || n == 0 {
-		r.extras, r.key, r.value = nil, nil, nil
 		return 0, err
 	}
 	r.extras, r.key, r.value = f.Extras(), f.Key(), f.Value()
@@ -23,6 +24,9 @@ func (binaryCodec) decode(buf []byte, cx codecCtx, r *request) (int, error) {
 }
 
 func (binaryCodec) requestLen(buf []byte, cx codecCtx) int {
+	if n := binaryTooLarge(buf, cx); n > 0 {
+		return n // a write too large for memcached: up to its key (toolarge.go)
+	}
 	return binary.PendingFrameLen(buf, cx.maxBody)
 }
 

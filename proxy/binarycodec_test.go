@@ -44,6 +44,60 @@ func TestBinaryCodecDecode(t *testing.T) {
 	}
 }
 
+// A write too large for memcached's items (toolarge.go) is told by its
+// header: requestLen asks for the frame up to its key only, and decode
+// gives the refused write (its value to be dropped, and whether memcached
+// would unlink the key); a write that fits, a malformed one, one whose key
+// the namespace makes too long, or no known limit, go the usual way.
+func TestBinaryCodecTooLarge(t *testing.T) {
+	t.Parallel()
+	var c codec = binaryCodec{}
+	extras := []byte{0, 0, 0, 7, 0, 0, 0, 60}
+	frame := func(op mc.Opcode, extras []byte, key string, n int) []byte {
+		return mc.AppendFrame(nil, mc.Header{Magic: mc.MagicRequest, Opcode: op, Opaque: 5, CAS: 9}, nil, extras, []byte(key), bytes.Repeat([]byte{'v'}, n))
+	}
+	cx := codecCtx{maxBody: 1 << 20, prefix: 8, itemMax: 64}
+	for _, tc := range []struct {
+		op     mc.Opcode
+		extras []byte
+		unlink bool
+	}{
+		{mc.OpSet, extras, true}, {mc.OpSetQ, extras, true}, {mc.OpAddQ, extras, false},
+		{mc.OpReplace, extras, false}, {mc.OpAppendQ, nil, false}, {mc.OpPrepend, nil, false},
+	} {
+		in := frame(tc.op, tc.extras, "key", 100)
+		head := mc.HeaderLen + len(tc.extras) + 3
+		if got := c.requestLen(in[:mc.HeaderLen], cx); got != head {
+			t.Errorf("%s: requestLen %d, want %d (up to the key)", tc.op, got, head)
+		}
+		var r request
+		if n, err := c.decode(in[:head-1], cx, &r); n != 0 || err != nil {
+			t.Errorf("%s without all its key: n %d err %v; want 0, nil", tc.op, n, err)
+		}
+		n, err := c.decode(in[:head+10], cx, &r)
+		if n != head || err != nil || !r.tooLarge || r.unlink != tc.unlink || r.swallow != 100 || string(r.key) != "key" ||
+			r.head() != (reqHead{op: tc.op, opaque: 5}) || r.cas != 9 {
+			t.Errorf("%s: n %d err %v, decoded %+v", tc.op, n, err, r)
+		}
+	}
+	for what, in := range map[string][]byte{
+		"fits":               frame(mc.OpSet, extras, "key", 64-8-3),
+		"no extras":          frame(mc.OpSet, nil, "key", 100),
+		"key too long":       frame(mc.OpSet, extras, string(bytes.Repeat([]byte{'k'}, 243)), 100),
+		"not a value write":  frame(mc.OpIncrement, make([]byte, 20), "key", 0),
+		"over maxBody first": frame(mc.OpSet, extras, "key", 2<<20),
+	} {
+		if got, want := c.requestLen(in[:mc.HeaderLen], cx), mc.PendingFrameLen(in[:mc.HeaderLen], cx.maxBody); got != want {
+			t.Errorf("%s: requestLen %d, want the whole frame's %d", what, got, want)
+		}
+	}
+	none := cx
+	none.itemMax = 0
+	if got := c.requestLen(frame(mc.OpSet, extras, "key", 100)[:mc.HeaderLen], none); got != mc.HeaderLen+8+3+100 {
+		t.Errorf("no known item size: requestLen %d, want the whole frame", got)
+	}
+}
+
 // The binary codec's answers: memcached's own frame with the client's
 // opaque when it is passed on unchanged, a rebuilt one when the key lost
 // its namespace, flexible framing with the units when they were asked for,

@@ -50,6 +50,14 @@ type request struct {
 	// codec's metaCommand), not as frame; key is the key memcached
 	// stores, value ms's data.
 	meta bool
+
+	// tooLarge: a write memcached would refuse as too large for its
+	// items, which the proxy refuses itself (toolarge.go): frame and
+	// value are unset, and the swallow bytes of its value that follow
+	// the request are dropped unread; unlink: memcached would unlink its
+	// key, which the proxy does in its place.
+	tooLarge, unlink bool
+	swallow          int
 }
 
 // head returns what an answer to r needs of it.
@@ -105,6 +113,10 @@ type codecCtx struct {
 	// with memcached's text authentication (a set carrying "user
 	// password").
 	textAuth bool
+	// itemMax is memcached's item size limit (upstream.Pool.ItemSizeMax):
+	// a write whose namespaced key and value are longer is refused by the
+	// proxy (toolarge.go); 0: unknown, or no bucket (nothing is refused).
+	itemMax int
 }
 
 // codecCtx is what the session's codec needs to know of it to read the
@@ -113,6 +125,7 @@ func (s *session) codecCtx(maxBody int) codecCtx {
 	cx := codecCtx{maxBody: maxBody, prefix: -1, textAuth: s.needAuth && s.user == nil}
 	if s.bkt != nil {
 		cx.prefix = len(*s.bkt.prefix.Load())
+		cx.itemMax = int(s.lp.srv.pool.ItemSizeMax())
 	}
 	return cx
 }

@@ -165,12 +165,13 @@ func (l *sessList) moveToBack(s *session) {
 	l.pushBack(s)
 }
 
-// clock refreshes the loop's coarse clock (time since the server started)
-// and returns it. Sessions stamp their input with lp.now, which the tick
-// and OnOpen refresh: reading the clock once per read would cost more than
-// the 50 ms resolution is worth.
+// clock refreshes the loop's coarse clock (the engine clock's reading,
+// so that auth_timeout, idle_timeout and silentGrace run on the clock a
+// test may inject) and returns it. Sessions stamp their input with lp.now,
+// which the tick and OnOpen refresh: reading the clock once per read would
+// cost more than the 50 ms resolution is worth.
 func (lp *loop) clock() time.Duration {
-	lp.now = time.Since(lp.srv.started)
+	lp.now = lp.srv.throttle.Now()
 	return lp.now
 }
 

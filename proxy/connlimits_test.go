@@ -8,6 +8,7 @@ import (
 	"time"
 
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // A refused SASL re-authentication logs the connection out, and with no
@@ -73,19 +74,33 @@ func TestUnauthenticatedPerSource(t *testing.T) {
 }
 
 // Among one source's unauthenticated connections, those silent since they
-// opened (for silentGrace) are pushed out before one that has begun
+// opened (for silentGrace of the engine's clock, a fake one: a nanosecond
+// before, they rank as any other) are pushed out before one that has begun
 // talking: a client behind the same address as a host flooding silent
 // connections (NAT, a shared application host) keeps its connection while
 // it authenticates, though it is the oldest.
 func TestSilentConnectionsGoFirst(t *testing.T) {
 	t.Parallel()
-	p, client, dialSrc, limit := startSameSource(t)
+	p, clock, client, dialSrc, limit := startSameSource(t)
 	talk(t, client, "on opening")
 	var silent []net.Conn
 	for range limit - 1 {
 		silent = append(silent, dialSrc())
 	}
-	waitPastGrace(t, p, silent[len(silent)-1])
+	eventually(t, 5*time.Second, "the proxy to take in every connection from 127.0.0.2", func() bool {
+		return p.unauthConns.Load() == int64(limit)
+	})
+	last := silent[len(silent)-1]
+	clock.Advance(silentGrace - 1)
+	tickLoops(t, p)
+	if r := rankOf(t, p, last); r != 1 {
+		t.Fatalf("a nanosecond before silentGrace: eviction rank %d, want 1 (not silent yet)", r)
+	}
+	clock.Advance(1)
+	tickLoops(t, p)
+	if r := rankOf(t, p, last); r != 2 {
+		t.Fatalf("at silentGrace: eviction rank %d, want 2 (silent)", r)
+	}
 	for range limit - 1 { // each pushes out one of the silent ones
 		dialSrc()
 	}
@@ -97,10 +112,11 @@ func TestSilentConnectionsGoFirst(t *testing.T) {
 
 // A connection just opened is not ranked silent: a client whose first
 // frame is on its way is not pushed out ahead of older connections of its
-// address that have each sent a frame.
+// address that have each sent a frame, silentGrace of the engine's clock
+// before it opened.
 func TestNewConnectionNotRankedSilent(t *testing.T) {
 	t.Parallel()
-	p, first, dialSrc, limit := startSameSource(t)
+	p, clock, first, dialSrc, limit := startSameSource(t)
 	talkers := []net.Conn{first}
 	for range limit - 2 {
 		talkers = append(talkers, dialSrc())
@@ -108,6 +124,8 @@ func TestNewConnectionNotRankedSilent(t *testing.T) {
 	for i, c := range talkers {
 		talk(t, c, fmt.Sprint("from talker ", i))
 	}
+	clock.Advance(silentGrace)
+	tickLoops(t, p)
 	client := dialSrc() // the source is at its limit now; silent, but new
 	eventually(t, 5*time.Second, "the proxy to take in the client", func() bool {
 		return p.unauthConns.Load() == int64(limit)
@@ -118,13 +136,14 @@ func TestNewConnectionNotRankedSilent(t *testing.T) {
 }
 
 // startSameSource starts a proxy that requires authentication with one
-// loop, and returns it, a connection from 127.0.0.2, a function dialling
-// more from there (closed with the test), and how many unauthenticated
-// connections one source may hold.
-func startSameSource(t *testing.T) (*testProxy, net.Conn, func() net.Conn, int) {
+// loop, on a fake engine clock, and returns it, its clock, a connection
+// from 127.0.0.2, a function dialling more from there (closed with the
+// test), and how many unauthenticated connections one source may hold.
+func startSameSource(t *testing.T) (*testProxy, *throttle.FakeClock, net.Conn, func() net.Conn, int) {
 	t.Helper()
 	const maxConns = 40 // share 36 on the one loop, a source 9
-	p := startProxy(t, testConfig{proxy: "default_bucket = \"\"\nmax_connections = 40", tail: tenantTail(t), loops: 1})
+	clock := throttle.NewFakeClock(0)
+	p := startProxyClock(t, testConfig{proxy: "default_bucket = \"\"\nmax_connections = 40", tail: tenantTail(t), loops: 1}, clock)
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
 	dialSrc := func() net.Conn {
 		t.Helper()
@@ -135,7 +154,7 @@ func startSameSource(t *testing.T) (*testProxy, net.Conn, func() net.Conn, int) 
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
-	return p, dialSrc(), dialSrc, unauthSourceLimit(int(unauthLimit(maxConns)))
+	return p, clock, dialSrc(), dialSrc, unauthSourceLimit(int(unauthLimit(maxConns)))
 }
 
 // talk sends a NOOP on c and waits for its answer.
@@ -150,17 +169,18 @@ func talk(t *testing.T, c net.Conn, when string) {
 	}
 }
 
-// waitPastGrace waits until the loop's clock is silentGrace past the
-// opening of c's session.
-func waitPastGrace(t *testing.T, p *testProxy, c net.Conn) {
+// rankOf returns the eviction rank (evictRank) of c's session; it fails
+// the test when the proxy has no session for c.
+func rankOf(t *testing.T, p *testProxy, c net.Conn) int {
 	t.Helper()
-	eventually(t, 5*time.Second, "a connection to be silent for silentGrace", func() bool {
-		past := false
-		onLoop(t, p, func(lp *loop) {
-			if s := sessionOf(lp, c.LocalAddr()); s != nil {
-				past = lp.now-s.openedAt >= silentGrace
-			}
-		})
-		return past
+	rank := -1
+	onLoop(t, p, func(lp *loop) {
+		if s := sessionOf(lp, c.LocalAddr()); s != nil {
+			rank = evictRank(s)
+		}
 	})
+	if rank < 0 {
+		t.Fatalf("no session for %v", c.LocalAddr())
+	}
+	return rank
 }

@@ -284,6 +284,7 @@ func fairReport(t testing.TB, p *testProxy, mode string, bs []*fairBucket, windo
 // first served is shown beside it, with each bucket's p99 latency (the
 // wait of its held commands) in both modes.
 func TestFairFreePool(t *testing.T) {
+	t.Parallel()
 	const (
 		pool   = 6000.0
 		warm   = time.Second
@@ -341,6 +342,7 @@ func TestFairFreePool(t *testing.T) {
 // the pool gets its share (a third) within 100 ms, and banks nothing from
 // having been idle.
 func TestFairNewcomer(t *testing.T) {
+	t.Parallel()
 	const (
 		late   = 1500 * time.Millisecond
 		warm   = time.Second
@@ -383,6 +385,7 @@ func TestFairNewcomer(t *testing.T) {
 // runs at its capacity, and the free pool (what the reservations leave) is
 // split evenly among the buckets that want more of it.
 func TestFairSeedExamples(t *testing.T) {
+	t.Parallel()
 	const (
 		warm   = time.Second
 		window = 3 * time.Second

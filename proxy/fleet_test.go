@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"path/filepath"
 	"strings"
@@ -12,7 +13,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
-	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
@@ -35,6 +35,7 @@ type fleetTest struct {
 	wall     func() time.Time // every instance's wall clock (default time.Now)
 	fake     *fleetFake       // fake clocks (newFakeFleetTest); nil: the real clock
 	url      string           // the store's redis_url when not redis's (a cluster, Sentinel)
+	log      io.Writer        // every instance's log when set (else testLogger's)
 }
 
 func newFleetTest(t testing.TB, tail, period string) *fleetTest {
@@ -69,6 +70,7 @@ func (f *fleetTest) start(i int, proxyLines string) *testProxy {
 			statePath: filepath.Join(f.t.TempDir(), "state.json"),
 			loops:     1,
 			wall:      f.wall,
+			log:       f.log,
 			tail: f.tail + fmt.Sprintf("[fleet]\nredis_url = %q\nname = \"test\"\ninstance = \"i%d\"\ngrant_period = %q\n",
 				f.storeURL(), i, f.period),
 		}
@@ -133,7 +135,7 @@ func checkWindow(t *testing.T, what string, secs [][]float64, limit float64) []f
 
 // fleetAdmin makes an admin change through instance p and fails the test
 // unless it succeeds.
-func fleetAdmin(t *testing.T, p *testProxy, op mc.Opcode, key, body string) {
+func fleetAdmin(t testing.TB, p *testProxy, op mc.Opcode, key, body string) {
 	t.Helper()
 	c := login(t, p.Addr, "admin")
 	defer c.Close()
@@ -142,7 +144,7 @@ func fleetAdmin(t *testing.T, p *testProxy, op mc.Opcode, key, body string) {
 	}
 }
 
-func fleetUsers(t *testing.T) string {
+func fleetUsers(t testing.TB) string {
 	h := hashes(t)
 	return fmt.Sprintf("[[user]]\nname = \"admin\"\npassword_hash = %q\nprivileges = [\"admin\"]\nbuckets = [\"*\"]\n", h["admin"])
 }
@@ -157,6 +159,7 @@ func fleetUsers(t *testing.T) string {
 // the shares the instances enforce add up to at most the fleet's limit
 // (the store's clamp), exactly.
 func TestFleetHardLimitFollowsTheLoad(t *testing.T) {
+	t.Parallel()
 	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n", "1s")
 	var l fleetClients
 	defer l.close(f)
@@ -221,6 +224,7 @@ func checkSplit(t *testing.T, what string, parts, want []float64) {
 // capacity, the capacities the instances enforce add up to at most the
 // fleet's at every step.
 func TestFleetCapacityAndReservation(t *testing.T) {
+	t.Parallel()
 	tail := "[[bucket]]\nname = \"x\"\n[[bucket]]\nname = \"y\"\n[[bucket]]\nname = \"r\"\n" + fleetUsers(t)
 	f := newFakeFleetTest(t, tail, "1s")
 	var l fleetClients
@@ -287,6 +291,7 @@ func TestFleetCapacityAndReservation(t *testing.T) {
 // clocks (fleetFake): "within one grant period" is counted on the fleet's
 // clock, to the step.
 func TestFleetAdminChangeReachesEveryInstance(t *testing.T) {
+	t.Parallel()
 	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n"+fleetUsers(t), "500ms")
 	for i := 0; i < 3; i++ {
 		f.start(i, `default_bucket = "b"`)
@@ -336,6 +341,7 @@ func TestFleetAdminChangeReachesEveryInstance(t *testing.T) {
 // (fakeFleetCallTimeout), so the store is killed here, and
 // TestFleetMetricsReloadAndFlush and TestFleetFlushes stop it.)
 func TestFleetStoreLoss(t *testing.T) {
+	t.Parallel()
 	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 3000\n", "500ms")
 	var l fleetClients
 	defer l.close(f)
@@ -403,10 +409,12 @@ func fleetMetrics(t *testing.T, p *testProxy) map[string]*dto.MetricFamily {
 }
 
 // TestFleetMetricsReloadAndFlush: the fleet metrics of section 10; a
-// SIGHUP reload whose file changes a limit reaches the other instances like
-// an admin change; a FLUSH on one instance empties the bucket through every
-// instance (namespaces are fleet-wide); with the store down an admin change
-// is refused with Etmpfail and changes nothing, while clients go on.
+// SIGHUP reload whose file changes a limit reaches the other instances (on
+// the real clock within ten periods: a breakage, not a slow machine; to
+// the step, within one period, on fake clocks in
+// TestFleetReloadAndFlushReachEveryInstance, which also checks FLUSHes);
+// with the store stopped an admin change is refused with Etmpfail and
+// changes nothing, while clients go on.
 func TestFleetMetricsReloadAndFlush(t *testing.T) {
 	bucket := "[[bucket]]\nname = \"b\"\nhard_limit = %d\nflush_enabled = true\n"
 	f := newFleetTest(t, fmt.Sprintf(bucket, 3000)+fleetUsers(t), "200ms")
@@ -443,27 +451,14 @@ func TestFleetMetricsReloadAndFlush(t *testing.T) {
 	if err := f.insts[0].Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
-	testmc.Eventually(t, time.Second, "instance 1 enforces the reloaded hard limit", func() bool {
+	testmc.Eventually(t, 10*200*time.Millisecond, "instance 1 enforces the reloaded hard limit", func() bool {
 		_, h := f.insts[1].Engine().Bucket("b").Limits()
 		eff, _ := f.insts[1].EffectiveConfig()
 		return h <= 1200 && eff.Bucket("b").Throttle.HardLimit == 1200
 	})
 
-	// FLUSH through instance 0 empties b for instance 1's clients.
 	c1 := dial(t, f.insts[1].Addr)
 	defer c1.Close()
-	if r, err := c1.Set([]byte("k"), []byte("v")); err != nil || r.Header.Status() != mc.StatusSuccess {
-		t.Fatalf("set: %v %v", r, err)
-	}
-	c0 := dial(t, f.insts[0].Addr)
-	defer c0.Close()
-	if r, err := c0.Do(mcclient.Request{Opcode: mc.OpFlush}); err != nil || r.Header.Status() != mc.StatusSuccess {
-		t.Fatalf("FLUSH: %v %v", r, err)
-	}
-	testmc.Eventually(t, time.Second, "the flushed key is gone through instance 1", func() bool {
-		r, err := c1.Get([]byte("k"))
-		return err == nil && r.Header.Status() == mc.StatusKeyEnoent
-	})
 
 	// The store stops: admin changes are refused, clients are served.
 	f.redis.Freeze(t)
@@ -510,67 +505,56 @@ func TestFleetStartWhileStoreDown(t *testing.T) {
 	}
 }
 
-// TestFleetFlushes: FLUSHes on two instances in one period both take
-// effect (each gets its own namespace epoch from the store), and a FLUSH
-// while the store is stopped is answered at once and reaches the other
-// instances once the store is back.
+// TestFleetFlushes: a FLUSH while the store is stopped is answered at once
+// and reaches the other instances once the store is back, and two made
+// from one epoch while it is stopped both take effect once it is back. A
+// stopped store's calls time out on the real clock, so this runs on it,
+// with waits of ten periods (a breakage, not a slow machine); FLUSHes with
+// the store up are checked to the step on fake clocks
+// (TestFleetReloadAndFlushReachEveryInstance).
 func TestFleetFlushes(t *testing.T) {
 	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\nflush_enabled = true\n", "1s")
+	var log lockedBuffer
+	f.log = &log
+	// A FLUSH that asked the store would wait for its call to time out and
+	// then say so in the log.
+	askedStore := func() bool { return strings.Contains(log.String(), "the fleet store did not answer") }
 	a, b := f.start(0, `default_bucket = "b"`), f.start(1, `default_bucket = "b"`)
 	ca, cb := dial(t, a.Addr), dial(t, b.Addr)
 	defer ca.Close()
 	defer cb.Close()
-	flush := func(c *mcclient.Client) {
-		t.Helper()
-		if r, err := c.Do(mcclient.Request{Opcode: mc.OpFlush}); err != nil || r.Header.Status() != mc.StatusSuccess {
-			t.Fatalf("FLUSH: %v %v", r, err)
-		}
-	}
-	set := func(c *mcclient.Client, k string) {
-		t.Helper()
-		if r, err := c.Set([]byte(k), []byte("v")); err != nil || r.Header.Status() != mc.StatusSuccess {
-			t.Fatalf("SET %s: %v %v", k, r, err)
-		}
-	}
-	gone := func(c *mcclient.Client, k string) bool {
-		r, err := c.Get([]byte(k))
-		return err == nil && r.Header.Status() == mc.StatusKeyEnoent
-	}
-	flush(ca)
-	set(ca, "k2")
-	flush(cb) // before b has heard of a's FLUSH
-	if !gone(cb, "k2") {
-		t.Errorf("k2, set after a's FLUSH, survived b's FLUSH (read through b)")
-	}
-	testmc.Eventually(t, 3*time.Second, "a follows b's FLUSH", func() bool { return gone(ca, "k2") })
-
-	set(cb, "k3")
+	const coarse = 10 * time.Second // ten periods
+	clientSet(t, cb, "k3")
 	thaw := f.redis.Freeze(t)
-	testmc.Eventually(t, 3*time.Second, "a notices the store is gone", func() bool { return !a.fleet.storeUp.Load() })
-	ca.Timeout = time.Second
-	flush(ca) // answered without waiting for the store
-	if !gone(ca, "k3") {
+	testmc.Eventually(t, coarse, "a notices the store is gone", func() bool { return !a.fleet.storeUp.Load() })
+	clientFlush(t, ca)
+	if askedStore() {
+		t.Errorf("a FLUSH made while the store was known to be stopped waited for the store")
+	}
+	if !clientGone(t, ca, "k3") {
 		t.Errorf("k3 survived a FLUSH made while the store was stopped")
 	}
 	thaw()
-	testmc.Eventually(t, 5*time.Second, "b follows the FLUSH once the store is back", func() bool { return gone(cb, "k3") })
+	testmc.Eventually(t, coarse, "b follows the FLUSH once the store is back", func() bool { return clientGone(t, cb, "k3") })
 
 	// Two FLUSHes from one epoch while the store is stopped, b's first: a
 	// key written between them is gone everywhere once the epochs meet in
 	// the store.
 	thaw = f.redis.Freeze(t)
-	testmc.Eventually(t, 3*time.Second, "both notice the store is gone", func() bool {
+	testmc.Eventually(t, coarse, "both notice the store is gone", func() bool {
 		return !a.fleet.storeUp.Load() && !b.fleet.storeUp.Load()
 	})
-	cb.Timeout = time.Second
-	flush(cb)
-	set(cb, "k4")
+	clientFlush(t, cb)
+	clientSet(t, cb, "k4")
 	time.Sleep(2 * time.Millisecond) // a's FLUSH a wall-clock ms later: the order the epochs keep
-	flush(ca)
+	clientFlush(t, ca)
 	thaw()
-	testmc.Eventually(t, 5*time.Second, "b follows a's FLUSH once the store is back", func() bool { return gone(cb, "k4") })
-	if !gone(ca, "k4") {
+	testmc.Eventually(t, coarse, "b follows a's FLUSH once the store is back", func() bool { return clientGone(t, cb, "k4") })
+	if !clientGone(t, ca, "k4") {
 		t.Errorf("k4, set through b before a's FLUSH, is visible through a")
+	}
+	if askedStore() {
+		t.Errorf("FLUSHes made while the store was known to be stopped waited for the store")
 	}
 }
 
@@ -583,6 +567,7 @@ func TestFleetFlushes(t *testing.T) {
 // section 13: each share +-5%), and the capacities the instances enforce
 // adding up to at most the fleet's at every step.
 func TestFleetFairPool(t *testing.T) {
+	t.Parallel()
 	tail := "[[bucket]]\nname = \"x\"\nweight = 1\n[[bucket]]\nname = \"y\"\nweight = 2\n" + fleetUsers(t)
 	f := newFakeFleetTest(t, tail, "500ms")
 	f.throttle = "capacity = 3000\nfree_pool = \"fair\""

@@ -288,7 +288,13 @@ func TestFleetFlushAllDelayed(t *testing.T) {
 	wantKeys(t, tb, "at the deadline, through b", map[string]bool{"k1": false})
 	wantKeys(t, ta, "at the deadline, through a", map[string]bool{"k1": false})
 	textSet(t, tb, "k2", "vk2")
-	time.Sleep(600 * time.Millisecond) // 3 grant periods: the instances sync again
+	// Three more syncs of each instance (its sync count, a histogram's),
+	// not three periods of a clock that may run late on a busy machine.
+	syncs := func(p *testProxy) float64 {
+		return testmc.SeriesValue(t, fleetMetrics(t, p), "kvthrottle_fleet_sync_duration_seconds")
+	}
+	sa, sb := syncs(a), syncs(b)
+	testmc.Eventually(t, 30*time.Second, "three more syncs of each instance", func() bool { return syncs(a) >= sa+3 && syncs(b) >= sb+3 })
 	wantKeys(t, ta, "after the deadline and a few syncs, through a", map[string]bool{"k2": true})
 	wantKeys(t, tb, "after the deadline and a few syncs, through b", map[string]bool{"k2": true})
 

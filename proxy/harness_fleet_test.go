@@ -49,6 +49,14 @@ type fleetFake struct {
 // newFakeFleetTest is newFleetTest on fake clocks.
 func newFakeFleetTest(t *testing.T, tail, period string) *fleetTest {
 	f := newFleetTest(t, tail, period)
+	f.fakeTime()
+	return f
+}
+
+// fakeTime puts f on fake clocks (fleetFake), before its first instance
+// starts.
+func (f *fleetTest) fakeTime() {
+	t := f.t
 	f.fake = &fleetFake{clock: throttle.NewFakeClock(time.Hour)}
 	if name := os.Getenv("KVTHROTTLE_FLEET_TRACE"); name != "" {
 		fh, err := os.Create(name)
@@ -58,7 +66,6 @@ func newFakeFleetTest(t *testing.T, tail, period string) *fleetTest {
 		t.Cleanup(func() { fh.Close() })
 		f.fake.trace = fh
 	}
-	return f
 }
 
 // traceStep writes the trace line of the reading now.

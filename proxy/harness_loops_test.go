@@ -25,14 +25,15 @@ type fakeTime struct {
 }
 
 // settle waits until the proxy is settled at the clock's reading (see
-// settled) with exactly held sessions held, and ready (nil: always) holds:
-// typically that the clients have read every answer the proxy sent.
+// settled) with exactly held sessions held (any number: anyHeld), and
+// ready (nil: always) holds: typically that the clients have read every
+// answer the proxy sent.
 func (ft *fakeTime) settle(held int, ready func() bool) {
 	ft.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		n, ok := settled(ft.t, ft.p)
-		if ok && n == held && (ready == nil || ready()) {
+		if ok && (n == held || held == anyHeld) && (ready == nil || ready()) {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -41,6 +42,9 @@ func (ft *fakeTime) settle(held int, ready func() bool) {
 		time.Sleep(50 * time.Microsecond)
 	}
 }
+
+// anyHeld, as fakeTime's held, settles with any number of sessions held.
+const anyHeld = -1
 
 // step advances the clock by d and settles (settle).
 func (ft *fakeTime) step(d time.Duration, held int, ready func() bool) {

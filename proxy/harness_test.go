@@ -212,7 +212,7 @@ buckets = ["bob"]
 `, h["admin"], h["alice"], h["bob"])
 }
 
-func startTwoServerProxy(t *testing.T, upstreamExtra string) (*testProxy, *testmc.Server, *testmc.Server) {
+func startTwoServerProxy(t testing.TB, upstreamExtra string) (*testProxy, *testmc.Server, *testmc.Server) {
 	a, b := testmc.Start(t), testmc.Start(t)
 	statePath := t.TempDir() + "/state.json"
 	listen := testmc.FreeAddr(t)
@@ -330,7 +330,7 @@ func silentUpstream(t *testing.T) string {
 
 // onServer reports whether key (as the client sees it, in bucket
 // "default") is stored on memcached server m.
-func onServer(t *testing.T, m *testmc.Server, key string) bool {
+func onServer(t testing.TB, m *testmc.Server, key string) bool {
 	t.Helper()
 	c, err := mcclient.Dial(m.Addr)
 	if err != nil {

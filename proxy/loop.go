@@ -59,7 +59,7 @@ type loop struct {
 	flushRun      gnet.RunnableFunc // writes the upstream connections' batches
 
 	// Connection limits (connlimits.go, unsent.go).
-	now       time.Duration // coarse clock: time since the server started, as of the last tick or open
+	now       time.Duration // coarse clock: the engine clock's reading as of the last tick or open
 	unauth    sessList      // unauthenticated sessions, oldest first
 	idle      sessList      // sessions by last activity, least recent first (idle_timeout > 0)
 	holding   []*session    // sessions whose unsent responses count against max_unsent_bytes

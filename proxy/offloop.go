@@ -106,11 +106,11 @@ func (c *offLoopCall) run(work func() (appendResp func([]byte) []byte)) {
 	}
 }
 
-// after hands the call to a timer for d, then runs then on the loop as
-// back does. On the loop.
+// after hands the call to a timer for d on the engine's clock, then runs
+// then on the loop as back does. On the loop.
 func (c *offLoopCall) after(d time.Duration, then func()) {
 	if !c.handOff(func() bool {
-		time.AfterFunc(d, func() { c.back(then) })
+		c.s.lp.srv.throttle.AfterFunc(d, func() { c.back(then) })
 		return true
 	}) {
 		then() // shutting down: no delay

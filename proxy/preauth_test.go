@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // bigSetHeader is the header of a SET whose body (8 bytes of extras, key
@@ -171,13 +172,14 @@ func TestPreAuthOutputBounded(t *testing.T) {
 }
 
 // TestAuthTimeout: a connection that has not authenticated within
-// auth_timeout is closed; an authenticated one is not, nor is one on the
-// default bucket.
+// auth_timeout of the engine's (fake) clock is closed, exactly then: the
+// loops' sweep at a nanosecond before leaves it open; an authenticated one
+// is not closed, nor is one on the default bucket.
 func TestAuthTimeout(t *testing.T) {
 	const timeout = 200 * time.Millisecond
-	p := startProxy(t, testConfig{proxy: "default_bucket = \"\"\nauth_timeout = \"200ms\"", tail: tenantTail(t)})
+	clock := throttle.NewFakeClock(0)
+	p := startProxyClock(t, testConfig{proxy: "default_bucket = \"\"\nauth_timeout = \"200ms\"", tail: tenantTail(t)}, clock)
 	a := login(t, p.Addr, "alice")
-	start := time.Now()
 	idle, err := net.Dial("tcp", p.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -188,14 +190,21 @@ func TestAuthTimeout(t *testing.T) {
 	if r, err := chatty.Do(mcclient.Request{Opcode: mc.OpNoop}); status(t, r, err) != mc.StatusSuccess {
 		t.Fatal("NOOP before auth")
 	}
-	waitClosed(t, idle, 3*time.Second)
-	if el := time.Since(start); el < timeout-10*time.Millisecond {
-		t.Fatalf("closed after %v, before auth_timeout %v", el, timeout)
+	eventually(t, 5*time.Second, "the proxy to open the three sessions", func() bool { return p.Connections() == 3 })
+	clock.Advance(timeout - 1)
+	tickLoops(t, p)
+	if n := p.authTimeouts.Load(); n != 0 || p.Connections() != 3 {
+		t.Fatalf("a nanosecond before auth_timeout: %d auth timeouts, %d connections open; want 0 and 3", n, p.Connections())
 	}
-	waitClosed(t, chatty.Conn(), 3*time.Second)
-	if time.Since(start) < 2*timeout {
-		time.Sleep(2*timeout - time.Since(start))
+	clock.Advance(1)
+	tickLoops(t, p)
+	if n := p.authTimeouts.Load(); n != 2 {
+		t.Errorf("at auth_timeout: %d auth timeouts, want 2", n)
 	}
+	waitClosed(t, idle, 5*time.Second)
+	waitClosed(t, chatty.Conn(), 5*time.Second)
+	clock.Advance(10 * timeout)
+	tickLoops(t, p)
 	if r, err := a.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
 		t.Fatalf("authenticated connection after auth_timeout: %s", r.Status())
 	}
@@ -204,50 +213,54 @@ func TestAuthTimeout(t *testing.T) {
 	}
 
 	// Default bucket: nobody needs to authenticate, nobody is timed.
-	d := startProxy(t, testConfig{proxy: `auth_timeout = "200ms"`})
+	dclock := throttle.NewFakeClock(0)
+	d := startProxyClock(t, testConfig{proxy: `auth_timeout = "200ms"`}, dclock)
 	c := dial(t, d.Addr)
-	time.Sleep(3 * timeout)
+	eventually(t, 5*time.Second, "the proxy to open the session", func() bool { return d.Connections() == 1 })
+	dclock.Advance(10 * timeout)
+	tickLoops(t, d)
 	if r, err := c.Do(mcclient.Request{Opcode: mc.OpNoop}); status(t, r, err) != mc.StatusSuccess {
 		t.Fatal("default-bucket connection closed by auth_timeout")
 	}
 }
 
 // TestIdleTimeout: a connection silent for idle_timeout with nothing in
-// flight is closed; one that keeps talking stays.
+// flight is closed by the first sweep of the loops at least idle_timeout
+// and a tick (its activity is stamped with the loop's coarse clock) after
+// its last activity, on the engine's (fake) clock: a nanosecond before,
+// it is open; one that keeps talking stays.
 func TestIdleTimeout(t *testing.T) {
 	const timeout = 300 * time.Millisecond
-	p := startProxy(t, testConfig{proxy: `idle_timeout = "300ms"`})
+	clock := throttle.NewFakeClock(0)
+	p := startProxyClock(t, testConfig{proxy: `idle_timeout = "300ms"`}, clock)
 	quiet, talker := dial(t, p.Addr), dial(t, p.Addr)
 	if r, err := quiet.Set([]byte("k"), []byte("v")); status(t, r, err) != mc.StatusSuccess {
 		t.Fatal("SET")
 	}
-	last := time.Now()
-	closed := make(chan error, 1)
-	go func() { closed <- closedWithin(quiet.Conn(), 3*time.Second) }()
-	var err error
-talk:
-	for {
+	last := clock.Now()
+	talk := func() {
+		t.Helper()
 		if r, err := talker.Do(mcclient.Request{Opcode: mc.OpNoop}); status(t, r, err) != mc.StatusSuccess {
 			t.Fatal("the talking connection was closed")
 		}
-		select {
-		case err = <-closed:
-			break talk
-		case <-time.After(timeout / 4):
-		}
 	}
-	if err != nil {
-		t.Fatal(err)
+	for clock.Now()+100*time.Millisecond < last+timeout+tickInterval {
+		clock.Advance(100 * time.Millisecond)
+		tickLoops(t, p)
+		talk()
 	}
-	if el := time.Since(last); el < timeout {
-		t.Fatalf("idle connection closed after %v, before idle_timeout %v", el, timeout)
+	clock.Advance(last + timeout + tickInterval - 1 - clock.Now())
+	tickLoops(t, p)
+	if n := p.idleClosed.Load(); n != 0 {
+		t.Fatalf("a nanosecond before idle_timeout and a tick: %d idle closes, want 0", n)
 	}
-	if r, err := talker.Do(mcclient.Request{Opcode: mc.OpNoop}); status(t, r, err) != mc.StatusSuccess {
-		t.Fatal("the talking connection was closed")
-	}
+	clock.Advance(1)
+	tickLoops(t, p)
 	if n := p.idleClosed.Load(); n != 1 {
-		t.Errorf("idle closes = %d, want 1", n)
+		t.Fatalf("at idle_timeout and a tick: %d idle closes, want 1", n)
 	}
+	waitClosed(t, quiet.Conn(), 5*time.Second)
+	talk()
 }
 
 // TestUnauthenticatedShare: when max_connections is filled with idle

@@ -80,11 +80,39 @@ func TestGarbageOnManyConnections(t *testing.T) {
 	wg.Wait()
 }
 
+// The upstream's recovery runs on the real clock (its timeouts, its
+// reconnection backoff and its health probes do not read the engine's
+// clock): these are its figures' targets, which BenchmarkUpstreamRecovery
+// reports; the tests below fail only at coarseFactor times them, a
+// breakage, not a slow machine.
+const (
+	// resumeTarget: memcached back on its port gets traffic again (the
+	// reconnection backoff is at most 400 ms, jittered down to half).
+	resumeTarget = time.Second
+	// ejectTarget: with eject_after_failures = 2 and eject_retry = 500 ms,
+	// a dead server's keys are served by the other within the retry
+	// interval plus detection (two probes 100 ms apart).
+	ejectTarget = time.Second
+	// rejoinTarget: a server back on its port is in the ring again
+	// (eject_retry 500 ms, then a probe).
+	rejoinTarget = time.Second
+	coarseFactor = 10
+)
+
 // TestUpstreamKilledUnderLoad: memcached dies under load; every client gets
-// its answers (success before, Etmpfail after) within the timeout, never a
-// hang; memcached back on the same port: traffic flows within a second,
-// without restarting the proxy.
+// its answers (success before, Etmpfail after), never a hang; memcached
+// back on the same port: traffic flows again without restarting the proxy
+// (within coarseFactor times resumeTarget here; BenchmarkUpstreamRecovery
+// reports how soon).
 func TestUpstreamKilledUnderLoad(t *testing.T) {
+	upstreamKilledUnderLoad(t)
+}
+
+// upstreamKilledUnderLoad runs TestUpstreamKilledUnderLoad's scenario and
+// returns how long after memcached's restart its clients had 100 more
+// successes.
+func upstreamKilledUnderLoad(t testing.TB) time.Duration {
+	const upstreamTimeout = time.Second
 	m := testmc.Start(t)
 	p := startProxyTo(t, m, testConfig{upstream: `timeout = "1s"`, throttle: `capacity = "unlimited"`, loops: 2})
 	var ok, tmpfail, other atomic.Int64
@@ -92,7 +120,7 @@ func TestUpstreamKilledUnderLoad(t *testing.T) {
 	stop := make(chan struct{})
 	for i := 0; i < 8; i++ {
 		c := dial(t, p.Addr)
-		c.Timeout = 3 * time.Second // a hang would exceed the 1 s upstream timeout by far
+		c.Timeout = coarseFactor * upstreamTimeout // a hang, not a slow answer
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
@@ -118,28 +146,34 @@ func TestUpstreamKilledUnderLoad(t *testing.T) {
 			}
 		}(i)
 	}
-	eventually(t, 5*time.Second, "traffic", func() bool { return ok.Load() > 100 })
+	defer func() { close(stop); wg.Wait() }()
+	eventually(t, 30*time.Second, "traffic", func() bool { return ok.Load() > 100 })
 	m.Stop()
-	eventually(t, 3*time.Second, "Etmpfail answers after the kill", func() bool { return tmpfail.Load() > 10 })
+	eventually(t, coarseFactor*upstreamTimeout, "Etmpfail answers after the kill", func() bool { return tmpfail.Load() > 10 })
 	before := ok.Load()
 	m.Restart(t)
 	back := time.Now()
-	eventually(t, 3*time.Second, "traffic after memcached is back", func() bool { return ok.Load() > before+100 })
-	if d := time.Since(back); d > time.Second {
-		t.Errorf("traffic resumed %v after memcached came back, want within 1s", d)
-	}
-	close(stop)
-	wg.Wait()
+	eventually(t, coarseFactor*resumeTarget, "traffic after memcached is back", func() bool { return ok.Load() > before+100 })
+	resumed := time.Since(back)
 	if other.Load() != 0 {
 		t.Errorf("%d answers with unexpected statuses", other.Load())
 	}
-	t.Logf("ok %d, Etmpfail %d", ok.Load(), tmpfail.Load())
+	t.Logf("ok %d, Etmpfail %d; traffic resumed %v after memcached came back", ok.Load(), tmpfail.Load(), resumed)
+	return resumed
 }
 
 // TestTwoServersEjection: keys are spread over two servers; one is killed
-// with ejection on and its keys are served by the other within the retry
-// interval; once it is back, the distribution returns.
+// with ejection on and its keys are served by the other; once it is back,
+// the distribution returns (each within coarseFactor times its target
+// here; BenchmarkUpstreamRecovery reports how soon).
 func TestTwoServersEjection(t *testing.T) {
+	twoServersEjection(t)
+}
+
+// twoServersEjection runs TestTwoServersEjection's scenario and returns
+// how long after the kill every key of the dead server was served by the
+// other, and how long after its restart it was back in the ring.
+func twoServersEjection(t testing.TB) (ejected, rejoined time.Duration) {
 	p, a, b := startTwoServerProxy(t, "eject_after_failures = 2\neject_retry = \"500ms\"")
 	c := dial(t, p.Addr)
 	keys := make([]string, 200)
@@ -168,9 +202,8 @@ func TestTwoServersEjection(t *testing.T) {
 	}
 	b.Stop()
 	killed := time.Now()
-	// Within the retry interval (plus detection: 2 probes 100 ms apart),
-	// every key can be written and read again, through server a.
-	eventually(t, 3*time.Second, "keys of the dead server to be served by the other", func() bool {
+	// Every key can be written and read again, through server a.
+	eventually(t, coarseFactor*ejectTarget, "keys of the dead server to be served by the other", func() bool {
 		for _, k := range keys {
 			if home[k] != b {
 				continue
@@ -181,7 +214,8 @@ func TestTwoServersEjection(t *testing.T) {
 		}
 		return true
 	})
-	t.Logf("dead server's keys served by the other %v after the kill", time.Since(killed))
+	ejected = time.Since(killed)
+	t.Logf("dead server's keys served by the other %v after the kill", ejected)
 	for _, k := range keys {
 		want := k
 		if home[k] == b {
@@ -193,7 +227,8 @@ func TestTwoServersEjection(t *testing.T) {
 	}
 	// Back: keys go home again.
 	b.Restart(t)
-	eventually(t, 5*time.Second, "the server to be back in the ring", func() bool {
+	restarted := time.Now()
+	eventually(t, coarseFactor*rejoinTarget, "the server to be back in the ring", func() bool {
 		for _, k := range keys {
 			if home[k] == b {
 				if r, err := c.Set([]byte(k), []byte("home")); err != nil || r.Status() != mc.StatusSuccess {
@@ -204,6 +239,8 @@ func TestTwoServersEjection(t *testing.T) {
 		}
 		return false
 	})
+	rejoined = time.Since(restarted)
+	t.Logf("the server back in the ring %v after its restart", rejoined)
 	for _, k := range keys {
 		if home[k] != b {
 			continue
@@ -212,6 +249,7 @@ func TestTwoServersEjection(t *testing.T) {
 			t.Fatalf("key %s not back on its server", k)
 		}
 	}
+	return ejected, rejoined
 }
 
 // TestReloadUnderLoad: a reload that adds a server and changes limits

@@ -100,8 +100,9 @@ func (s *session) mode() throttle.Mode {
 // forward sends r upstream in bucket b's namespace (b nil: no namespace,
 // not metered), after admission when r is metered.
 func (s *session) forward(r *request, b *bucket) bool {
-	if r.meta {
-		// Checked by the parser, as memcached checks it.
+	if r.meta || r.tooLarge {
+		// Checked by the parser, as memcached checks it; or checked by
+		// the codec, and no frame (toolarge.go).
 	} else if err := binary.ValidateRequest(&r.frame); err != nil {
 		// memcached would answer Einval and close the shared upstream
 		// connection, failing other clients' requests: answer here.
@@ -156,6 +157,9 @@ func (s *session) forward(r *request, b *bucket) bool {
 		// Billed in advance: a write's units (known now), a read's
 		// expected units; settled when the response is in (finish).
 		cost := s.lp.srv.cost(r.op.Class(), len(key)+len(r.value))
+		if r.tooLarge {
+			cost = throttle.Cost{Known: 1} // the refusal and its unlink (toolarge.go)
+		}
 		g, wait, l := s.admit(b, cost)
 		if g.Domain == throttle.Held {
 			return s.throttled(r, b, wait)
@@ -182,8 +186,12 @@ func (s *session) forward(r *request, b *bucket) bool {
 	sl.units = s.reportUnits
 	sl.sentKV = len(key) + len(r.value)
 	s.enqueue(sl)
-	s.enterPath(sl, r.meta)
 	s.lp.addInflight(1)
+	if r.tooLarge {
+		s.sendRefused(r, sl, u, prefix)
+		return true
+	}
+	s.enterPath(sl, r.meta)
 	if r.meta {
 		m := &s.text.meta
 		rawKey := 0

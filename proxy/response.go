@@ -9,20 +9,21 @@ import (
 // slot is one command in a session's response queue. It is the
 // upstream.Waiter of forwarded commands.
 type slot struct {
-	s      *session
-	req    reqHead // what its answer needs of the client's request
-	done   bool
-	resp   []byte // response bytes, while an earlier command is pending
-	strip  int    // bytes of key prefix to strip from responses
-	bkt    *bucket
-	grant  throttle.Grant // the command's bill, settled when it completes; Domain Held: not metered
-	leased *lane          // the lane whose lease grant came from (settled with it); nil: the bucket
-	units  bool           // ReportUnitUsage was on when the command was sent
-	sentKV int            // key+value bytes the client sent (write units)
-	gotKV  int            // key+value bytes returned (read units)
-	hit    bool           // succeeded; a read: found its item (lane.go learns sizes from hits only)
-	path   upPath         // which kind of upstream connection it went on; none for local answers
-	orphan bool           // its session closed while it was in flight on its bucket's own connections (orphan.go)
+	s       *session
+	req     reqHead // what its answer needs of the client's request
+	done    bool
+	resp    []byte // response bytes, while an earlier command is pending
+	strip   int    // bytes of key prefix to strip from responses
+	bkt     *bucket
+	grant   throttle.Grant // the command's bill, settled when it completes; Domain Held: not metered
+	leased  *lane          // the lane whose lease grant came from (settled with it); nil: the bucket
+	units   bool           // ReportUnitUsage was on when the command was sent
+	sentKV  int            // key+value bytes the client sent (write units)
+	gotKV   int            // key+value bytes returned (read units)
+	hit     bool           // succeeded; a read: found its item (lane.go learns sizes from hits only)
+	path    upPath         // which kind of upstream connection it went on; none for local answers
+	orphan  bool           // its session closed while it was in flight on its bucket's own connections (orphan.go)
+	refused bool           // a write refused as too large: 1 unit, answered with the refusal (toolarge.go)
 
 	owe   int64          // a read's units beyond its bill, not yet paid: its answer waits (surprise.go)
 	extra throttle.Grant // the admission that paid what it cost beyond its bill
@@ -211,6 +212,9 @@ func (srv *Server) settle(sl *slot) {
 // units of the key and value sent (writes and GAT), the read units of the
 // key and value returned (reads and GAT).
 func (srv *Server) units(sl *slot) (read, write int64) {
+	if sl.refused {
+		return 0, 1
+	}
 	cls := sl.req.op.Class()
 	if cls == binary.ClassWrite || cls == binary.ClassReadWrite {
 		write = throttle.WriteUnits(int64(sl.sentKV), srv.opts.writeUnitSize)
@@ -240,6 +244,10 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 		if done {
 			s.finish(sl)
 		}
+		return
+	}
+	if sl.refused {
+		sl.refusedAnswer() // memcached answered the unlink: the client gets the refusal
 		return
 	}
 	if done && sl.surprised(len(f.Value())) {

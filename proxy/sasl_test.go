@@ -11,50 +11,51 @@ import (
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // TestSASLFailurePacing: a connection's refused SASL AUTHs are answered
-// after a growing delay (0, 100, 200, 400, 800 ms), the fifth closes it, and
+// after exactly 0, 100, 200, 400 and 800 ms of the engine's clock (a fake
+// one: each delay is the timer the proxy arms, and the answer comes when
+// the clock reaches it, not a nanosecond before), the fifth closes it, and
 // the delays hold that connection only: another one on the same event loop
-// is served meanwhile. (Malformed credentials, so that no bcrypt run and no
-// per-source budget adds to the delays.)
+// is served while it waits, the clock standing still. (Malformed
+// credentials, so that no bcrypt run and no per-source budget adds to the
+// delays.)
 func TestSASLFailurePacing(t *testing.T) {
-	p := startProxy(t, testConfig{tail: tenantTail(t), loops: 1})
+	clock := throttle.NewFakeClock(0)
+	p := startProxyClock(t, testConfig{tail: tenantTail(t), loops: 1}, clock)
 	other := login(t, p.Addr, "bob")
 	c := dial(t, p.Addr)
 	bad := mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: []byte("alice")}
 	for i, want := range []time.Duration{0, 100, 200, 400, 800} {
 		want *= time.Millisecond
-		start := time.Now()
+		sent := clock.Now()
 		op := c.Send(bad)
 		if err := c.Flush(); err != nil {
 			t.Fatal(err)
 		}
 		if want > 0 {
+			armedAt(t, clock, sent+want)
 			// While this connection waits, the loop serves the other.
-			time.Sleep(want / 4)
-			s := time.Now()
 			if r, err := other.Do(mcclient.Request{Opcode: mc.OpNoop}); status(t, r, err) != mc.StatusSuccess {
 				t.Fatalf("other connection: %s", r.Status())
 			}
-			if d := time.Since(s); d > want/2 {
-				t.Errorf("refusal %d: the other connection's NOOP took %v: the delay blocks the loop", i+1, d)
-			}
+			clock.Advance(want - 1)
+			stillArmed(t, clock, sent+want)
+			clock.Advance(1)
 		}
 		r, err := c.Read()
-		took := time.Since(start)
 		if err != nil {
 			t.Fatalf("refusal %d: %v", i+1, err)
 		}
 		if r.Opaque != op || r.Status() != mc.StatusAuthError {
 			t.Fatalf("refusal %d: %s", i+1, r.Status())
 		}
-		if took < want || took > want+500*time.Millisecond {
-			t.Errorf("refusal %d answered after %v, want %v", i+1, took, want)
-		}
+		armedAt(t, clock) // answered: nothing left to wait for
 	}
 	// The fifth refusal closed the connection.
-	_ = c.Conn().SetReadDeadline(time.Now().Add(2 * time.Second))
+	_ = c.Conn().SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := c.Conn().Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !isReset(err) {
 		t.Fatalf("connection still open after 5 refusals: %v", err)
 	}

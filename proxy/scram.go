@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"net/netip"
-	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/xdg-go/scram"
@@ -165,7 +164,7 @@ func (s *session) scramStep(r *request) {
 	srv := s.lp.srv
 	addr := authSource(s.remote)
 	src := authPair(addr, name)
-	wait, ok := srv.authQ.scramTurnFrom(src, addr, time.Now())
+	wait, ok := srv.authQ.scramTurnFrom(src, addr, srv.throttle.Now())
 	if !ok {
 		s.refuseAuth(c, name, binary.StatusEtmpfail, "too many authentications in progress; retry")
 		return
@@ -188,7 +187,7 @@ func (s *session) scramFinish(c *offLoopCall, sc *scramConv, src, addr, clientFi
 		if final == scram.ErrInvalidProof {
 			// A password guess (not a malformed message): it counts
 			// against the source.
-			srv.authQ.scramFailedFrom(src, addr, time.Now())
+			srv.authQ.scramFailedFrom(src, addr, srv.throttle.Now())
 		}
 		if sc.user == nil && sc.cfg.User(name) != nil {
 			// The client cannot tell this from a wrong password; the

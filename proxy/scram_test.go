@@ -16,6 +16,7 @@ import (
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // rawConn is a binary-protocol connection dialled from a chosen local
@@ -242,11 +243,13 @@ func TestSCRAMLogin(t *testing.T) {
 }
 
 // TestSCRAMFailurePacing: refused SCRAM STEPs on one connection are paced
-// like PLAIN refusals (0, 100, 200, 400, 800 ms) and the fifth closes it.
-// (A client-final with a wrong nonce, so that no source penalty adds to
-// the delays: it is not a password guess.)
+// like PLAIN refusals, exactly 0, 100, 200, 400 and 800 ms of the engine's
+// (fake) clock, and the fifth closes it. (A client-final with a wrong
+// nonce, so that no source penalty adds to the delays: it is not a
+// password guess.)
 func TestSCRAMFailurePacing(t *testing.T) {
-	p := startProxy(t, testConfig{tail: scramTail(t), loops: 1})
+	clock := throttle.NewFakeClock(0)
+	p := startProxyClock(t, testConfig{tail: scramTail(t), loops: 1}, clock)
 	c := dialFrom(t, p.Addr, "127.0.0.1")
 	for i, want := range []time.Duration{0, 100, 200, 400, 800} {
 		want *= time.Millisecond
@@ -262,18 +265,21 @@ func TestSCRAMFailurePacing(t *testing.T) {
 			t.Fatal(err)
 		}
 		c2 = strings.Replace(c2, ",r=", ",r=x", 1)
-		start := time.Now()
+		sent := clock.Now()
 		c.send(mc.OpSASLStep, nil, []byte("SCRAM-SHA512"), []byte(c2))
+		if want > 0 {
+			armedAt(t, clock, sent+want)
+			clock.Advance(want - 1)
+			stillArmed(t, clock, sent+want)
+			clock.Advance(1)
+		}
 		st, _, err = c.read()
-		took := time.Since(start)
 		if err != nil || st != mc.StatusAuthError {
 			t.Fatalf("attempt %d: STEP %s %v, want AuthError", i+1, st, err)
 		}
-		if took < want || took > want+500*time.Millisecond {
-			t.Errorf("refusal %d answered after %v, want %v", i+1, took, want)
-		}
+		armedAt(t, clock)
 	}
-	_ = c.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_ = c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := c.c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !isReset(err) {
 		t.Fatalf("connection still open after 5 refusals: %v", err)
 	}
@@ -281,30 +287,42 @@ func TestSCRAMFailurePacing(t *testing.T) {
 
 // TestSCRAMSourcePenalty: a wrong SCRAM proof counts against its source
 // as a wrong password does: the source's next proof, on another
-// connection, is checked only maxFailedAuthPenalty later (so one address
-// guesses no faster with SCRAM than with PLAIN), while other addresses
-// are served at once.
+// connection, is checked exactly maxFailedAuthPenalty of the engine's
+// (fake) clock after the wrong one (so one address guesses no faster with
+// SCRAM than with PLAIN), while another address is served with the clock
+// standing still.
 func TestSCRAMSourcePenalty(t *testing.T) {
-	p := startProxy(t, testConfig{tail: scramTail(t)})
-	start := time.Now()
+	clock := throttle.NewFakeClock(0)
+	p := startProxyClock(t, testConfig{tail: scramTail(t)}, clock)
+	failedAt := clock.Now()
 	if _, step, err := scramLogin(t, dialFrom(t, p.Addr, "127.0.0.5"), "SCRAM-SHA256", "alice", "wrong"); err != nil || step != mc.StatusAuthError {
 		t.Fatalf("wrong password: STEP %s, %v", step, err)
 	}
-	if d := time.Since(start); d > 500*time.Millisecond {
-		t.Errorf("first wrong proof answered after %v", d)
-	}
-	s := time.Now()
+	armedAt(t, clock) // the first refusal of a connection is answered at once
 	if _, step, err := scramLogin(t, dialFrom(t, p.Addr, "127.0.0.6"), "SCRAM-SHA256", "alice", "alice-pw"); err != nil || step != mc.StatusSuccess {
 		t.Fatalf("other address: STEP %s, %v", step, err)
 	}
-	if d := time.Since(s); d > 500*time.Millisecond {
-		t.Errorf("another address waited %v", d)
+	// Same address, right password: the STEP waits for the penalty's end.
+	c := dialFrom(t, p.Addr, "127.0.0.5")
+	cl, _ := scram.SHA256.NewClient("alice", "alice-pw", "")
+	conv := cl.NewConversation()
+	c1, _ := conv.Step("")
+	st, s1 := c.do(mc.OpSASLAuth, "SCRAM-SHA256", c1)
+	if st != mc.StatusAuthContinue {
+		t.Fatalf("same address: AUTH %s", st)
 	}
-	if _, step, err := scramLogin(t, dialFrom(t, p.Addr, "127.0.0.5"), "SCRAM-SHA256", "alice", "alice-pw"); err != nil || step != mc.StatusSuccess {
-		t.Fatalf("same address, right password: STEP %s, %v", step, err)
+	c2, err := conv.Step(s1)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if d := time.Since(start); d < maxFailedAuthPenalty-100*time.Millisecond {
-		t.Errorf("same address's next proof answered %v after the wrong one, want about %v", d, maxFailedAuthPenalty)
+	c.send(mc.OpSASLStep, nil, []byte("SCRAM-SHA256"), []byte(c2))
+	end := failedAt + maxFailedAuthPenalty
+	armedAt(t, clock, end)
+	clock.Advance(maxFailedAuthPenalty - 1)
+	stillArmed(t, clock, end)
+	clock.Advance(1)
+	if st, _, err := c.read(); err != nil || st != mc.StatusSuccess {
+		t.Fatalf("same address, right password: STEP %s, %v", st, err)
 	}
 }
 
@@ -380,8 +398,8 @@ func TestPlainAuthPolicy(t *testing.T) {
 // per maxFailedAuthPenalty, at most maxQueuedAuthPerSource waiting; other
 // sources do not wait.
 func TestSCRAMTurn(t *testing.T) {
-	q := newAuthQueue()
-	now := time.Now()
+	q := newAuthQueue(throttle.NewFakeClock(0))
+	now := time.Minute
 	if d, ok := q.scramTurn("a", now); d != 0 || !ok {
 		t.Fatalf("before any failure: %v %v", d, ok)
 	}

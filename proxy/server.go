@@ -160,6 +160,9 @@ type Server struct {
 	flights    *authFlights         // password checks in flight, shared by the logins presenting the same credentials
 	authStats  authCounters         // kvthrottle_auth_total{mechanism,result}
 	bcryptTook atomic.Int64         // nanoseconds the auth worker's last bcrypt run took (decoys' answer time)
+	// fixedBcrypt (tests), when > 0: nanoseconds every bcrypt run counts
+	// as having taken (bcryptDuration), whatever it took.
+	fixedBcrypt atomic.Int64
 }
 
 // New validates opts, builds the throttle engine and the bucket table, and
@@ -241,7 +244,7 @@ func New(opts Options) (*Server, error) {
 		throttle: eng,
 		file:     cfg,
 		state:    st,
-		authQ:    newAuthQueue(),
+		authQ:    newAuthQueue(eng.Clock()),
 		flights:  newAuthFlights(),
 		authCache: bucketcfg.NewAuthCache(bucketcfg.DefaultAuthCacheTTL,
 			bucketcfg.DefaultAuthCacheEntries, nil),

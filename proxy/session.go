@@ -41,6 +41,10 @@ type session struct {
 	text   textCodec // the text protocol's codec, when the client speaks it (codec points here)
 	picked bool      // the protocol is chosen (by the first byte)
 	skip   int       // input bytes still to drop (what a refused text command swallows)
+	// skipPace: skip is the value of a write refused as too large,
+	// dropped at the pace of this bucket's discard gauge (toolarge.go);
+	// nil: dropped as it comes.
+	skipPace *bucket
 
 	listenerBucket string // the bucket of the [[listener]] the client connected to; "" for proxy.listen
 
@@ -139,10 +143,11 @@ func (s *session) onTraffic() gnet.Action {
 		return s.checkBuffered()
 	}
 	if s.skip > 0 {
-		n, _ := s.c.Discard(s.skip)
-		s.skip -= n
+		if n := s.dropPaced(s.c.InboundBuffered()); n > 0 {
+			_, _ = s.c.Discard(n)
+		}
 		if s.skip > 0 {
-			return gnet.None
+			return s.checkBuffered()
 		}
 	}
 	if !s.picked {
@@ -252,6 +257,13 @@ func (s *session) onTraffic() gnet.Action {
 		}
 		s.leaveLaneWait() // its turn is taken, whether the request went upstream or not
 		off += n
+		if r.swallow > 0 { // a write refused as too large: its value goes unread
+			s.skip, s.skipPace = r.swallow, s.bkt
+			off += s.dropPaced(len(buf) - off)
+			if s.skip > 0 {
+				break
+			}
+		}
 		if s.quitting || s.pause != running {
 			break
 		}

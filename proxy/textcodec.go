@@ -29,6 +29,7 @@ type textCodec struct {
 	scratch []byte      // the binary frame of the request being dispatched
 	meta    metaCommand // the meta command being dispatched (textmeta.go)
 	part    int         // which part of a retrieval command comes next
+	large   bool        // the last parse found a write too large for memcached (toolarge.go)
 
 	// failed: in the order replies go out (passes), a key of the
 	// retrieval command being answered failed, and the rest of its reply
@@ -83,11 +84,21 @@ func (c *textCodec) requestLen(buf []byte, cx codecCtx) int {
 // parse reads the command at the start of buf: memcached's text
 // authentication (a set carrying "user password") while the client must
 // authenticate, else any command.
+//
+// A write too large for memcached is told by its line alone: its length is
+// returned once the line is in, and large set (decodeTooLarge).
 func (c *textCodec) parse(buf []byte, cx codecCtx) (int, error) {
 	if cx.textAuth {
+		c.large = false
 		return text.ParseAuth(buf, cx.maxBody, &c.auth)
 	}
-	return text.Parse(buf, cx.maxBody, &c.cmd)
+	n, err := text.Parse(buf, cx.maxBody, &c.cmd)
+	if line := c.refusable(n, err, cx); line > 0 {
+		c.large = true
+		return line, nil
+	}
+	c.large = false
+	return n, err
 }
 
 func (c *textCodec) decode(buf []byte, cx codecCtx, r *request) (int, error) {
@@ -109,6 +120,10 @@ func (c *textCodec) decode(buf []byte, cx codecCtx, r *request) (int, error) {
 	}
 	if cx.textAuth {
 		c.decodeAuth(r)
+		return n, nil
+	}
+	if c.large {
+		c.decodeTooLarge(r)
 		return n, nil
 	}
 	cmd := &c.cmd

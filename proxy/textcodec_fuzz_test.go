@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
@@ -26,50 +27,90 @@ func FuzzTextCodec(f *testing.F) {
 	for _, s := range []string{
 		"mg foo v k c t f s O123 q\r\n", "ms Zm9v 3 b T0 F5 c k I\r\nbar\r\n", "md foo q C5 I T30\r\n",
 		"ma n N0 J13 D2 MD v t c q\r\n", "me foo\r\n", "me Zm9v b\r\n", "mn\r\n", "get a b c\r\ngets a\r\n",
+		// Writes too large for items of fuzzItemMax bytes.
+		"set k 0 0 90\r\n" + strings.Repeat("v", 90) + "\r\nmn\r\n", "cas k 1 2 80 0 noreply\r\n" + strings.Repeat("v", 20),
+		"ms Zm9v 70 b q MA T0\r\n" + strings.Repeat("v", 70) + "\r\nmg foo v\r\n", "append k 0 0 75\r\nab",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		c := &textCodec{}
-		cx := codecCtx{maxBody: 1 << 20, prefix: len(fuzzPrefix)}
-		prefix := []byte(fuzzPrefix)
-		buf := in
-		for steps := 0; len(buf) > 0 && steps < 10000; steps++ {
-			var r request
-			n, err := c.decode(buf, cx, &r)
-			if n < 0 || n > len(buf) {
-				t.Fatalf("decode consumed %d of %d bytes", n, len(buf))
-			}
-			if err != nil {
-				var re *codecReply
-				if !errors.As(err, &re) {
-					t.Fatalf("decode error %v is not a refusal", err)
-				}
-				if re.close || re.skip > len(buf) {
-					return
-				}
-				if re.skip <= 0 {
-					t.Fatalf("a refusal that neither closes nor skips: %+v", re)
-				}
-				buf = buf[re.skip:]
-				continue
-			}
-			if n == 0 && !r.more {
-				return // waits for more input
-			}
-			if r.meta {
-				checkMetaUpstream(t, c, &r, prefix)
-			} else if err := binary.ValidateRequest(&r.frame); err != nil {
-				t.Fatalf("%q: invalid binary request: %v", buf[:max(n, 1)], err)
-			} else if r.op.Class().Metered() && len(prefix)+len(r.key) > binary.MaxKeyLen {
-				t.Fatalf("key of %d bytes passed the length check", len(r.key))
-			}
-			if r.more || r.last {
-				c.partDone(r.last)
-			}
-			buf = buf[n:]
-		}
+		fuzzTextDecode(t, in, 0)
+		fuzzTextDecode(t, in, fuzzItemMax)
 	})
+}
+
+// fuzzItemMax is the item size limit of FuzzTextCodec's second pass.
+const fuzzItemMax = 64
+
+// fuzzTextDecode is one pass of FuzzTextCodec over in, with memcached's
+// item size limit itemMax (0: unknown). A write refused as too large must
+// be a storage command's whose key and data are over the limit, and be
+// unlinked only for set and ms.
+func fuzzTextDecode(t *testing.T, in []byte, itemMax int) {
+	c := &textCodec{}
+	cx := codecCtx{maxBody: 1 << 20, prefix: len(fuzzPrefix), itemMax: itemMax}
+	prefix := []byte(fuzzPrefix)
+	buf := in
+	for steps := 0; len(buf) > 0 && steps < 10000; steps++ {
+		var r request
+		n, err := c.decode(buf, cx, &r)
+		if n < 0 || n > len(buf) {
+			t.Fatalf("decode consumed %d of %d bytes", n, len(buf))
+		}
+		if err != nil {
+			var re *codecReply
+			if !errors.As(err, &re) {
+				t.Fatalf("decode error %v is not a refusal", err)
+			}
+			if re.close || re.skip > len(buf) {
+				return
+			}
+			if re.skip <= 0 {
+				t.Fatalf("a refusal that neither closes nor skips: %+v", re)
+			}
+			buf = buf[re.skip:]
+			continue
+		}
+		if n == 0 && !r.more {
+			return // waits for more input
+		}
+		if r.tooLarge {
+			checkTooLarge(t, c, &r, itemMax)
+			if n+r.swallow > len(buf) {
+				return
+			}
+			buf = buf[n+r.swallow:]
+			continue
+		}
+		if r.meta {
+			checkMetaUpstream(t, c, &r, prefix)
+		} else if err := binary.ValidateRequest(&r.frame); err != nil {
+			t.Fatalf("%q: invalid binary request: %v", buf[:max(n, 1)], err)
+		} else if r.op.Class().Metered() && len(prefix)+len(r.key) > binary.MaxKeyLen {
+			t.Fatalf("key of %d bytes passed the length check", len(r.key))
+		}
+		if r.more || r.last {
+			c.partDone(r.last)
+		}
+		buf = buf[n:]
+	}
+}
+
+// checkTooLarge checks a write the text codec refused as too large for
+// items of itemMax bytes.
+func checkTooLarge(t *testing.T, c *textCodec, r *request, itemMax int) {
+	t.Helper()
+	k := c.cmd.Kind
+	switch {
+	case itemMax == 0 || !k.IsStorage():
+		t.Fatalf("%q refused as too large with items of %d bytes", c.cmd.Line, itemMax)
+	case r.swallow != c.cmd.DataLen+2 || len(fuzzPrefix)+len(r.key)+c.cmd.DataLen <= itemMax:
+		t.Fatalf("%q refused as too large: key %q, %d bytes to drop, items of %d bytes", c.cmd.Line, r.key, r.swallow, itemMax)
+	case len(fuzzPrefix)+len(r.key) > binary.MaxKeyLen:
+		t.Fatalf("%q refused as too large with a key of %d bytes in the namespace", c.cmd.Line, len(r.key))
+	case r.unlink != (k == text.KindSet || k == text.KindMetaSet):
+		t.Fatalf("%q refused as too large: unlink %v", c.cmd.Line, r.unlink)
+	}
 }
 
 // checkMetaUpstream checks the upstream line of meta request r against the

@@ -33,7 +33,7 @@ func textBatch(t *testing.T, tc *textConn, in string) string {
 }
 
 // TestTextUpstreamFailureFraming: two memcached servers, one of them
-// stopped (SIGSTOP) so that the proxy's 300 ms upstream timeout fires.
+// stopped (SIGSTOP) so that the proxy's 1 s upstream timeout fires.
 // Each command is answered as memcached frames a failure of it: a
 // retrieval whose key lives on the stopped server ends with the error
 // line, after the VALUE blocks of the keys before it (already sent) and
@@ -43,7 +43,7 @@ func textBatch(t *testing.T, tc *textConn, in string) string {
 // the commands after each failure get their own replies.
 func TestTextUpstreamFailureFraming(t *testing.T) {
 	t.Parallel()
-	p, a, b := startTwoServerProxy(t, `timeout = "300ms"`)
+	p, a, b := startTwoServerProxy(t, `timeout = "1s"`) // a failure on the stopped server only, not on a loaded machine
 	tc := dialText(t, p.Addr)
 	_ = tc.c.SetDeadline(time.Now().Add(30 * time.Second))
 	// Keys on each server.

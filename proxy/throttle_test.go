@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
@@ -50,7 +52,11 @@ func drive(conns []*mcclient.Client, d time.Duration) (done, failed int64, maxLa
 // not run above its limit, while a bucket without a limit is not held. The
 // rate at the limit is asserted exactly on the fake clock
 // (TestConnectionsShareTheirBucket) and measured by BenchmarkHardLimitRate;
-// here a rate a tenth of the limit only catches a breakage.
+// here a rate a tenth of the limit only catches a breakage (the real
+// timers never waking held sessions in time). Above: the engine cannot
+// admit more than its burst and the limit's worth of the time that
+// passed around the run, a bound a loaded machine cannot break (load only
+// slows the clients).
 func TestHardLimitHoldsRealClock(t *testing.T) {
 	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, tail: limitedTail(t), loops: 2})
 	const d = 1500 * time.Millisecond
@@ -63,28 +69,39 @@ func TestHardLimitHoldsRealClock(t *testing.T) {
 	var limitedBad, freeBad int64
 	var limitedLat time.Duration
 	var wg sync.WaitGroup
+	lb := p.Engine().Bucket("limited")
+	admitted0, t0 := lb.Stats().Commands, time.Now()
 	wg.Add(2)
 	go func() { defer wg.Done(); limited, limitedBad, limitedLat = drive(lc, d) }()
 	go func() { defer wg.Done(); free, freeBad, _ = drive(fc, d) }()
 	wg.Wait()
+	admitted, took := lb.Stats().Commands-admitted0, time.Since(t0)
 	if limitedBad != 0 || freeBad != 0 {
 		t.Fatalf("failed commands: limited %d, free %d (held commands must not fail)", limitedBad, freeBad)
 	}
 	rate := float64(limited) / d.Seconds()
 	t.Logf("limited bucket: %d commands in %v = %.0f/s (limit 2000), max latency %v; free bucket: %.0f/s", limited, d, rate, limitedLat, float64(free)/d.Seconds())
-	// The burst lets at most 2000*burst extra through; allow it and the
-	// connections' last in-flight commands.
-	if rate > 2000*1.1+100 {
-		t.Errorf("limited bucket ran at %.0f/s, above its hard limit 2000", rate)
+	// 1-unit SETs: the limit's worth of the time around the run, the
+	// 100 ms burst (200 units) and one command of overdraft.
+	if most := uint64(2000*took.Seconds()) + 200 + 1; admitted > most {
+		t.Errorf("limited bucket admitted %d SETs of one unit in %v, over its hard limit 2000/s and burst (%d)", admitted, took, most)
 	}
 	if rate < 2000/10 {
 		t.Errorf("limited bucket ran at %.0f/s, a tenth of its hard limit 2000", rate)
 	}
-	if limitedLat < 2*time.Millisecond {
-		t.Errorf("limited commands never waited (max latency %v)", limitedLat)
+	// Held sessions woken on time (the real timers): the contract's 5 ms
+	// at the 99th percentile is BenchmarkHardLimitRate's; ten times it
+	// here is a breakage, not a busy machine. The race detector slows the
+	// loops past it (make test runs this test without it too: the
+	// upstream-TLS pass).
+	wakeBound := testmc.UnderRace(10*5*time.Millisecond, time.Duration(math.MaxInt64))
+	if p99, n := p.WakeDelay(0.99); n == 0 || p99 > wakeBound {
+		t.Errorf("held sessions woken %v late at the 99th percentile (%d wake-ups), want at most %v (ten times the 5 ms target)", p99, n, wakeBound)
+	} else {
+		t.Logf("wake-up delay p99 %v over %d wake-ups", p99, n)
 	}
 	admin := p.Engine()
-	if h := admin.Bucket("limited").Stats().Held; h == 0 {
+	if h := admin.Bucket("limited").Stats().Held; h == 0 { // the engine's count, not a latency
 		t.Error("limited bucket: no command was held")
 	}
 	if h := admin.Bucket("free").Stats().Held; h != 0 {
@@ -128,10 +145,13 @@ func TestHeldInputBound(t *testing.T) {
 }
 
 // TestUnthrottledNeverHeld: an admin with the unthrottled privilege runs
-// past the bucket's hard limit, and its units are charged.
+// past the bucket's hard limit, and its units are charged. On the fake
+// clock, standing still: 500 units at 50 units/s, were any held, would
+// not all be answered before the clock moves.
 func TestUnthrottledNeverHeld(t *testing.T) {
+	t.Parallel()
 	tail := tenantTail(t) + "\n" // buckets default, alice, bob
-	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, tail: tail})
+	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`, tail: tail}, throttle.NewFakeClock(time.Hour))
 	admin := login(t, p.Addr, "admin")
 	if r := adminDo(t, admin, mc.OpSetBucketThrottleProperties, "bob", `{"reserved":0,"hard_limit":50}`); r.Status() != mc.StatusSuccess {
 		t.Fatal(r.Status())
@@ -139,15 +159,10 @@ func TestUnthrottledNeverHeld(t *testing.T) {
 	if r, err := admin.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("bob")}); err != nil || r.Status() != mc.StatusSuccess {
 		t.Fatal(err, r)
 	}
-	start := time.Now()
 	for i := 0; i < 500; i++ {
 		if r, err := admin.Set([]byte("k"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
-			t.Fatal(err, r)
+			t.Fatalf("unthrottled SET %d, the clock standing still: %v %+v (held?)", i, err, r)
 		}
-	}
-	// 500 units at 50 u/s would take 10 s if held.
-	if el := time.Since(start); el > 5*time.Second {
-		t.Fatalf("unthrottled connection took %v for 500 commands: it was held", el)
 	}
 	st := p.Engine().Bucket("bob").Stats()
 	if st.Units < 500 || st.Held != 0 {

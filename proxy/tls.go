@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // The TLS listener (DESIGN.md section 11). gnet has no TLS, so TLS clients
@@ -35,7 +36,7 @@ import (
 // goroutine.
 
 // Handshake bounds: a handshake that has not completed in
-// tlsHandshakeTimeout is dropped; at most tlsMaxHandshakesPerSource run
+// tlsHandshakeTimeout (on the engine's clock) is dropped; at most tlsMaxHandshakesPerSource run
 // at once for one source (authSource: an IPv4 address or an IPv6 /64;
 // more are closed at once), and at most tlsMaxHandshakes in all: a
 // connection that finds them all taken ends a handshake of the source
@@ -166,8 +167,7 @@ type tlsFront struct {
 
 	parked    map[string]*parkedSrc // connections waiting for their source's turn (tlspark.go)
 	nParked   int
-	parkTimer *time.Timer            // sweepParked, while connections are parked
-	patience  time.Duration          // tlsParkPatience (tests of pools on a busy machine lengthen it)
+	parkTimer throttle.Timer         // sweepParked, while connections are parked
 	outcomes  map[string]*hsOutcomes // each source's handshakes that completed and failed lately
 
 	logFail    logSample // failed handshakes
@@ -197,7 +197,6 @@ func newTLSFront(srv *Server, cfg *bucketcfg.Config) (*tlsFront, error) {
 		stopping: make(chan struct{}),
 		sources:  make(map[string]int),
 		active:   make(map[string][]*hsEntry),
-		patience: tlsParkPatience,
 		parked:   make(map[string]*parkedSrc),
 		outcomes: make(map[string]*hsOutcomes),
 	}
@@ -337,9 +336,11 @@ func (f *tlsFront) acceptLoop() {
 			// Out of file descriptors, say: log, back off, go on.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 			f.srv.log.Warn().Err(err).Dur("retry_in", backoff).Msg("tls: accept failed")
+			waited, stop := f.srv.clockAfter(backoff)
 			select {
-			case <-time.After(backoff):
+			case <-waited:
 			case <-f.ctx.Done():
+				stop()
 				return
 			}
 			continue
@@ -347,7 +348,7 @@ func (f *tlsFront) acceptLoop() {
 		backoff = 0
 		src := authSource(c.RemoteAddr().String())
 		e, ok := f.takeSource(src, c)
-		if !ok && f.park(c, src, time.Now()) {
+		if !ok && f.park(c, src, f.srv.throttle.Now()) {
 			continue // its turn comes when one of its source's handshakes ends
 		}
 		if !ok {
@@ -371,10 +372,10 @@ type hsEntry struct {
 	src     string
 	ctx     context.Context // ends the handshake: its timeout, shutdown, or eviction
 	cancel  context.CancelFunc
-	start   time.Time   // when it took its slot
-	hello   atomic.Bool // the client has sent something (its hello, as a rule)
-	evicted atomic.Bool // ended by the front to make room, not by the client
-	conn    net.Conn    // the client's connection (nil in unit tests)
+	start   time.Duration // when it took its slot (a reading of the engine's clock)
+	hello   atomic.Bool   // the client has sent something (its hello, as a rule)
+	evicted atomic.Bool   // ended by the front to make room, not by the client
+	conn    net.Conn      // the client's connection (nil in unit tests)
 }
 
 // spoke reports whether e's client has sent anything: its hello seen by
@@ -402,16 +403,20 @@ func (f *tlsFront) takeSlot(e *hsEntry) bool {
 			return true
 		default:
 		}
-		evicted := f.evictOne(e)
-		wait := time.After(time.Second) // a victim about to finish on its own frees no slot of its making
-		if !evicted {
-			wait = nil // nobody to evict: a slot is on its way back
+		var wait <-chan struct{} // nobody to evict: a slot is on its way back
+		stop := func() bool { return false }
+		if f.evictOne(e) {
+			// A victim about to finish on its own frees no slot of its
+			// making: after a second, evict another.
+			wait, stop = f.srv.clockAfter(time.Second)
 		}
 		select {
 		case f.slots <- struct{}{}:
+			stop()
 			return true
 		case <-wait:
 		case <-f.ctx.Done():
+			stop()
 			return false
 		}
 	}
@@ -475,10 +480,28 @@ func (f *tlsFront) takeSource(src string, c net.Conn) (*hsEntry, bool) {
 		return nil, false
 	}
 	f.sources[src]++
-	e := &hsEntry{src: src, start: time.Now(), conn: c}
-	e.ctx, e.cancel = context.WithTimeout(f.ctx, tlsHandshakeTimeout)
+	now := f.srv.throttle.Now()
+	e := &hsEntry{src: src, start: now, conn: c}
+	e.ctx, e.cancel = f.until(now + tlsHandshakeTimeout)
 	f.active[src] = append(f.active[src], e)
 	return e, true
+}
+
+// until returns a context of the front's that ends when the engine's
+// clock reaches at (a handshake's deadline), and the function that ends it
+// sooner.
+func (f *tlsFront) until(at time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(f.ctx)
+	t := f.srv.throttle.AfterFunc(at-f.srv.throttle.Now(), cancel)
+	return ctx, func() { t.Stop(); cancel() }
+}
+
+// clockAfter returns a channel closed once the engine's clock has moved d
+// past now, and the function that disarms it.
+func (srv *Server) clockAfter(d time.Duration) (<-chan struct{}, func() bool) {
+	ch := make(chan struct{})
+	t := srv.throttle.AfterFunc(d, func() { close(ch) })
+	return ch, t.Stop
 }
 
 // releaseSource forgets a handshake that has ended.
@@ -574,7 +597,7 @@ func (f *tlsFront) handshake(c net.Conn, e *hsEntry) {
 	tc := tls.Server(rec, &tls.Config{GetConfigForClient: h.configForClient})
 	err := tc.HandshakeContext(e.ctx)
 	hc.release()
-	if nc, ne := f.handshakeEnded(e, handshakeResult(e, err, f.ctx), time.Now()); ne != nil {
+	if nc, ne := f.handshakeEnded(e, handshakeResult(e, err, f.ctx), f.srv.throttle.Now()); ne != nil {
 		f.wg.Add(1) // this handshake's slot and place pass to a parked connection
 		go f.handshake(nc, ne)
 	} else {

@@ -1,13 +1,16 @@
 package proxy
 
 import (
-	"context"
 	"net"
 	"time"
 
 	"github.com/rs/zerolog"
 )
 
+// The front's times (handshake starts and timeouts, parking, the sweep,
+// the failure window) are readings of the engine's clock (Server.throttle),
+// so that a test on a fake clock decides when each of them comes.
+//
 // Connections beyond a source's handshake bound wait their turn instead of
 // being closed, as long as the source's handshakes succeed: an application
 // that opens a pool of 64 TLS connections at once from one host must get
@@ -64,7 +67,7 @@ const (
 // hsOutcomes counts a source's completed and failed handshakes in the
 // window of tlsFailMemory that began at since.
 type hsOutcomes struct {
-	since     time.Time
+	since     time.Duration
 	completed int
 	failed    int
 }
@@ -77,7 +80,7 @@ func (o *hsOutcomes) failing() bool {
 // parkedConn is a connection waiting for its source's turn.
 type parkedConn struct {
 	c  net.Conn
-	at time.Time // accepted
+	at time.Duration // accepted (a reading of the engine's clock)
 }
 
 // parkedSrc is a source's parked connections, oldest first, and the last
@@ -85,13 +88,13 @@ type parkedConn struct {
 // connection was parked.
 type parkedSrc struct {
 	conns    []parkedConn
-	progress time.Time
+	progress time.Duration
 }
 
 // park makes c, from src at its handshake bound, wait for one of src's
 // handshakes to end; false when src may not park (it failed lately, or
 // holds its share of parked connections): the caller closes c.
-func (f *tlsFront) park(c net.Conn, src string, now time.Time) bool {
+func (f *tlsFront) park(c net.Conn, src string, now time.Duration) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed || f.failingLocked(src, now) || f.nParked >= tlsMaxParked {
@@ -108,7 +111,7 @@ func (f *tlsFront) park(c net.Conn, src string, now time.Time) bool {
 	ps.conns = append(ps.conns, parkedConn{c: c, at: now})
 	f.nParked++
 	if f.parkTimer == nil {
-		f.parkTimer = time.AfterFunc(tlsParkSweep, f.sweepParked)
+		f.parkTimer = f.srv.throttle.AfterFunc(tlsParkSweep, f.sweepParked)
 	}
 	return true
 }
@@ -117,7 +120,7 @@ func (f *tlsFront) park(c net.Conn, src string, now time.Time) bool {
 // and returns the next parked connection of e's source with the entry that
 // takes e's place (and its slot), or nil: then e's place is free and the
 // caller gives its slot back.
-func (f *tlsFront) handshakeEnded(e *hsEntry, res hsResult, now time.Time) (net.Conn, *hsEntry) {
+func (f *tlsFront) handshakeEnded(e *hsEntry, res hsResult, now time.Duration) (net.Conn, *hsEntry) {
 	e.cancel()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -143,12 +146,12 @@ func (f *tlsFront) handshakeEnded(e *hsEntry, res hsResult, now time.Time) (net.
 		if len(ps.conns) == 0 {
 			delete(f.parked, e.src)
 		}
-		if now.Sub(p.at) >= tlsHandshakeTimeout {
+		if now-p.at >= tlsHandshakeTimeout {
 			_ = p.c.Close()
 			continue
 		}
 		next := &hsEntry{src: e.src, start: now, conn: p.c}
-		next.ctx, next.cancel = context.WithDeadline(f.ctx, p.at.Add(tlsHandshakeTimeout))
+		next.ctx, next.cancel = f.until(p.at + tlsHandshakeTimeout)
 		list := f.active[e.src]
 		for i, x := range list {
 			if x == e {
@@ -168,12 +171,12 @@ func (f *tlsFront) handshakeEnded(e *hsEntry, res hsResult, now time.Time) (net.
 // window has passed; when tlsMaxRecordedSources sources have one, a new
 // source goes unrecorded (it is not failing: its connections park, which
 // the bounds on parking keep cheap). Under f.mu.
-func (f *tlsFront) recordLocked(src string, res hsResult, now time.Time) bool {
+func (f *tlsFront) recordLocked(src string, res hsResult, now time.Duration) bool {
 	if res == hsDropped {
 		return false
 	}
 	o := f.outcomes[src]
-	if o != nil && now.Sub(o.since) >= tlsFailMemory {
+	if o != nil && now-o.since >= tlsFailMemory {
 		*o = hsOutcomes{since: now}
 	}
 	if o == nil {
@@ -196,15 +199,15 @@ func (f *tlsFront) recordLocked(src string, res hsResult, now time.Time) bool {
 
 // failingLocked tells whether src's handshakes are failing (see above).
 // Under f.mu.
-func (f *tlsFront) failingLocked(src string, now time.Time) bool {
+func (f *tlsFront) failingLocked(src string, now time.Duration) bool {
 	o := f.outcomes[src]
-	return o != nil && now.Sub(o.since) < tlsFailMemory && o.failing()
+	return o != nil && now-o.since < tlsFailMemory && o.failing()
 }
 
 // forgetOutcomes drops the records whose window has passed. Under f.mu.
-func (f *tlsFront) forgetOutcomes(now time.Time) {
+func (f *tlsFront) forgetOutcomes(now time.Duration) {
 	for k, o := range f.outcomes {
-		if now.Sub(o.since) >= tlsFailMemory {
+		if now-o.since >= tlsFailMemory {
 			delete(f.outcomes, k)
 		}
 	}
@@ -215,10 +218,10 @@ func (f *tlsFront) forgetOutcomes(now time.Time) {
 // connections whose client has sent its hello: each ending hands its slot
 // to the next parked connection (handshakeEnded). It reports whether it
 // ended any. Under f.mu.
-func (f *tlsFront) evictSilentLocked(src string, ps *parkedSrc, now time.Time) bool {
+func (f *tlsFront) evictSilentLocked(src string, ps *parkedSrc, now time.Duration) bool {
 	var silent []*hsEntry
 	for _, e := range f.active[src] {
-		if !e.evicted.Load() && now.Sub(e.start) >= tlsSilentGrace && !e.spoke() {
+		if !e.evicted.Load() && now-e.start >= tlsSilentGrace && !e.spoke() {
 			silent = append(silent, e)
 		}
 	}
@@ -251,7 +254,7 @@ func (f *tlsFront) evictSilentLocked(src string, ps *parkedSrc, now time.Time) b
 // timeout; it runs every tlsParkSweep while any connection is parked
 // (its timer is the front's: stop ends it).
 func (f *tlsFront) sweepParked() {
-	now := time.Now()
+	now := f.srv.throttle.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.parkTimer = nil
@@ -263,10 +266,10 @@ func (f *tlsFront) sweepParked() {
 		if f.evictSilentLocked(src, ps, now) {
 			ps.progress = now // the queue moves: the slots go to clients that spoke
 		}
-		stalled := now.Sub(ps.progress) >= f.patience
+		stalled := now-ps.progress >= tlsParkPatience
 		kept := ps.conns[:0]
 		for _, p := range ps.conns {
-			if stalled || now.Sub(p.at) >= tlsHandshakeTimeout {
+			if stalled || now-p.at >= tlsHandshakeTimeout {
 				_ = p.c.Close()
 				f.nParked--
 				continue
@@ -284,7 +287,7 @@ func (f *tlsFront) sweepParked() {
 		}
 	}
 	if f.nParked > 0 {
-		f.parkTimer = time.AfterFunc(tlsParkSweep, f.sweepParked)
+		f.parkTimer = f.srv.throttle.AfterFunc(tlsParkSweep, f.sweepParked)
 	}
 }
 

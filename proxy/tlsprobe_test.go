@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // A TCP connection that closes without a word (a load balancer's health
@@ -35,9 +37,16 @@ func tcpProbe(t testing.TB, addr string) {
 // three of their errors.
 func tlsPool(t *testing.T, s *tlsSetup, n int) (int, []error) {
 	t.Helper()
+	return tlsHandshakes(s, dialMany(t, s.p.TLSAddr(), n))
+}
+
+// tlsHandshakes is tlsPool on connections already open; it may run off
+// the test's goroutine.
+func tlsHandshakes(s *tlsSetup, conns []net.Conn) (int, []error) {
 	var wg sync.WaitGroup
+	n := len(conns)
 	errs := make([]error, n)
-	for i, c := range dialMany(t, s.p.TLSAddr(), n) {
+	for i, c := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -68,18 +77,24 @@ func tlsPool(t *testing.T, s *tlsSetup, n int) (int, []error) {
 // checkPool runs a pool of 64 TLS connections from one address and fails
 // the test unless all 64 are served. What it checks is that probes and
 // silent connections cost the pool nothing, not how fast handshakes are:
-// the front's patience with a source whose handshakes all stall
-// (tlsParkPatience, 2 s) is lengthened to a minute, since on a loaded
-// machine under the race detector 32 handshakes were seen to take longer.
+// the proxy runs on a fake engine clock, which stands still unless the
+// test moves it, so the front's patience with a source whose handshakes
+// stall (tlsParkPatience) and the handshake timeout never run out while
+// the machine is slow.
 func checkPool(t *testing.T, s *tlsSetup, what string) {
 	t.Helper()
-	s.p.tls.mu.Lock()
-	s.p.tls.patience = time.Minute
-	s.p.tls.mu.Unlock()
 	n := 2 * tlsMaxHandshakesPerSource
 	if failed, errs := tlsPool(t, s, n); failed > 0 {
 		t.Fatalf("%s: %d of %d TLS connections from one address failed (handshakes ended to make room: %d): %v", what, failed, n, s.p.tls.evicted.Load(), errs)
 	}
+}
+
+// startTLSProxyClock is startTLSProxy (no client certificates) on a fake
+// engine clock reading 0.
+func startTLSProxyClock(t *testing.T) (*tlsSetup, *throttle.FakeClock) {
+	t.Helper()
+	clock := throttle.NewFakeClock(0)
+	return startTLSProxyWith(t, false, testConfig{tail: tenantTail(t), clock: clock}), clock
 }
 
 // TestTLSPoolAfterTCPProbe: one TCP connect-and-close on the TLS port, its
@@ -88,7 +103,7 @@ func checkPool(t *testing.T, s *tlsSetup, what string) {
 // handshake, and the 32 connections beyond the source's bound were closed.)
 func TestTLSPoolAfterTCPProbe(t *testing.T) {
 	t.Parallel()
-	s := startTLSProxy(t, false, "")
+	s, _ := startTLSProxyClock(t)
 	tcpProbe(t, s.p.TLSAddr())
 	eventually(t, 5*time.Second, "the probe's handshake to end", func() bool {
 		s.p.tls.mu.Lock()
@@ -103,7 +118,7 @@ func TestTLSPoolAfterTCPProbe(t *testing.T) {
 // all 64 are served.
 func TestTLSPoolBesideProbes(t *testing.T) {
 	t.Parallel()
-	s := startTLSProxy(t, false, "")
+	s, _ := startTLSProxyClock(t)
 	stop, done := make(chan struct{}), make(chan struct{})
 	var probes atomic.Int32
 	go func() {
@@ -130,17 +145,59 @@ func TestTLSPoolBesideProbes(t *testing.T) {
 // TestTLSPoolBesideSilentConnections: 40 TCP connections from the same
 // address that never send a ClientHello (32 holding the source's handshakes,
 // 8 waiting) do not keep a pool of 64 TLS connections from that address
-// out: all 64 are served (the silent ones may be closed).
+// out: the park sweep ends the silent handshakes once silent for
+// tlsSilentGrace of the engine's (fake) clock, not at its sweep before,
+// one for each waiting connection that has said hello, and all 64 are
+// served.
 func TestTLSPoolBesideSilentConnections(t *testing.T) {
 	t.Parallel()
-	s := startTLSProxy(t, false, "")
+	s, clock := startTLSProxyClock(t)
+	f := s.p.tls
 	dialMany(t, s.p.TLSAddr(), 40)
 	eventually(t, 5*time.Second, "the silent connections to hold the source's handshakes and wait", func() bool {
-		s.p.tls.mu.Lock()
-		defer s.p.tls.mu.Unlock()
-		return s.p.tls.sources["127.0.0.1"] == tlsMaxHandshakesPerSource && s.p.tls.nParked == 40-tlsMaxHandshakesPerSource
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.sources["127.0.0.1"] == tlsMaxHandshakesPerSource && f.nParked == 40-tlsMaxHandshakesPerSource
 	})
-	checkPool(t, s, "beside 40 silent connections")
+	n := 2 * tlsMaxHandshakesPerSource
+	type result struct {
+		failed int
+		errs   []error
+	}
+	pool := make(chan result, 1)
+	conns := dialMany(t, s.p.TLSAddr(), n)
+	go func() {
+		failed, errs := tlsHandshakes(s, conns)
+		pool <- result{failed, errs}
+	}()
+	eventually(t, 10*time.Second, "the pool to wait, hello sent", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		spoken := 0
+		for _, p := range f.parked["127.0.0.1"].conns {
+			if hasSpoken(p.c) {
+				spoken++
+			}
+		}
+		return spoken == n
+	})
+	// The sweep that runs a nanosecond before the silent handshakes have
+	// been silent for tlsSilentGrace ends none of them.
+	clock.Advance(tlsSilentGrace - 1)
+	eventually(t, 5*time.Second, "the sweep to run", func() bool {
+		return slices.Contains(clock.Armed(), tlsSilentGrace-1+tlsParkSweep)
+	})
+	if k := f.evicted.Load(); k != 0 {
+		t.Fatalf("%d handshakes ended before they were silent for tlsSilentGrace", k)
+	}
+	clock.Advance(tlsParkSweep)
+	r := <-pool
+	if r.failed > 0 {
+		t.Fatalf("%d of %d TLS connections from one address failed beside 40 silent ones: %v", r.failed, n, r.errs)
+	}
+	if k := f.evicted.Load(); k != tlsMaxHandshakesPerSource {
+		t.Errorf("%d handshakes ended, want the %d silent ones", k, tlsMaxHandshakesPerSource)
+	}
 }
 
 // TestTLSFailingSource: a source fails only by handshakes whose client
@@ -151,7 +208,7 @@ func TestTLSFailingSource(t *testing.T) {
 	t.Parallel()
 	s := startTLSProxy(t, false, "")
 	f := s.p.tls
-	now := time.Now()
+	now := s.p.Engine().Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for range 10 {
@@ -167,7 +224,7 @@ func TestTLSFailingSource(t *testing.T) {
 	if !f.recordLocked("bad", hsFailed, now) || !f.failingLocked("bad", now) {
 		t.Fatalf("not failing after %d failures and no completion", tlsFailMin)
 	}
-	if f.failingLocked("bad", now.Add(tlsFailMemory)) {
+	if f.failingLocked("bad", now+tlsFailMemory) {
 		t.Fatal("still failing a window later")
 	}
 	for range 2 * tlsFailMin {

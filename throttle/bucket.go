@@ -51,6 +51,10 @@ type Bucket struct {
 	rejected   atomic.Uint64
 	// moved by a hold while leases hold stock: they give it back (lease.go)
 	recall atomic.Uint64
+	_      [cacheLine]byte
+
+	// bytes dropped unread (discard.go), written only then
+	discard gauge
 }
 
 type bucketLimits struct {

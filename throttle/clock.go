@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,4 +130,18 @@ func (t *fakeTimer) Stop() bool {
 	delete(c.timers, t)
 	c.mu.Unlock()
 	return armed
+}
+
+// Armed returns the readings at which the clock's armed timers (AfterFunc)
+// will fire, earliest first: a test reads what the code under test
+// scheduled, and when, before it moves the clock.
+func (c *FakeClock) Armed() []time.Duration {
+	c.mu.Lock()
+	at := make([]time.Duration, 0, len(c.timers))
+	for t := range c.timers {
+		at = append(at, t.at)
+	}
+	c.mu.Unlock()
+	slices.Sort(at)
+	return at
 }

@@ -118,6 +118,11 @@ func (e *Engine) Now() time.Duration { return e.clock.Now() }
 
 func (e *Engine) now() int64 { return int64(e.clock.Now()) }
 
+// Clock returns the engine's clock, for the caller's other timing (waits,
+// delays, timeouts) to share the engine's time base: on a [FakeClock],
+// what the caller schedules then happens when the test moves that clock.
+func (e *Engine) Clock() Clock { return e.clock }
+
 // AfterFunc calls f in its own goroutine once the engine's clock has moved
 // d past now (see [AfterFunc]): how a caller wakes at a time the engine
 // computed, on a fake clock as on the real one.

@@ -39,6 +39,11 @@ type health struct {
 	alive   atomic.Pointer[[]bool] // nil while no server is ejected
 
 	versions []atomic.Pointer[[]byte] // each server's VERSION answer, from its last good probe
+	itemMax  []atomic.Int64           // each server's item_size_max, from its last probe that told it; 0: unknown
+	itemMin  atomic.Int64             // the least of itemMax's known figures (settings.go); 0: none known
+	// noSettings: the server did not answer its last `stats settings`,
+	// which is not asked again until it has been down (prober-owned).
+	noSettings []bool
 
 	kick    chan struct{} // a loop saw a connection fail: probe now
 	stop    chan struct{}
@@ -55,15 +60,17 @@ func newHealth(servers []string, cfg healthConfig, log zerolog.Logger, d *dialer
 		cfg.interval = time.Second
 	}
 	return &health{
-		servers:  servers,
-		cfg:      cfg,
-		log:      log,
-		dialer:   d,
-		up:       make([]atomic.Bool, len(servers)),
-		ejected:  make([]atomic.Bool, len(servers)),
-		versions: make([]atomic.Pointer[[]byte], len(servers)),
-		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
+		servers:    servers,
+		cfg:        cfg,
+		log:        log,
+		dialer:     d,
+		up:         make([]atomic.Bool, len(servers)),
+		ejected:    make([]atomic.Bool, len(servers)),
+		versions:   make([]atomic.Pointer[[]byte], len(servers)),
+		itemMax:    make([]atomic.Int64, len(servers)),
+		noSettings: make([]bool, len(servers)),
+		kick:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
 	}
 }
 
@@ -118,10 +125,18 @@ probes:
 		if h.ejected[i].Load() && now.Before(retryAt[i]) {
 			continue
 		}
-		v, err := probe(h.dialer, addr, h.cfg.timeout)
+		if !h.up[i].Load() {
+			h.noSettings[i] = false // down or never up: ask again when it answers
+		}
+		v, itemMax, err := probe(h.dialer, addr, h.cfg.timeout, !h.noSettings[i])
 		if err == nil {
 			if old := h.versions[i].Load(); old == nil || !bytes.Equal(*old, v) {
 				h.versions[i].Store(&v)
+			}
+			if itemMax > 0 {
+				h.itemMax[i].Store(itemMax)
+			} else {
+				h.noSettings[i] = true
 			}
 		}
 		was := h.up[i].Swap(err == nil)
@@ -152,6 +167,9 @@ probes:
 	if changed {
 		h.publish()
 	}
+	if least := h.minItemSize(); least != h.itemMin.Load() {
+		h.itemMin.Store(least) // only on a change: the loops read it with every write
+	}
 }
 
 // publish makes the ejection state visible to the loops.
@@ -178,8 +196,10 @@ func (h *health) inherit(old *health) {
 		if j := slices.Index(old.servers, addr); j >= 0 {
 			h.up[i].Store(old.up[j].Load())
 			h.versions[i].Store(old.versions[j].Load())
+			h.itemMax[i].Store(old.itemMax[j].Load())
 		}
 	}
+	h.itemMin.Store(h.minItemSize())
 }
 
 // anyUp reports whether at least one server answered the last probe.
@@ -211,16 +231,33 @@ func (h *health) version() []byte {
 const maxVersionLen = 64
 
 // probe sends a VERSION to addr, over TLS when d makes TLS connections,
-// and returns its answer. VERSION costs memcached no more than a NOOP, and
-// the proxy answers its clients' VERSION with it (Pool.Version).
-func probe(d *dialer, addr string, timeout time.Duration) ([]byte, error) {
+// and returns its answer; VERSION costs memcached no more than a NOOP, and
+// the proxy answers its clients' VERSION with it (Pool.Version). Then,
+// with settings, it asks for the server's `stats settings` and returns its
+// item_size_max (settings.go), 0 when the server does not tell it (that
+// does not make the server down; a server that never answers it holds the
+// probe up to timeout, which is why the prober stops asking it).
+func probe(d *dialer, addr string, timeout time.Duration, settings bool) ([]byte, int64, error) {
 	deadline := time.Now().Add(timeout)
 	c, err := d.probeConn(addr, deadline)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(deadline)
+	v, err := readVersion(c)
+	if err != nil {
+		return nil, 0, err
+	}
+	var itemMax int64
+	if settings {
+		itemMax, _ = readItemSizeMax(c)
+	}
+	return v, itemMax, nil
+}
+
+// readVersion sends a VERSION on c and returns its answer.
+func readVersion(c io.ReadWriter) ([]byte, error) {
 	req := binary.AppendFrame(nil, binary.Header{Magic: binary.MagicRequest, Opcode: binary.OpVersion, Opaque: 0x6b767468}, nil, nil, nil, nil)
 	if _, err := c.Write(req); err != nil {
 		return nil, err

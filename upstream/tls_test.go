@@ -133,7 +133,7 @@ func TestDialerTLSVerifies(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "tls handshake: ") || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("dial: %v, want a tls handshake error saying %q", err, c.want)
 			}
-			if _, err := probe(d, m.TLSAddr, time.Second); err == nil || !strings.Contains(err.Error(), "tls handshake") {
+			if _, _, err := probe(d, m.TLSAddr, time.Second, true); err == nil || !strings.Contains(err.Error(), "tls handshake") {
 				t.Fatalf("probe: %v, want a tls handshake error", err)
 			}
 			if n := d.openBridges(); n != 0 {

@@ -63,8 +63,8 @@ func readRepo(t *testing.T, rel string) string {
 	return string(b)
 }
 
-// docFiles returns README.md and the docs/*.md files, relative to the
-// repository.
+// docFiles returns README.md, deploy/README.md and the docs/*.md files,
+// relative to the repository.
 func docFiles(t *testing.T) []string {
 	t.Helper()
 	pages, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
@@ -74,7 +74,7 @@ func docFiles(t *testing.T) []string {
 	if len(pages) == 0 {
 		t.Fatal("no docs/*.md")
 	}
-	files := []string{"README.md"}
+	files := []string{"README.md", "deploy/README.md"}
 	for _, p := range pages {
 		rel, err := filepath.Rel(repoRoot, p)
 		if err != nil {

@@ -20,6 +20,10 @@ import (
 type Redis struct {
 	// Addr is "127.0.0.1:PORT"; it stays the same across Restart.
 	Addr string
+	// TLSAddr is the TLS port's "127.0.0.1:PORT" (StartRedisTLS), and
+	// CAFile the PEM file of the CA that issued the server's certificate;
+	// both "" otherwise.
+	TLSAddr, CAFile string
 
 	dir  string
 	conf string     // a configuration file, redis-server's first argument (a sentinel's)
@@ -236,4 +240,41 @@ func (r *Redis) Output() string {
 		return ""
 	}
 	return r.log.String()
+}
+
+// StartRedisReplica runs a redis-server as StartRedis does, replicating
+// primary (--replicaof), and waits until it has synchronised with it
+// (master_link_status:up, within 20 s).
+func StartRedisReplica(t testing.TB, primary *Redis) *Redis {
+	t.Helper()
+	host, port := splitAddr(primary.Addr)
+	r := &Redis{Addr: FreeAddr(t), dir: t.TempDir(), args: []string{"--replicaof", host, port, "--repl-diskless-sync-delay", "0"}}
+	t.Cleanup(r.Stop)
+	r.start(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := Cli(r.Addr, "info", "replication")
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis replica %s not synchronised with %s: %s %v", r.Addr, primary.Addr, info, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// StartRedisConf runs redis-server as StartRedis does, on addr, with the
+// configuration file conf (redis-server's first argument; the options of
+// StartRedis and args come after it and override it) and args (e.g.
+// "--sentinel").
+func StartRedisConf(t testing.TB, conf, addr string, args ...string) *Redis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatalf("redis-server not found in PATH (make test installs it: Debian package redis-server): %v", err)
+	}
+	r := &Redis{Addr: addr, dir: t.TempDir(), conf: conf, args: args}
+	t.Cleanup(r.Stop)
+	r.start(t)
+	return r
 }

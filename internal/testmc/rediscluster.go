@@ -216,3 +216,80 @@ func (c *RedisCluster) WaitHealthy(key string, timeout time.Duration) (time.Time
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Replicas returns the live nodes that CLUSTER NODES (asked of primary,
+// or of any live node if primary is down) names as replicas of primary.
+func (c *RedisCluster) Replicas(primary *Redis) []*Redis {
+	id, err := c.NodeID(primary)
+	if err != nil {
+		return nil
+	}
+	var out []*Redis
+	for _, n := range c.alive() {
+		self, err := c.NodeID(n)
+		if err != nil || self == id {
+			continue
+		}
+		nodes, err := Cli(n.Addr, "cluster", "nodes")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(nodes, "\n") {
+			f := strings.Fields(line)
+			if len(f) > 3 && f[0] == self && strings.Contains(f[2], "slave") && f[3] == id {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// NodeID returns n's cluster node id, asked of n or, if n is down, read
+// from any live node's CLUSTER NODES by n's address.
+func (c *RedisCluster) NodeID(n *Redis) (string, error) {
+	if id, err := Cli(n.Addr, "cluster", "myid"); err == nil {
+		return id, nil
+	}
+	for _, m := range c.alive() {
+		nodes, err := Cli(m.Addr, "cluster", "nodes")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(nodes, "\n") {
+			f := strings.Fields(line)
+			if len(f) > 1 && strings.HasPrefix(f[1], n.Addr+"@") {
+				return f[0], nil
+			}
+		}
+	}
+	return "", fmt.Errorf("redis cluster: no node knows %s", n.Addr)
+}
+
+// HoldFailover keeps primary's replicas from taking over from it
+// (cluster-replica-no-failover yes) until the returned function is called,
+// which lets them (and makes them ignore how stale their data has grown
+// meanwhile: cluster-replica-validity-factor 0). A test kills the primary
+// in between and does what must happen while the failover has not: the
+// failover itself is then the cluster's own. The test fails if primary has
+// no replica or one cannot be configured.
+func (c *RedisCluster) HoldFailover(t testing.TB, primary *Redis) (release func()) {
+	t.Helper()
+	replicas := c.Replicas(primary)
+	if len(replicas) == 0 {
+		t.Fatalf("redis cluster: %s has no replica", primary.Addr)
+	}
+	set := func(name, value string) {
+		t.Helper()
+		for _, r := range replicas {
+			if out, err := Cli(r.Addr, "config", "set", name, value); err != nil || out != "OK" {
+				t.Fatalf("redis cluster: %s: config set %s %s: %q %v", r.Addr, name, value, out, err)
+			}
+		}
+	}
+	set("cluster-replica-no-failover", "yes")
+	set("cluster-replica-validity-factor", "0")
+	return func() {
+		t.Helper()
+		set("cluster-replica-no-failover", "no")
+	}
+}

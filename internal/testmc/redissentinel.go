@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,8 @@ type RedisSentinel struct {
 	Data []*Redis
 	// Sentinels are the three sentinels (quorum 2).
 	Sentinels []*Redis
+
+	down time.Duration // down-after-milliseconds
 }
 
 // StartRedisSentinel starts a primary, a replica of it and three sentinels
@@ -28,7 +31,7 @@ type RedisSentinel struct {
 // sentinels. The processes are stopped when the test ends.
 func StartRedisSentinel(t testing.TB, down time.Duration) *RedisSentinel {
 	t.Helper()
-	s := &RedisSentinel{Master: "kvthrottle"}
+	s := &RedisSentinel{Master: "kvthrottle", down: down}
 	primary := &Redis{Addr: FreeAddr(t), dir: t.TempDir()}
 	t.Cleanup(primary.Stop)
 	primary.start(t)
@@ -49,14 +52,24 @@ func StartRedisSentinel(t testing.TB, down time.Duration) *RedisSentinel {
 		r.start(t)
 		s.Sentinels = append(s.Sentinels, r)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	if err := s.WaitSettled(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// WaitSettled waits until the replica (Data[1]) has synchronised with its
+// primary and every sentinel counts one replica and two other sentinels,
+// or returns an error after timeout.
+func (s *RedisSentinel) WaitSettled(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
 	for !s.settled() {
 		if time.Now().After(deadline) {
-			t.Fatal("redis sentinel: the replica did not synchronise or the sentinels did not find each other within 30 s")
+			return fmt.Errorf("redis sentinel: the replica did not synchronise or the sentinels did not find each other within %v", timeout)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return s
+	return nil
 }
 
 func splitAddr(addr string) (host, port string) {
@@ -131,5 +144,29 @@ func (s *RedisSentinel) WaitHealthy(timeout time.Duration) (time.Time, error) {
 			return time.Time{}, errors.New("redis sentinel: the sentinels name no live primary")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// HoldFailover keeps the sentinels from seeing the primary down (its
+// down-after-milliseconds an hour) until the returned function is called,
+// which sets it back to what StartRedisSentinel was given: a primary that
+// has been dead meanwhile is then down at once, and the failover that
+// follows is the sentinels' own. The test fails if a sentinel cannot be
+// configured.
+func (s *RedisSentinel) HoldFailover(t testing.TB) (release func()) {
+	t.Helper()
+	set := func(ms int64) {
+		t.Helper()
+		for _, sn := range s.Sentinels {
+			out, err := Cli(sn.Addr, "sentinel", "set", s.Master, "down-after-milliseconds", strconv.FormatInt(ms, 10))
+			if err != nil || out != "OK" {
+				t.Fatalf("redis sentinel: %s: sentinel set down-after-milliseconds %d: %q %v", sn.Addr, ms, out, err)
+			}
+		}
+	}
+	set(time.Hour.Milliseconds())
+	return func() {
+		t.Helper()
+		set(s.down.Milliseconds())
 	}
 }

@@ -286,8 +286,8 @@ func (g *gen) next() []Command {
 		return g.quietRun()
 	case p < 863:
 		return []Command{{Text: []byte("quit" + g.eol()), Closes: true, Replies: 0, Kind: "quit"}}
-	case p < 864 && !g.o.NoHuge:
-		return []Command{g.tooLarge()}
+	case p < 866 && !g.o.NoHuge:
+		return g.tooLarge()
 	default:
 		return []Command{g.bad()}
 	}

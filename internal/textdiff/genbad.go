@@ -7,18 +7,35 @@ import (
 )
 
 // tooLarge returns a storage command whose value is over memcached's item
-// size limit: memcached answers SERVER_ERROR and swallows the data.
-func (g *gen) tooLarge() Command {
+// size limit, and a get of its key: memcached answers SERVER_ERROR (nothing
+// with noreply; ms in every mode and with q), swallows the data, and
+// unlinks the key of a set and of every ms but keeps it for add, replace,
+// append, prepend and cas, which the get shows.
+func (g *gen) tooLarge() []Command {
 	key := g.key()
 	data := g.shared(g.o.TooLarge+g.r.IntN(1000), true)
-	c := Command{Replies: 1, Kind: "set too large"}
-	if g.chance(2) {
+	c := Command{Replies: 1, reads: []string{key}}
+	if !g.o.NoMeta && g.chance(2) {
 		c.Kind = "ms too large"
-		c.Text, c.Data = storeText(fmt.Sprintf("ms %s %d T0", key, len(data)), "\r\n", data)
-		return c
+		flags := g.some([]string{"q", "k", "I", "T0", "F5", "O77"}, 30)
+		if g.chance(2) {
+			flags = append(flags, "M"+pick(g.r, []string{"E", "A", "P", "R", "S"}))
+		}
+		k := g.metaTail(&c, key, &flags, 4)
+		c.Text, c.Data = storeText(metaLine("ms", k, []string{strconv.Itoa(len(data))}, flags), "\r\n", data)
+	} else {
+		verb := pick(g.r, []string{"set", "set", "add", "replace", "append", "prepend", "cas"})
+		c.Kind = verb + " too large"
+		tail := ""
+		if verb == "cas" {
+			tail = " " + CASPlaceholder
+			g.casRef(&c, key)
+		}
+		tail += g.quiet(verb, &c)
+		c.Text, c.Data = storeText(fmt.Sprintf("%s %s %s 0 %d%s", verb, key, g.flags(), len(data), tail), "\r\n", data)
 	}
-	c.Text, c.Data = storeText(fmt.Sprintf("set %s 0 0 %d", key, len(data)), "\r\n", data)
-	return c
+	get := Command{Text: []byte("get " + key + "\r\n"), Replies: 1, Kind: "get after too large", reads: []string{key}}
+	return []Command{c, get}
 }
 
 // maxLine is the longest command line, its terminator left out, that

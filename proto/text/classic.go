@@ -96,8 +96,9 @@ func (c *Command) update(buf []byte, n, nt, maxValue int, k Kind) (int, error) {
 // data reads the data block of vlen bytes that follows the command line
 // (n bytes) of a storage command. meta: errors are never silent.
 func (c *Command) data(buf []byte, n, vlen, maxValue int, meta bool) (int, error) {
+	c.DataLen = vlen
 	if maxValue > 0 && vlen > maxValue {
-		return n, c.fail(Error{Line: msgTooLarge, Silent: c.NoReply && !meta, Swallow: vlen + 2})
+		return n, c.fail(Error{Line: msgTooLarge, Silent: c.NoReply && !meta, Swallow: vlen + 2, TooLarge: true})
 	}
 	end := n + vlen + 2
 	if len(buf) < end {

@@ -71,6 +71,12 @@ type Command struct {
 	// It is 0 otherwise.
 	Need int
 
+	// DataLen is a storage command's data length, as its line gives it,
+	// once Parse has read the line (whether or not the data has arrived,
+	// and also when Parse refuses the data as over its maxValue: see
+	// Error.TooLarge); 0 for other commands.
+	DataLen int
+
 	err  Error
 	toks [maxTokens][]byte
 }
@@ -105,6 +111,10 @@ type Error struct {
 	// multi-get line longer than the caller's bound, which memcached would
 	// keep buffering.
 	Limit bool
+	// TooLarge reports a storage command refused because its data is over
+	// Parse's maxValue (Line is memcached's "object too large for cache"):
+	// the command's line was read whole, and its Key and DataLen are set.
+	TooLarge bool
 }
 
 // Error returns the reply line, or a description for a silent close.
@@ -169,5 +179,5 @@ func (c *Command) reset() {
 	c.Flags, c.Exptime, c.HasDelay = 0, 0, false
 	c.Delta, c.CAS, c.Level = 0, 0, 0
 	c.NoReply, c.Base64 = false, false
-	c.Need = 0
+	c.Need, c.DataLen = 0, 0
 }

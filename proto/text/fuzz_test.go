@@ -40,6 +40,9 @@ func FuzzParse(f *testing.F) {
 				if n == 0 || e.Swallow < 0 || e.Line == "" {
 					t.Fatalf("refusal without close: n %d %+v", n, *e)
 				}
+				if e.TooLarge && (e.Swallow != c.DataLen+2 || c.DataLen <= fuzzLimit || !c.Kind.IsStorage() || len(c.Key) == 0) {
+					t.Fatalf("too large: %+v, data length %d, kind %v, key %q", *e, c.DataLen, c.Kind, c.Key)
+				}
 				if n+e.Swallow > len(data) {
 					return
 				}
@@ -47,11 +50,14 @@ func FuzzParse(f *testing.F) {
 				continue
 			}
 			if n == 0 {
+				if c.Need > 0 && (!c.Kind.IsStorage() || c.Need < c.DataLen+2 || c.DataLen > fuzzLimit) {
+					t.Fatalf("need %d for data of %d bytes, kind %v", c.Need, c.DataLen, c.Kind)
+				}
 				return
 			}
 			checkWithin(t, &c, data[:n])
-			if c.Kind.IsStorage() && len(c.Value) > fuzzLimit {
-				t.Fatalf("value of %d bytes over the limit", len(c.Value))
+			if c.Kind.IsStorage() && (len(c.Value) > fuzzLimit || c.DataLen != len(c.Value)) {
+				t.Fatalf("value of %d bytes (data length %d) over the limit", len(c.Value), c.DataLen)
 			}
 			enc := AppendCommand(nil, &c)
 			n2, err := Parse(enc, fuzzLimit, &d)
@@ -169,6 +175,7 @@ func fuzzSeeds() []string {
 	seeds = append(seeds,
 		"get a\r\nset k 0 0 1\r\nx\r\nmg k v\r\nbogus\r\nmn\r\n",
 		"set k 0 0 5000\r\n", "ms k 5000 T1\r\n", "set k 0 0 3\r\nab",
+		"cas k 0 0 5000 0 noreply\r\nmn\r\n", "ms azE= 5000 b MA q\r\n", "append k 0 0 2000\r\nab",
 		"get "+string(make([]byte, 10))+"\r\n",
 	)
 	return seeds

@@ -1,0 +1,107 @@
+package fleet
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/testcerts"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
+)
+
+// TestStoreTLS: a store at rediss:// against a real redis-server's TLS
+// port whose certificate the test's own CA issued, and which wants a
+// client certificate (Redis's default, tls-auth-clients yes). The server's
+// certificate is verified by default: with the system's roots, or a CA
+// file of another CA, every call fails, saying the certificate is not
+// signed by a CA of tls_ca_file; with the right CA but no client
+// certificate, saying the store wants one; with both, the store works.
+func TestStoreTLS(t *testing.T) {
+	ca, clientCA, other := testmc.TestCA(t), testcerts.NewCA(t, "redis clients"), testcerts.NewCA(t, "another CA")
+	r := testmc.StartRedisTLS(t, testmc.RedisTLSOptions{CA: ca, ClientCA: clientCA})
+	dir := t.TempDir()
+	certFile, keyFile := clientCA.Issue(t, testcerts.Leaf{CN: "kvthrottle", Client: true}).Write(t, dir, "client")
+	otherCA := filepath.Join(dir, "other-ca.pem")
+	certs := "&tls_cert_file=" + certFile + "&tls_key_file=" + keyFile
+
+	load := func(url string) error {
+		t.Helper()
+		st, err := OpenStore(url, "tls")
+		if err != nil {
+			t.Fatalf("OpenStore(%s): %v", url, err)
+		}
+		defer st.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _, _, err = st.Load(ctx)
+		return err
+	}
+	writeFile(t, otherCA, other.PEM)
+	for _, c := range []struct{ what, url, want string }{
+		{"the system's roots", r.TLSURL() + "?" + certs[1:], "x509: certificate signed by unknown authority (the store's certificate is not signed by a CA of redis_url's tls_ca_file"},
+		{"another CA", r.TLSURL() + "?tls_ca_file=" + otherCA + certs, "x509: certificate signed by unknown authority (the store's certificate is not signed by a CA of redis_url's tls_ca_file"},
+		{"no client certificate", r.TLSURL() + "?tls_ca_file=" + r.CAFile, "(the store wants a client certificate: redis_url's tls_cert_file and tls_key_file)"},
+		{"plaintext to the TLS port", "redis://" + r.TLSAddr + "/0", "fleet: load state:"},
+	} {
+		err := load(c.url)
+		t.Logf("%s: %v", c.what, err)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Load: %v, want an error with %q", c.what, err, c.want)
+		}
+	}
+	if err := load(r.TLSURL() + "?tls_ca_file=" + r.CAFile + certs); err != nil {
+		t.Fatalf("the right CA and a client certificate: Load: %v", err)
+	}
+	st, err := OpenStore(r.TLSURL()+"?tls_ca_file="+r.CAFile+certs+"&dial_timeout=3s", "tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := ctx5(t)
+	if _, seeded, err := st.Seed(ctx, []byte(`{"version":1}`)); err != nil || !seeded {
+		t.Fatalf("Seed over TLS: seeded %v, %v", seeded, err)
+	}
+	// The document is in the server (read over its plaintext port).
+	if out, err := testmc.Cli(r.Addr, "hget", "{kvthrottle:tls}:config", "state"); err != nil || out != `{"version":1}` {
+		t.Fatalf("the seeded document in the server: %q %v", out, err)
+	}
+}
+
+// TestStoreTLSParams: tls_ca_file, tls_cert_file and tls_key_file are
+// refused with redis:// (they would be ignored: no TLS), as relative
+// paths, one of the client pair without the other, and files that hold
+// no certificate; the errors name the parameter.
+func TestStoreTLSParams(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "empty.pem")
+	writeFile(t, notPEM, []byte("not a certificate\n"))
+	for url, want := range map[string]string{
+		"redis://127.0.0.1:6379/0?tls_ca_file=/etc/ca.pem":                     "need rediss://",
+		"rediss://127.0.0.1:6379/0?tls_ca_file=ca.pem":                         `tls_ca_file "ca.pem" is not an absolute path`,
+		"rediss://127.0.0.1:6379/0?tls_cert_file=/etc/c.pem":                   "tls_cert_file and tls_key_file go together",
+		"rediss://127.0.0.1:6379/0?tls_ca_file=" + notPEM:                      "tls_ca_file " + notPEM + ": no PEM certificate in it",
+		"rediss://127.0.0.1:6379/0?tls_ca_file=" + dir + "/missing.pem":        "tls_ca_file: open " + dir + "/missing.pem",
+		"rediss://127.0.0.1:6379?addr=127.0.0.1:6380&tls_ca_file=" + notPEM:    "no PEM certificate in it",
+		"rediss://127.0.0.1:6379?master_name=m&tls_key_file=/k&tls_cert_file=": "tls_cert_file and tls_key_file go together",
+	} {
+		st, err := OpenStore(url, "tls")
+		if err == nil {
+			st.Close()
+			t.Errorf("OpenStore(%s) accepted", url)
+			continue
+		}
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("OpenStore(%s): %v, want %q", url, err, want)
+		}
+	}
+}
+
+func writeFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
