@@ -21,7 +21,7 @@ func (b *bucket) ceilingSaved() bool {
 
 // saveCeilings saves every bucket's ceiling in the state file, off the
 // loop (one save at a time; a request during a save makes it run again),
-// then wakes the held sessions: the writes that waited for it go. A save
+// then wakes the writes that waited for it (wakeCeiling). A save
 // that fails is logged and the writes go all the same (a restart then
 // bills the reads of their values as surprises, rule 3). Safe from any
 // goroutine.
@@ -43,7 +43,7 @@ func (srv *Server) saveCeilings() {
 		if srv.ceilAgain.Load() {
 			srv.saveCeilings() // asked for after the last pass
 		}
-		srv.wakeHeld()
+		srv.wakeCeiling()
 	}()
 }
 
@@ -58,6 +58,9 @@ func (srv *Server) saveCeilingsOnce() {
 		ep, c := b.tb.ReadCost().Snapshot()
 		next.SetCeiling(name, bucketcfg.Ceiling{Epoch: ep, Class: c})
 		saved[b] = c
+	}
+	if testHookCeilingSave != nil {
+		testHookCeilingSave()
 	}
 	if err := next.Save(srv.opts.statePath); err != nil {
 		srv.log.Error().Err(err).Msg("could not persist the buckets' read ceilings; writes go on, a restart may bill their reads late")
@@ -113,3 +116,7 @@ func (srv *Server) restoreCeilings(st *bucketcfg.State) {
 		atomicMaxInt(&b.savedCeil, c.Class)
 	}
 }
+
+// testHookCeilingSave, when set (by tests, before the Server starts), runs
+// in each save of the ceilings, before the state file is written.
+var testHookCeilingSave func()

@@ -225,7 +225,8 @@ func (lp *loop) wakeDue(context.Context) error {
 }
 
 // wakeAll resumes every held session of the loop, so each asks the engine
-// again (after a change of limits); on the loop.
+// again (after a change of limits, a FLUSH, another instance's state), and
+// re-tries the writes waiting for a raise of a ceiling; on the loop.
 //
 // They ask in the order of their places in their buckets' lines (as
 // wakeDue: no place last; then in the order they were first held), not
@@ -253,6 +254,7 @@ func (lp *loop) wakeAll(context.Context) error {
 		}
 	}
 	lp.woken = woken[:0]
+	lp.resumeCeiling(func(ceilWaiter) bool { return true }) // a FLUSH or another instance may have ended their wait
 	lp.flushClients()
 	return nil
 }

@@ -179,8 +179,8 @@ func (s *session) finish(sl *slot) {
 // What a read cost beyond its bill and paid through admission before it
 // was delivered (sl.extra, rule 3) is not billed again. A settle that gives
 // units back re-tries the loop's held sessions (rule 5, wakeRefunded); one
-// that ends the wait of a raise of the bucket's ceiling wakes every
-// loop's held sessions (the writes that waited for it).
+// that ends the wait of a raise of the bucket's ceiling wakes the writes
+// that waited for it, on every loop (wakeCeiling).
 func (srv *Server) settle(sl *slot) {
 	countCmd(sl)
 	read, write := srv.units(sl)
@@ -203,7 +203,7 @@ func (srv *Server) settle(sl *slot) {
 	}
 	if sl.grant.ReadBill() > 0 {
 		if rc := sl.bkt.tb.ReadCost(); rc.Pending() && rc.TryDrain() {
-			srv.wakeHeld()
+			srv.wakeCeiling()
 		}
 	}
 }
