@@ -11,8 +11,8 @@ type binaryCodec struct{}
 var _ codec = binaryCodec{}
 
 func (binaryCodec) decode(buf []byte, cx codecCtx, r *request) (int, error) {
-	if n := binaryTooLarge(buf, cx); n > 0 {
-		return decodeBinaryTooLarge(buf, n, r), nil
+	if end, refused := binaryLargeWrite(buf, cx); refused {
+		return decodeBinaryTooLarge(buf, end, r), nil
 	}
 	f, n, err := binary.Decode(buf, cx.maxBody)
 	*r = request{frame: f, op: f.Opcode, opaque: f.Opaque, cas: f.CAS}
@@ -24,13 +24,21 @@ func (binaryCodec) decode(buf []byte, cx codecCtx, r *request) (int, error) {
 }
 
 func (binaryCodec) requestLen(buf []byte, cx codecCtx) int {
-	if n := binaryTooLarge(buf, cx); n > 0 {
-		return n // a write too large for memcached: up to its key (toolarge.go)
+	if end, refused := binaryLargeWrite(buf, cx); refused || end > len(buf) {
+		// A write too large for memcached: up to its key (toolarge.go);
+		// or one that may be, whose key tells.
+		return end
 	}
 	return binary.PendingFrameLen(buf, cx.maxBody)
 }
 
-func (binaryCodec) peekLen() int { return binary.HeaderLen }
+// peekLen: the header, then up to the key of a write that may be too
+// large for its key's server (binaryLargeWrite), so that requestLen tells
+// its length before its value is in.
+func (binaryCodec) peekLen(start []byte, cx codecCtx) int {
+	end, _ := binaryLargeWrite(start, cx)
+	return max(binary.HeaderLen, end)
+}
 
 func (binaryCodec) starts(b byte) bool { return binary.Magic(b).IsRequest() }
 

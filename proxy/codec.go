@@ -113,10 +113,38 @@ type codecCtx struct {
 	// with memcached's text authentication (a set carrying "user
 	// password").
 	textAuth bool
-	// itemMax is memcached's item size limit (upstream.Pool.ItemSizeMax):
-	// a write whose namespaced key and value are longer is refused by the
-	// proxy (toolarge.go); 0: unknown, or no bucket (nothing is refused).
+	// itemMax is the least item size limit known of the servers
+	// (upstream.LoopPool.LeastItemSizeMax): a write whose namespaced key
+	// and value are no longer fits every server whose limit is known; 0:
+	// none known, or no bucket (nothing is refused).
 	itemMax int
+	// items tells the limit of the server a key goes to: a write whose
+	// namespaced key and value are longer than it is refused by the proxy
+	// (toolarge.go); nil: itemMax is every key's.
+	items itemLimits
+}
+
+// itemLimits is where a codec learns the item size limit of a key's
+// server (upstream.LoopPool.ItemSizeMaxFor; 0: not known). key is the key
+// as the pool routes it: the client's, without the namespace, base64
+// decoded.
+type itemLimits interface {
+	ItemSizeMaxFor(key []byte) int64
+}
+
+// tooLarge reports whether memcached, the key's server, would refuse a
+// write of key (as itemLimits takes it) whose namespaced key and value
+// are size bytes, as too large. It asks cx.items only for writes over
+// cx.itemMax (most fit every server).
+func (cx *codecCtx) tooLarge(key []byte, size int) bool {
+	if cx.itemMax <= 0 || size <= cx.itemMax {
+		return false
+	}
+	if cx.items == nil {
+		return true
+	}
+	limit := cx.items.ItemSizeMaxFor(key)
+	return limit > 0 && int64(size) > limit
 }
 
 // codecCtx is what the session's codec needs to know of it to read the
@@ -125,7 +153,7 @@ func (s *session) codecCtx(maxBody int) codecCtx {
 	cx := codecCtx{maxBody: maxBody, prefix: -1, textAuth: s.needAuth && s.user == nil}
 	if s.bkt != nil {
 		cx.prefix = len(*s.bkt.prefix.Load())
-		cx.itemMax = int(s.lp.srv.pool.ItemSizeMax())
+		cx.itemMax, cx.items = int(s.lp.pool.LeastItemSizeMax()), s.lp.pool
 	}
 	return cx
 }
@@ -153,9 +181,11 @@ type codec interface {
 	requestLen(buf []byte, cx codecCtx) int
 
 	// peekLen is how many bytes at the start of a request requestLen
-	// needs (the binary header); 0: everything buffered (a protocol
-	// whose requests are told by their first line).
-	peekLen() int
+	// needs, start being what is buffered of it (nil at first): the
+	// binary header, then the key too of a write that may be too large
+	// for its key's server; 0: everything buffered (a protocol whose
+	// requests are told by their first line).
+	peekLen(start []byte, cx codecCtx) int
 
 	// starts reports whether b can begin a request of this protocol; a
 	// session answers input that cannot (notRequest).

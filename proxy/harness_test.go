@@ -214,6 +214,14 @@ buckets = ["bob"]
 
 func startTwoServerProxy(t testing.TB, upstreamExtra string) (*testProxy, *testmc.Server, *testmc.Server) {
 	a, b := testmc.Start(t), testmc.Start(t)
+	return startProxyOver(t, upstreamExtra, a, b), a, b
+}
+
+// startProxyOver starts a proxy (capacity unlimited, health probes every
+// 100 ms) in front of servers a and b, in that order, with upstreamExtra
+// in its [upstream] section; its MC is a.
+func startProxyOver(t testing.TB, upstreamExtra string, a, b *testmc.Server) *testProxy {
+	t.Helper()
 	statePath := t.TempDir() + "/state.json"
 	listen := testmc.FreeAddr(t)
 	tc := testConfig{upstream: upstreamExtra, throttle: `capacity = "unlimited"`}
@@ -226,8 +234,7 @@ func startTwoServerProxy(t testing.TB, upstreamExtra string) (*testProxy, *testm
 		t.Fatal(err)
 	}
 	checkPauseMoves(t, srv)
-	p := &testProxy{Server: srv, Addr: listen, MC: a, Upstream: cfg.Upstream.Servers[0], StatePath: statePath, stop: testmc.Serve(t, srv)}
-	return p, a, b
+	return &testProxy{Server: srv, Addr: listen, MC: a, Upstream: cfg.Upstream.Servers[0], StatePath: statePath, stop: testmc.Serve(t, srv)}
 }
 
 func limitedTail(t testing.TB) string {

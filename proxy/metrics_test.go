@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -13,13 +14,19 @@ import (
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // TestMetricsAfterTraffic scrapes /metrics after known traffic: every name
 // of DESIGN.md section 7 is there with its type and labels, the values
 // match what was sent, and the linter promtool uses finds nothing.
 func TestMetricsAfterTraffic(t *testing.T) {
-	p := startProxy(t, testConfig{throttle: "capacity = 50000", tail: tenantTail(t)})
+	// On a fake clock: bob's held commands are held on every run, however
+	// fast or slow the machine (on the real clock a slow one refilled the
+	// bucket as fast as bob sent).
+	clock := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{throttle: "capacity = 50000", tail: tenantTail(t)}, clock)
+	ft := &fakeTime{t: t, p: p, clock: clock}
 	// Limits that show up as gauges.
 	admin := login(t, p.Addr, "admin")
 	if r := adminDo(t, admin, mc.OpSetBucketThrottleProperties, "bob", `{"reserved":100,"hard_limit":200}`); r.Status() != mc.StatusSuccess {
@@ -45,9 +52,25 @@ func TestMetricsAfterTraffic(t *testing.T) {
 		}
 	}
 	bob := login(t, p.Addr, "bob")
-	for i := 0; i < 60; i++ { // past reserved+burst: some are held
-		if r, err := bob.Set([]byte("k"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
-			t.Fatal(err, r)
+	sent := make(chan error, 1)
+	go func() {
+		for i := 0; i < 60; i++ { // past the hard limit's burst (20): some are held
+			if r, err := bob.Set([]byte("k"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
+				sent <- fmt.Errorf("bob's set %d: %v %v", i, err, r)
+				return
+			}
+		}
+		sent <- nil
+	}()
+	for done := false; !done; {
+		select {
+		case err := <-sent:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+			ft.step(10*time.Millisecond, anyHeld, nil)
 		}
 	}
 	nb := login(t, p.Addr, "bob")

@@ -117,8 +117,9 @@ func (s *session) checkBuffered() gnet.Action {
 	if n <= limit {
 		return gnet.None
 	}
-	if start, err := s.peekStart(); err == nil {
-		limit += s.codec.requestLen(start, s.codecCtx(s.maxBody()))
+	cx := s.codecCtx(s.maxBody())
+	if start, err := s.peekStart(cx); err == nil {
+		limit += s.codec.requestLen(start, cx)
 	}
 	if n > limit {
 		s.lp.srv.log.Warn().Str("remote", s.remote).Int("buffered", n).Int("limit", limit).

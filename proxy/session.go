@@ -167,7 +167,8 @@ func (s *session) onTraffic() gnet.Action {
 	maxBody := s.maxBody() // small until the client authenticates
 	// While a large request is still arriving, do nothing: peeking the
 	// whole buffer on every read would copy it again and again.
-	hdr, err := s.peekStart()
+	cx := s.codecCtx(maxBody)
+	hdr, err := s.peekStart(cx)
 	if len(hdr) > 0 && !s.codec.starts(hdr[0]) {
 		// No request is coming: answer now, not when a header or a body
 		// has arrived.
@@ -177,7 +178,7 @@ func (s *session) onTraffic() gnet.Action {
 	}
 	if err != nil {
 		return gnet.None
-	} else if n := s.codec.requestLen(hdr, s.codecCtx(maxBody)); n > s.c.InboundBuffered() {
+	} else if n := s.codec.requestLen(hdr, cx); n > s.c.InboundBuffered() {
 		return s.checkBuffered()
 	}
 	buf, _ := s.c.Peek(-1)
@@ -282,17 +283,26 @@ func (s *session) onTraffic() gnet.Action {
 }
 
 // peekStart peeks the start of the next request: the codec's peekLen
-// bytes, or everything buffered when fewer have arrived (err then says
-// so) or the codec tells requests by their whole first line.
-func (s *session) peekStart() ([]byte, error) {
-	if n := s.codec.peekLen(); n > 0 {
-		if b, err := s.c.Peek(n); err == nil {
-			return b, nil
-		}
-		b, _ := s.c.Peek(-1)
-		return b, errShortPeek
+// bytes (asked again with what they show, while it wants more), or
+// everything buffered when fewer have arrived (err then says so) or the
+// codec tells requests by their whole first line.
+func (s *session) peekStart(cx codecCtx) ([]byte, error) {
+	n := s.codec.peekLen(nil, cx)
+	if n <= 0 {
+		return s.c.Peek(-1)
 	}
-	return s.c.Peek(-1)
+	for {
+		b, err := s.c.Peek(n)
+		if err != nil {
+			b, _ = s.c.Peek(-1)
+			return b, errShortPeek
+		}
+		if more := s.codec.peekLen(b, cx); more > n {
+			n = more
+			continue
+		}
+		return b, nil
+	}
 }
 
 // errShortPeek: fewer bytes than the codec's peekLen are buffered.

@@ -63,7 +63,7 @@ var errBadCommandLine = []byte("CLIENT_ERROR bad command line format\r\n")
 // apart (the parser accepts none such).
 var errMetaKey = []byte("SERVER_ERROR the proxy could not read the key\r\n")
 
-func (c *textCodec) peekLen() int { return 0 }
+func (c *textCodec) peekLen([]byte, codecCtx) int { return 0 }
 
 func (c *textCodec) starts(byte) bool { return true }
 

@@ -12,10 +12,10 @@ import (
 // known before its value is read (text set, add, replace, append,
 // prepend and cas, meta ms in every mode, the binary SET family with its
 // quiet opcodes) and whose key, in the bucket's namespace, and value are
-// longer than memcached's item size limit (the least item_size_max of the
-// servers, upstream.Pool.ItemSizeMax; none known: nothing is refused) is
-// refused by the proxy as memcached 1.6 refuses it, once its line or its
-// header and key are in:
+// longer than the item size limit of the memcached its key goes to (that
+// server's item_size_max, upstream.LoopPool.ItemSizeMaxFor; not known:
+// nothing is refused) is refused by the proxy as memcached 1.6 refuses
+// it, once its line or its header and key are in:
 //   - the answer is memcached's: text "SERVER_ERROR object too large for
 //     cache" (nothing with noreply), ms the same in every mode and with q,
 //     binary status 0x0003 "Too large." (quiet opcodes too);
@@ -42,41 +42,43 @@ func isValueWrite(op binary.Opcode) bool {
 	return false
 }
 
-// binaryTooLarge returns the length of the binary request at the start of
-// buf up to the end of its key (its header tells it) when the request is a
-// well-formed write too large for memcached in cx, else 0. Requests that
-// are not so go the usual way (an invalid one gets its Einval).
-func binaryTooLarge(buf []byte, cx codecCtx) int {
+// binaryLargeWrite looks at the binary request at the start of buf (its
+// header in). When it is a well-formed value write whose namespaced key
+// and value are longer than cx.itemMax, so maybe too large for its key's
+// server, it returns its length up to the end of its key, and, once buf
+// holds that key, whether memcached, the key's server, would refuse it
+// (codecCtx.tooLarge); otherwise 0 and false: the request goes the usual
+// way (an invalid one gets its Einval).
+func binaryLargeWrite(buf []byte, cx codecCtx) (end int, refused bool) {
 	if cx.itemMax <= 0 || cx.prefix < 0 || len(buf) < binary.HeaderLen || !isValueWrite(binary.Opcode(buf[1])) {
-		return 0
+		return 0, false
 	}
 	h, _ := binary.ParseHeader(buf)
+	size := cx.prefix + int(h.KeyLen) + h.ValueLen()
 	if !h.Magic.IsRequest() || h.Validate(cx.maxBody) != nil || binary.ValidateRequest(&binary.Frame{Header: h}) != nil ||
-		cx.prefix+int(h.KeyLen) > binary.MaxKeyLen || cx.prefix+int(h.KeyLen)+h.ValueLen() <= cx.itemMax {
-		return 0
+		cx.prefix+int(h.KeyLen) > binary.MaxKeyLen || size <= cx.itemMax {
+		return 0, false
 	}
-	return binary.HeaderLen + int(h.FrameExtLen) + int(h.ExtLen) + int(h.KeyLen)
+	end = binary.HeaderLen + int(h.FrameExtLen) + int(h.ExtLen) + int(h.KeyLen)
+	return end, len(buf) >= end && cx.tooLarge(buf[end-int(h.KeyLen):end], size)
 }
 
 // decodeBinaryTooLarge fills r with the refused write at the start of buf,
-// n bytes up to the end of its key (binaryTooLarge), and returns n, or 0
-// while those have not all arrived.
-func decodeBinaryTooLarge(buf []byte, n int, r *request) int {
+// end bytes up to the end of its key (binaryLargeWrite), and returns end.
+func decodeBinaryTooLarge(buf []byte, end int, r *request) int {
 	h, _ := binary.ParseHeader(buf)
 	*r = request{op: h.Opcode, opaque: h.Opaque, cas: h.CAS}
-	if len(buf) < n {
-		return 0
-	}
-	r.key = buf[n-int(h.KeyLen) : n]
+	r.key = buf[end-int(h.KeyLen) : end]
 	r.tooLarge, r.swallow = true, h.ValueLen()
 	r.unlink = h.Opcode == binary.OpSet || h.Opcode == binary.OpSetQ
-	return n
+	return end
 }
 
 // refusable returns the length of the command line of the storage command
-// Parse read (n and err are its results) when memcached would refuse it as
-// too large: its namespaced key and value over cx.itemMax (also when
-// Parse refused its value as over maxBody, Error.TooLarge); else 0.
+// Parse read (n and err are its results) when memcached, the key's
+// server, would refuse it as too large: its namespaced key and value over
+// that server's limit (codecCtx.tooLarge; also when Parse refused its
+// value as over maxBody, Error.TooLarge); else 0.
 // Commands refused for their key or line in the namespace, or only for
 // the proxy's own bound, go the usual way.
 func (c *textCodec) refusable(n int, err error, cx codecCtx) int {
@@ -100,15 +102,16 @@ func (c *textCodec) refusable(n int, err error, cx codecCtx) int {
 	if keyTooLong(cmd, cx.prefix) || cmd.Verb.Run == text.RunMeta && metaLineTooLong(cmd, cx.prefix) {
 		return 0
 	}
-	key := len(cmd.Key)
+	key := cmd.Key
 	if cmd.Base64 {
 		k, ok := text.Base64DecodedLen(cmd.Key)
-		if !ok {
-			return 0
+		if !ok || cx.itemMax <= 0 || cx.prefix+k+cmd.DataLen <= cx.itemMax {
+			return 0 // undecodable, or fits every server whose limit is known
 		}
-		key = k
+		c.meta.keyBuf, _ = text.DecodeBase64(c.meta.keyBuf[:0], cmd.Key) // the key as the pool routes it
+		key = c.meta.keyBuf
 	}
-	if cx.itemMax <= 0 || cx.prefix+key+cmd.DataLen <= cx.itemMax {
+	if !cx.tooLarge(key, cx.prefix+len(key)+cmd.DataLen) {
 		return 0 // memcached would take it (a value over maxBody only is the proxy's own refusal)
 	}
 	return line
@@ -122,8 +125,7 @@ func (c *textCodec) decodeTooLarge(r *request) {
 	*r = request{tooLarge: true, swallow: cmd.DataLen + 2, key: cmd.Key}
 	if cmd.Verb.Run == text.RunMeta { // ms: every mode unlinks; q does not hide the error
 		if cmd.Base64 {
-			c.meta.keyBuf, _ = text.DecodeBase64(c.meta.keyBuf[:0], cmd.Key) // refusable checked it
-			r.key = c.meta.keyBuf
+			r.key = c.meta.keyBuf // refusable decoded it
 		}
 		r.op, r.opaque, r.unlink = cmd.Verb.OpFor(false, false), textTag(cmd.Kind, partCommand, false), true
 		return

@@ -41,9 +41,9 @@ type health struct {
 	versions []atomic.Pointer[[]byte] // each server's VERSION answer, from its last good probe
 	itemMax  []atomic.Int64           // each server's item_size_max, from its last probe that told it; 0: unknown
 	itemMin  atomic.Int64             // the least of itemMax's known figures (settings.go); 0: none known
-	// noSettings: the server did not answer its last `stats settings`,
-	// which is not asked again until it has been down (prober-owned).
-	noSettings []bool
+	// asks: when each server is next asked for its `stats settings`
+	// (settings.go; prober-owned).
+	asks []settingsAsk
 
 	kick    chan struct{} // a loop saw a connection fail: probe now
 	stop    chan struct{}
@@ -60,17 +60,17 @@ func newHealth(servers []string, cfg healthConfig, log zerolog.Logger, d *dialer
 		cfg.interval = time.Second
 	}
 	return &health{
-		servers:    servers,
-		cfg:        cfg,
-		log:        log,
-		dialer:     d,
-		up:         make([]atomic.Bool, len(servers)),
-		ejected:    make([]atomic.Bool, len(servers)),
-		versions:   make([]atomic.Pointer[[]byte], len(servers)),
-		itemMax:    make([]atomic.Int64, len(servers)),
-		noSettings: make([]bool, len(servers)),
-		kick:       make(chan struct{}, 1),
-		stop:       make(chan struct{}),
+		servers:  servers,
+		cfg:      cfg,
+		log:      log,
+		dialer:   d,
+		up:       make([]atomic.Bool, len(servers)),
+		ejected:  make([]atomic.Bool, len(servers)),
+		versions: make([]atomic.Pointer[[]byte], len(servers)),
+		itemMax:  make([]atomic.Int64, len(servers)),
+		asks:     make([]settingsAsk, len(servers)),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 	}
 }
 
@@ -126,17 +126,20 @@ probes:
 			continue
 		}
 		if !h.up[i].Load() {
-			h.noSettings[i] = false // down or never up: ask again when it answers
+			h.asks[i].answered() // down or never up (maybe restarted with another -I): ask when it answers
 		}
-		v, itemMax, err := probe(h.dialer, addr, h.cfg.timeout, !h.noSettings[i])
+		ask := h.asks[i].due()
+		v, itemMax, err := probe(h.dialer, addr, h.cfg.timeout, ask)
 		if err == nil {
 			if old := h.versions[i].Load(); old == nil || !bytes.Equal(*old, v) {
 				h.versions[i].Store(&v)
 			}
-			if itemMax > 0 {
+			switch {
+			case itemMax > 0:
 				h.itemMax[i].Store(itemMax)
-			} else {
-				h.noSettings[i] = true
+				h.asks[i].answered()
+			case ask:
+				h.asks[i].lost(h.maxSettingsGap())
 			}
 		}
 		was := h.up[i].Swap(err == nil)
@@ -172,6 +175,12 @@ probes:
 	}
 }
 
+// maxSettingsGap is maxSettingsGap in probes of a server: a minute's
+// worth at the probe interval, at least one.
+func (h *health) maxSettingsGap() int {
+	return max(1, int(maxSettingsGap/h.cfg.interval))
+}
+
 // publish makes the ejection state visible to the loops.
 func (h *health) publish() {
 	alive := make([]bool, len(h.servers))
@@ -188,9 +197,11 @@ func (h *health) publish() {
 }
 
 // inherit starts h, not yet started, from what old last saw of the servers
-// both probe: whether each answered, and its VERSION. So a reload that
-// keeps a server does not make it look down (readiness, VERSION) until
-// the new prober's first probe.
+// both probe: whether each answered, its VERSION and its item_size_max.
+// So a reload that keeps a server does not make it look down (readiness,
+// VERSION) nor forget its item size limit until the new prober's first
+// probe, which asks every server for its settings (old's ask schedule is
+// its prober's own, not read here).
 func (h *health) inherit(old *health) {
 	for i, addr := range h.servers {
 		if j := slices.Index(old.servers, addr); j >= 0 {
@@ -236,7 +247,8 @@ const maxVersionLen = 64
 // with settings, it asks for the server's `stats settings` and returns its
 // item_size_max (settings.go), 0 when the server does not tell it (that
 // does not make the server down; a server that never answers it holds the
-// probe up to timeout, which is why the prober stops asking it).
+// probe up to timeout, which is why the prober asks it less and less
+// often, settingsAsk).
 func probe(d *dialer, addr string, timeout time.Duration, settings bool) ([]byte, int64, error) {
 	deadline := time.Now().Add(timeout)
 	c, err := d.probeConn(addr, deadline)

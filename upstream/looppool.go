@@ -66,15 +66,24 @@ func (g *Group) Pick(key []byte) *Conn {
 		}
 		g.adopt(g.lp.set)
 	}
-	if len(g.conns) == 1 {
-		return g.conns[0]
+	return g.conns[g.set.server(key)]
+}
+
+// server returns the index, in cfg.Servers, of the server key goes to
+// now: its server on the ketama ring, or, while that server is ejected,
+// the next server on the ring that is not (its own server again when
+// every server is ejected). Group.Pick and LoopPool.ItemSizeMaxFor both
+// route with it.
+func (set *serverSet) server(key []byte) int {
+	if len(set.cfg.Servers) == 1 {
+		return 0
 	}
-	if alive := g.set.health.alive.Load(); alive != nil {
-		if i := g.set.ring.PickExcluding(key, *alive); i >= 0 {
-			return g.conns[i]
+	if alive := set.health.alive.Load(); alive != nil {
+		if i := set.ring.PickExcluding(key, *alive); i >= 0 {
+			return i
 		}
 	}
-	return g.conns[g.set.ring.Pick(key)]
+	return set.ring.Pick(key)
 }
 
 // Close retires the group's connections: each finishes the requests it

@@ -4,14 +4,56 @@ import (
 	"errors"
 	"io"
 	"strconv"
+	"time"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
 // memcached's item size limit (its -I, `stats settings` item_size_max):
 // the health prober asks each server for it beside its VERSION, and the
-// proxy refuses a write larger than the smallest of them itself, as
-// memcached would refuse it, instead of sending it the value.
+// proxy refuses a write larger than the limit of the key's server itself
+// (LoopPool.ItemSizeMaxFor), as memcached would refuse it, instead of
+// sending it the value.
+//
+// When the prober asks (settingsAsk): at every probe while the server
+// answers; after an ask that got no figure (lost, late, or not memcached's
+// answer: each holds the probe up to its timeout), again one probe later,
+// then with the gap doubling up to a minute's worth of probes
+// (maxSettingsGap), until an answer gives a figure; at the first probe
+// after the server was down (a restart may change -I) at once. A figure
+// stays in force until a later answer replaces it.
+
+// maxSettingsGap is the longest wait, in time, between two asks of a
+// server whose asks go unanswered.
+const maxSettingsGap = time.Minute
+
+// settingsAsk is the prober's schedule of one server's `stats settings`
+// asks, counted in probes of that server (a probe brought forward by a
+// lost connection counts too). The zero value asks at the next probe.
+type settingsAsk struct {
+	skip int // probes left to make without asking
+	gap  int // probes from the last unanswered ask to the next; 0: the last ask was answered
+}
+
+// due reports whether this probe asks, and counts the probe.
+func (a *settingsAsk) due() bool {
+	if a.skip > 0 {
+		a.skip--
+		return false
+	}
+	return true
+}
+
+// answered: the ask gave a figure, or the server was down (ask at once
+// when it answers again); the next probe asks.
+func (a *settingsAsk) answered() { *a = settingsAsk{} }
+
+// lost: the ask gave no figure; the next ask comes after twice the last
+// gap (one probe the first time), at most maxGap probes.
+func (a *settingsAsk) lost(maxGap int) {
+	a.gap = max(1, min(2*a.gap, maxGap))
+	a.skip = a.gap - 1
+}
 
 // maxSettingsFrames bounds the frames a probe reads of a `stats settings`
 // answer (memcached 1.6 sends about 80, and an empty one last).
@@ -81,6 +123,23 @@ func (h *health) minItemSize() int64 {
 // ItemSizeMax returns the smallest item size limit (memcached's -I,
 // `stats settings` item_size_max) among the servers in force, as their
 // health probes last reported it, or 0 when no server has reported one
-// yet. A server keeps the figure of its last good probe while it is down.
-// Safe from any goroutine; two atomic loads.
+// yet. A server keeps the figure of its last answer while it is down. It
+// bounds ItemSizeMaxFor from below: a write no longer than it fits every
+// server whose limit is known. Safe from any goroutine; two atomic loads.
 func (p *Pool) ItemSizeMax() int64 { return p.set.Load().health.itemMin.Load() }
+
+// LeastItemSizeMax is Pool.ItemSizeMax of the server list the loop routes
+// with (LoopPool.Tick adopts a new one).
+func (lp *LoopPool) LeastItemSizeMax() int64 { return lp.set.health.itemMin.Load() }
+
+// ItemSizeMaxFor returns the item size limit of the server Pick (and
+// every group's Pick) sends key to now, on the server list the loop routes
+// with: the key's own server on the ring, or, while that one is ejected,
+// the server that takes its keys; 0 when that server has not told its
+// limit yet. A server that is down but not ejected still gets its keys,
+// and keeps its last figure for them; once ejected, its figure applies to
+// no key. Only the loop's goroutine may call it; it allocates nothing.
+func (lp *LoopPool) ItemSizeMaxFor(key []byte) int64 {
+	set := lp.set
+	return set.health.itemMax[set.server(key)].Load()
+}
