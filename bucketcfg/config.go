@@ -255,8 +255,9 @@ type ThrottleConfig struct {
 	FreePool throttle.FreePoolMode
 	// MaxItemBytes is the largest value the memcached servers store
 	// (memcached -I; key max_item_bytes, default 1048576,
-	// 1..MaxFrameBytesLimit): a read of unknown size is budgeted as this
-	// large until the bucket's reads are known.
+	// 1..MaxFrameBytesLimit): the largest class of a bucket's read
+	// ceiling (throttle.ReadCost), where it starts when the servers hold
+	// items and no class is saved.
 	MaxItemBytes int
 }
 

@@ -45,7 +45,8 @@ const maxStateBytes = 64 << 20
 //	  "weights": {"b1": 3},
 //	  "epochs": {"b1": 0, "b2": 3, "old": 1},
 //	  "retired": ["old"],
-//	  "flushes": {"b2": {"at": 1780000000, "epoch": 4}}
+//	  "flushes": {"b2": {"at": 1780000000, "epoch": 4}},
+//	  "ceilings": {"b2": {"epoch": 4, "class": 32}}
 //	}
 //
 // where capacity and the two defaults are optional (the defaults go
@@ -55,7 +56,8 @@ const maxStateBytes = 64 << 20
 // Flushes) are absent when empty, and in files written before they
 // existed.
 //
-// Only a State with weights or pending flushes is unreadable by a proxy
+// ceilings (see Ceilings) are absent when empty. Only a State with
+// weights, pending flushes or ceilings is unreadable by a proxy
 // that predates them (it refuses unknown fields), as in a fleet upgraded
 // one instance at a time: set weights, or send delayed flushes, once every
 // instance reads them.
@@ -87,11 +89,14 @@ type State struct {
 	// PendingFlush): at most one per bucket, a later one replacing it.
 	// Never nil in a State from this package.
 	Flushes map[string]PendingFlush
+	// Ceilings are the buckets' read ceilings (see Ceiling), each for the
+	// epoch it was raised in. Never nil in a State from this package.
+	Ceilings map[string]Ceiling
 }
 
 // NewState returns an empty State: nothing overridden.
 func NewState() *State {
-	return &State{Buckets: map[string]BucketThrottle{}, Weights: map[string]int{}, Epochs: map[string]uint64{}, Retired: map[string]bool{}, Flushes: map[string]PendingFlush{}}
+	return &State{Buckets: map[string]BucketThrottle{}, Weights: map[string]int{}, Epochs: map[string]uint64{}, Retired: map[string]bool{}, Flushes: map[string]PendingFlush{}, Ceilings: map[string]Ceiling{}}
 }
 
 // TrackBuckets records that exactly the buckets named inService are in
@@ -169,6 +174,9 @@ func (s *State) Clone() *State {
 	}
 	for k, v := range s.Flushes {
 		n.Flushes[k] = v
+	}
+	for k, v := range s.Ceilings {
+		n.Ceilings[k] = v
 	}
 	return n
 }
@@ -294,6 +302,7 @@ type stateJSON struct {
 	Epochs           map[string]uint64          `json:"epochs,omitempty"`
 	Retired          []string                   `json:"retired,omitempty"`
 	Flushes          map[string]PendingFlush    `json:"flushes,omitempty"`
+	Ceilings         map[string]Ceiling         `json:"ceilings,omitempty"`
 }
 
 type stateBucketJSON struct {
@@ -304,7 +313,7 @@ type stateBucketJSON struct {
 // MarshalJSON encodes s in the state file format (map keys sorted, so the
 // output is deterministic).
 func (s State) MarshalJSON() ([]byte, error) {
-	j := stateJSON{Version: StateVersion, Capacity: s.Capacity, Buckets: make(map[string]stateBucketJSON, len(s.Buckets)), Weights: s.Weights, Epochs: s.Epochs, Flushes: s.Flushes}
+	j := stateJSON{Version: StateVersion, Capacity: s.Capacity, Buckets: make(map[string]stateBucketJSON, len(s.Buckets)), Weights: s.Weights, Epochs: s.Epochs, Flushes: s.Flushes, Ceilings: s.Ceilings}
 	if s.Defaults != nil {
 		r, h := s.Defaults.Reserved, s.Defaults.HardLimit
 		j.DefaultReserved, j.DefaultHardLimit = &r, &h
@@ -369,6 +378,12 @@ func (s *State) UnmarshalJSON(data []byte) error {
 	}
 	for name, f := range j.Flushes {
 		n.Flushes[name] = f
+	}
+	for name, c := range j.Ceilings {
+		n.Ceilings[name] = c
+	}
+	if err := n.validateCeilings(); err != nil {
+		return err
 	}
 	if err := n.Validate(); err != nil {
 		return err

@@ -179,9 +179,10 @@ func (srv *Server) apply(eff *bucketcfg.Config) error {
 	if err := srv.throttle.SetFreePoolMode(eff.Throttle.FreePool); err != nil {
 		return fmt.Errorf("free_pool: %w", err)
 	}
-	ten, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs, srv.localLimits)
+	ten, err := buildTenants(srv.throttle, eff, srv.ten.Load(), srv.metrics, srv.state.Epochs, srv.startClass.Load(), srv.localLimits)
 	srv.ten.Store(ten)
 	srv.syncFlushes()
+	srv.restoreCeilings(srv.state)
 	srv.eachLoop(func(lp *loop) {
 		_ = lp.el.Execute(context.Background(), gnet.RunnableFunc(lp.recheckSessions))
 	})

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
@@ -214,6 +216,23 @@ func fairSteps(t testing.TB, p *testProxy, clock *throttle.FakeClock, bs []*fair
 // upper bound of the histogram bucket it falls in; 0 if none was held.
 func heldP99(t testing.TB, p *testProxy, bucket string) time.Duration {
 	t.Helper()
+	h := waitHistogram(t, p, bucket)
+	n := h.GetSampleCount()
+	for _, b := range h.GetBucket() {
+		if n > 0 && float64(b.GetCumulativeCount()) >= 0.99*float64(n) {
+			return time.Duration(b.GetUpperBound() * float64(time.Second))
+		}
+	}
+	if n > 0 {
+		return time.Duration(math.MaxInt64)
+	}
+	return 0
+}
+
+// waitHistogram returns bucket's kvthrottle_throttle_wait_seconds (how
+// long its held commands were held), or nil if it has none.
+func waitHistogram(t testing.TB, p *testProxy, bucket string) *dto.Histogram {
+	t.Helper()
 	mfs, err := p.Metrics().Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -223,22 +242,12 @@ func heldP99(t testing.TB, p *testProxy, bucket string) time.Duration {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if len(m.GetLabel()) != 1 || m.GetLabel()[0].GetValue() != bucket {
-				continue
-			}
-			h := m.GetHistogram()
-			n := h.GetSampleCount()
-			for _, b := range h.GetBucket() {
-				if n > 0 && float64(b.GetCumulativeCount()) >= 0.99*float64(n) {
-					return time.Duration(b.GetUpperBound() * float64(time.Second))
-				}
-			}
-			if n > 0 {
-				return time.Duration(math.MaxInt64)
+			if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == bucket {
+				return m.GetHistogram()
 			}
 		}
 	}
-	return 0
+	return nil
 }
 
 func fairRates(bs []*fairBucket, window time.Duration) []float64 {

@@ -445,6 +445,12 @@ func mergeFleetState(fleetSt, local *bucketcfg.State, now int64) (merged *bucket
 		}
 	}
 	merged.ApplyFlushes(now)
+	for name, c := range local.Ceilings {
+		if m := bucketcfg.MergeCeiling(merged.Ceilings[name], c); m != merged.Ceilings[name] {
+			merged.Ceilings[name] = m
+			ahead = true
+		}
+	}
 	clear(merged.Retired)
 	for name := range local.Retired {
 		merged.Retired[name] = true

@@ -98,7 +98,7 @@ func (s *session) flushBucket(r *request) bool {
 	}
 	srv := s.lp.srv
 	if g, wait := b.tb.AdmitCost(&s.waiter, s.mode(), throttle.Cost{Known: 1}); g.Domain == throttle.Held {
-		return s.throttled(r, b, g, wait)
+		return s.throttled(r, b, wait)
 	}
 	if s.heldAt != 0 {
 		srv.throttleWait(b, srv.throttle.Now()-s.heldAt)

@@ -56,7 +56,8 @@ func (ft *fakeTime) step(d time.Duration, held int, ready func() bool) {
 // settled reports whether every loop of p has done all it can at the
 // engine clock's reading, and how many sessions are held: no wake-up due,
 // no session queued for a re-try or a flush, no lease stock due to go
-// back, and every session either held
+// back, and every session either held (by the throttle: a session waiting
+// for a raise of its bucket's ceiling waits for work, not for the clock)
 // or idle (its input all dispatched), with nothing in flight upstream and
 // nothing unsent.
 func settled(t testing.TB, p *testProxy) (held int, ok bool) {
@@ -77,6 +78,8 @@ func settled(t testing.TB, p *testProxy) (held int, ok bool) {
 				ok = false
 			case s.isHeld():
 				held++
+			case s.pause == waitingCeiling:
+				ok = false // work in progress: upstream answers, a save of the ceilings (real time)
 			case s.pause != running || !s.drained():
 				ok = false
 			}

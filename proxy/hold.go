@@ -40,10 +40,10 @@ func (s *session) hold(to pauseState, wait time.Duration) {
 // answered EWouldThrottle; a command whose hold would pass
 // throttle.max_hold (counted from when it was first held) is answered
 // Etmpfail at once and gives up its place; any other is held. It returns
-// whether r was consumed (answered), as dispatch does. g is the engine's
-// refusal: a session held until its bucket's reads in flight settle also
-// re-tries when one of its own commands completes (finish).
-func (s *session) throttled(r *request, b *bucket, g throttle.Grant, wait time.Duration) bool {
+// whether r was consumed (answered), as dispatch does. A session with
+// reads in flight also re-tries when one of its own commands completes
+// (finish): a read's settle gives back what its ceiling overbilled.
+func (s *session) throttled(r *request, b *bucket, wait time.Duration) bool {
 	srv := s.lp.srv
 	if s.mode() == throttle.NonBlocking {
 		s.nextTick(r, binary.StatusEWouldThrottle, wait)
@@ -62,7 +62,9 @@ func (s *session) throttled(r *request, b *bucket, g throttle.Grant, wait time.D
 		}
 	}
 	to := held
-	if g.WaitsForReads() {
+	if s.readsOut > 0 {
+		// A read of its own settling gives units back (its bill is the
+		// bucket's ceiling): re-try then too.
 		to = heldOnReads
 	}
 	s.hold(to, wait)
@@ -91,10 +93,17 @@ type wakeEntry struct {
 	place uint64
 	s     *session
 	seq   uint64
+	owe   bool // a re-try of the payment of the session's surprises (surprise.go), not of a held command
 }
 
-// live reports whether the entry still stands for a held session.
-func (e *wakeEntry) live() bool { return e.s.isHeld() && e.s.holdSeq == e.seq && !e.s.closed }
+// live reports whether the entry still stands for a held session, or for
+// a session whose surprises wait to be paid.
+func (e *wakeEntry) live() bool {
+	if e.owe {
+		return e.s.owing > 0 && !e.s.closed
+	}
+	return e.s.isHeld() && e.s.holdSeq == e.seq && !e.s.closed
+}
 
 type wakeHeap []wakeEntry
 
@@ -113,7 +122,12 @@ func (h *wakeHeap) Pop() any {
 // schedule wakes s at engine time at. One timer per loop, armed for the
 // earliest entry; its callback only hands the work to the loop.
 func (lp *loop) schedule(s *session, at time.Duration) {
-	heap.Push(&lp.holds, wakeEntry{at: at, place: s.waiter.Place(), s: s, seq: s.holdSeq})
+	heapPush(lp, wakeEntry{at: at, place: s.waiter.Place(), s: s, seq: s.holdSeq})
+}
+
+// heapPush adds e to the loop's wake-ups and arms its timer.
+func heapPush(lp *loop, e wakeEntry) {
+	heap.Push(&lp.holds, e)
 	lp.arm()
 }
 
@@ -197,7 +211,9 @@ func (lp *loop) wakeDue(context.Context) error {
 		due[i] = wakeEntry{}
 		if s := e.s; e.live() {
 			lp.srv.wakeDelay.observe(now - e.at)
-			if s.setPause(running) {
+			if e.owe {
+				s.payOwed()
+			} else if s.setPause(running) {
 				s.resume()
 			}
 		}
@@ -209,7 +225,8 @@ func (lp *loop) wakeDue(context.Context) error {
 }
 
 // wakeAll resumes every held session of the loop, so each asks the engine
-// again (after a change of limits); on the loop.
+// again (after a change of limits, a FLUSH, another instance's state), and
+// re-tries the writes waiting for a raise of a ceiling; on the loop.
 //
 // They ask in the order of their places in their buckets' lines (as
 // wakeDue: no place last; then in the order they were first held), not
@@ -237,6 +254,7 @@ func (lp *loop) wakeAll(context.Context) error {
 		}
 	}
 	lp.woken = woken[:0]
+	lp.resumeCeiling(func(ceilWaiter) bool { return true }) // a FLUSH or another instance may have ended their wait
 	lp.flushClients()
 	return nil
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"time"
 
-	"github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 	"github.com/kvthrottle/kvthrottle/upstream"
 )
@@ -55,22 +54,18 @@ const maxReadsInFlight = 1 << 20
 // reach 0.21x of memcached's rate.
 const maxLaneReads = 32
 
-// lane is one bucket's reads in flight upstream from one loop: their
-// expected response bytes, bounded by maxReadsInFlight, and the sessions
-// waiting for room in it; and, with upstream.conns_per_bucket, the
+// lane is one bucket's reads in flight upstream from one loop (its
+// readWindow: their expected response bytes, bounded by maxReadsInFlight,
+// and the sessions waiting for room in it); and, with upstream.conns_per_bucket, the
 // bucket's own upstream connections on the loop, so that memcached never
 // queues its responses ahead of another bucket's. Waiting sessions go first come, first served:
 // while one waits, no other session of the bucket starts a read, so a
 // session whose reads are large is not starved by others whose small reads
 // keep fitting. Only its loop touches it.
 type lane struct {
-	bytes    int             // expected response bytes of the reads in flight
-	reads    int             // reads in flight
-	readSize int             // response bytes a read of the bucket brings here (learned); 0: none answered yet
-	waiting  int             // sessions paused until a read of theirs fits (session.laneWait)
-	full     uint64          // the loop.resumePaused pass in which a waiting session found no room
-	group    *upstream.Group // the bucket's upstream connections (conns_per_bucket), or nil: the loop's shared ones
-	used     time.Duration   // loop clock when a request last went to group
+	readWindow                 // the bucket's reads in flight from the loop (readwindow.go)
+	group      *upstream.Group // the bucket's upstream connections (conns_per_bucket), or nil: the loop's shared ones
+	used       time.Duration   // loop clock when a request last went to group
 	// lease is the loop's stock of the bucket's units (throttle.Lease):
 	// the bucket's sessions on the loop are admitted and settled through
 	// it, so that most admissions write only the loop's memory.
@@ -128,58 +123,6 @@ func (lp *loop) dropIdleLanes() {
 	}
 }
 
-// learnSize moves an expected response size toward n: at once to a larger
-// one, by an eighth of the difference to a smaller one.
-func learnSize(size *int, n int) {
-	if n >= *size {
-		*size = n
-	} else {
-		*size -= (*size - n) >> 3
-	}
-}
-
-// reserve counts a slot just queued among the session's reads in flight
-// when it is a read still to be answered.
-func (s *session) reserve(sl *slot) {
-	if sl.done || !isRead(sl.req.op) {
-		return
-	}
-	sl.reserved = true
-	s.readsOut++
-	if s.bkt == nil {
-		return
-	}
-	l := s.lane()
-	sl.lane = l
-	sl.flight = s.expectedRead()
-	l.bytes += sl.flight
-	l.reads++
-}
-
-// unreserve stops counting a finished slot among the reads in flight, and
-// learns the size of its response, for the session and its lane, when it
-// found its item: misses and errors, which cost nothing to ask for, say
-// nothing of the size of the bucket's values.
-func (s *session) unreserve(sl *slot) {
-	if !sl.reserved {
-		return
-	}
-	sl.reserved = false
-	s.readsOut--
-	n := binary.HeaderLen + 4 + sl.gotKV
-	if sl.hit {
-		learnSize(&s.readSize, n)
-	}
-	if l := sl.lane; l != nil {
-		l.bytes -= sl.flight
-		l.reads--
-		if sl.hit {
-			learnSize(&l.readSize, n)
-		}
-		sl.lane, sl.flight = nil, 0
-	}
-}
-
 // lane returns the lane of the session's bucket on its loop (s.bkt not nil).
 func (s *session) lane() *lane {
 	if s.ln == nil {
@@ -203,71 +146,6 @@ func (s *session) group(b *bucket) *upstream.Group {
 	l := s.lane()
 	l.used = s.lp.now
 	return l.group
-}
-
-// expectedRead is the response bytes a read of the session is expected to
-// bring: the larger of what the session's and its bucket's recent reads on
-// this loop brought, or the largest a read can be while neither has
-// found an item.
-func (s *session) expectedRead() int {
-	n := s.readSize
-	if s.bkt != nil {
-		n = max(n, s.lane().readSize)
-	}
-	if n == 0 {
-		return s.lp.srv.opts.maxReadResp
-	}
-	return n
-}
-
-// flightRoom reports whether the session may start one more read in its
-// bucket's lane: no earlier session waits for room (unless this is one),
-// fewer than maxLaneReads are in flight when the lane shares the loop's
-// upstream connections, and the read's expected response
-// fits under maxReadsInFlight with theirs, or none is in flight. A session refused here waits (laneWait)
-// and resumes in turn as the lane's reads settle (loop.resumePaused runs
-// after every batch of responses).
-func (s *session) flightRoom() bool {
-	if s.bkt == nil {
-		return true
-	}
-	l := s.lane()
-	if !s.laneWait && l.waiting > 0 || l.full == s.lp.pass {
-		return false
-	}
-	if l.reads == 0 {
-		return true
-	}
-	if l.group == nil && l.reads >= maxLaneReads {
-		return false
-	}
-	return l.bytes+s.expectedRead() <= maxReadsInFlight
-}
-
-// waitForLane records that the session pauses for room in its lane, when
-// that is why it pauses before request r; it keeps its turn until it has
-// dispatched r (session.onTraffic), closes, or is found unable to go on
-// for another reason while the lane has room (loop.resumePaused).
-func (s *session) waitForLane(r *request) {
-	if s.laneWait || s.bkt == nil || !isRead(r.op) || s.flightRoom() {
-		return
-	}
-	s.laneWait = true
-	l := s.lane()
-	l.waiting++
-	if l.reads == 0 {
-		// No response of the bucket is coming to resume it: those
-		// ahead of it in line may go now, and then it may.
-		s.lp.requestResume()
-	}
-}
-
-// leaveLaneWait ends the session's wait for room in its lane, if it waits.
-func (s *session) leaveLaneWait() {
-	if s.laneWait {
-		s.laneWait = false
-		s.ln.waiting--
-	}
 }
 
 // leaseEvery is how often a loop gives back the stocks of its lanes'

@@ -23,14 +23,16 @@ const (
 	largeUnits    = (largeValueLen + len(largeKey) + 4095) / 4096
 )
 
-// seedLarge stores the large value straight in memcached, under the
-// default bucket's namespace.
+// seedLarge stores the large value through the proxy, in the default
+// bucket, as its tenant would: the bucket's ceiling is raised before it
+// goes (values written around the proxy are surprises, rule 3: see
+// TestSurprisePaidBeforeDelivery).
 func seedLarge(t testing.TB, p *testProxy) {
 	t.Helper()
-	seed := dial(t, p.MC.Addr)
+	seed := dial(t, p.Addr)
 	defer seed.Close()
-	if r, err := seed.Set([]byte("default:"+largeKey), bytes.Repeat([]byte("v"), largeValueLen)); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("seed the value in memcached: %v %v", r, err)
+	if r, err := seed.Set([]byte(largeKey), bytes.Repeat([]byte("v"), largeValueLen)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("seed the value through the proxy: %v %v", r, err)
 	}
 }
 

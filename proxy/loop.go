@@ -28,6 +28,11 @@ type loop struct {
 	paused      []*session            // sessions waiting for their output to drain, or room for a read, in pause order
 	pausedSpare []*session            // resumePaused's second buffer
 	retry       []*session            // held sessions to re-admit now (one of their reads settled), and waitingOrder ones to resume
+	ceilWait    []ceilWaiter          // sessions waiting for a raise of their bucket's ceiling, in order (ceilingraise.go)
+	ceilRun     gnet.RunnableFunc     // a retryCeiling pass (wakeCeiling)
+	refunded    []*bucket             // buckets whose settles gave units back in this pass (surprise.go, rule 5)
+	poolRefund  bool                  // one of them gave units back to the free pool
+	firstHeld   []wakeEntry           // wakeRefunded's scratch
 	lanes       map[*bucket]*lane     // each bucket's reads in flight upstream (lane.go)
 	pass        uint64                // resumePaused passes so far (lane.full)
 	leasesAt    time.Duration         // when expireLeases last ran (engine time)
@@ -68,6 +73,7 @@ func newLoop(s *Server, el gnet.EventLoop) *loop {
 	lp.unauth.k, lp.idle.k = listUnauth, listIdle
 	lp.clock()
 	lp.wakeRun = lp.wakeDue
+	lp.ceilRun = lp.retryCeiling
 	lp.resumeRun = func(context.Context) error {
 		lp.resumePending = false
 		lp.flushClients()
@@ -235,6 +241,7 @@ func (lp *loop) retryHeld() {
 
 // flushClients writes the output of every session that has some.
 func (lp *loop) flushClients() {
+	lp.wakeRefunded()
 	lp.retryHeld()
 	lp.resumePaused()
 	lp.settleLeases()
@@ -254,6 +261,7 @@ func (lp *loop) tick(context.Context) error {
 	lp.refreshUnsent()
 	lp.shedUnsent()
 	lp.resumePaused()
+	lp.retryCeilingDue()
 	lp.flushClients()
 	return nil
 }

@@ -148,6 +148,9 @@ func (s *session) forward(r *request, b *bucket) bool {
 		u.NotifyRoom(s.unpauseFn)
 		return false
 	}
+	if b != nil && r.op.Class() == binary.ClassWrite && len(r.value) > 0 && !s.raiseCeiling(b, r) {
+		return false
+	}
 	var grant throttle.Grant
 	var leased *lane
 	if b != nil && r.op.Class().Metered() {
@@ -159,7 +162,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 		}
 		g, wait, l := s.admit(b, cost)
 		if g.Domain == throttle.Held {
-			return s.throttled(r, b, g, wait)
+			return s.throttled(r, b, wait)
 		}
 		if s.heldAt != 0 {
 			s.lp.srv.throttleWait(b, s.lp.srv.throttle.Now()-s.heldAt)

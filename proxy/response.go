@@ -25,6 +25,9 @@ type slot struct {
 	orphan  bool           // its session closed while it was in flight on its bucket's own connections (orphan.go)
 	refused bool           // a write refused as too large: 1 unit, answered with the refusal (toolarge.go)
 
+	owe   int64          // a read's units beyond its bill, not yet paid: its answer waits (surprise.go)
+	extra throttle.Grant // the admission that paid what it cost beyond its bill
+
 	reserved bool  // counted in session.readsOut until finished
 	lane     *lane // the lane its expected response is counted in (lane.go); nil: none
 	flight   int   // its expected response bytes counted in lane.bytes
@@ -134,7 +137,7 @@ func (s *session) advance() {
 		s.q, s.qh = s.q[:n], 0
 	}
 	if s.qh < len(s.q) {
-		if head := s.q[s.qh]; len(head.resp) > 0 {
+		if head := s.q[s.qh]; len(head.resp) > 0 && head.owe == 0 {
 			// A streaming response (STAT) that began while an earlier
 			// command was pending: what it has so far goes out now, the
 			// rest directly.
@@ -172,19 +175,37 @@ func (s *session) finish(sl *slot) {
 // what was billed at admission: its write units, plus the read units of
 // the key and value returned. Every metered command is settled exactly
 // once, also when it failed or its client went away (at least one unit).
+//
+// What a read cost beyond its bill and paid through admission before it
+// was delivered (sl.extra, rule 3) is not billed again. A settle that gives
+// units back re-tries the loop's held sessions (rule 5, wakeRefunded); one
+// that ends the wait of a raise of the bucket's ceiling wakes the writes
+// that waited for it, on every loop (wakeCeiling).
 func (srv *Server) settle(sl *slot) {
 	countCmd(sl)
 	read, write := srv.units(sl)
+	units := read + write
+	if sl.extra.Domain != throttle.Held {
+		units -= sl.extra.Paid()
+	}
+	if units < sl.grant.Paid() {
+		sl.s.lp.noteRefund(sl.bkt, sl.grant.Domain)
+	}
 	if l := sl.leased; l != nil {
 		l.readUnits += uint64(read)
-		l.lease.Settle(sl.grant, read+write)
+		l.lease.Settle(sl.grant, units)
 		sl.s.lp.touch(l)
-		return
+	} else {
+		if read > 0 {
+			sl.bkt.readUnits.Add(uint64(read))
+		}
+		sl.bkt.tb.Settle(sl.grant, units)
 	}
-	if read > 0 {
-		sl.bkt.readUnits.Add(uint64(read))
+	if sl.grant.ReadBill() > 0 {
+		if rc := sl.bkt.tb.ReadCost(); rc.Pending() && rc.TryDrain() {
+			srv.wakeCeiling()
+		}
 	}
-	sl.bkt.tb.Settle(sl.grant, read+write)
 }
 
 // units returns the read and write units of a metered command: the write
@@ -229,6 +250,10 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 		sl.refusedAnswer() // memcached answered the unlink: the client gets the refusal
 		return
 	}
+	if done && sl.surprised(len(f.Value())) {
+		sl.keep(sl.response(f))
+		return
+	}
 	sl.emit(sl.response(f), done)
 }
 
@@ -251,6 +276,10 @@ func (sl *slot) DeliverMeta(mr *text.MetaResponse) {
 	if sl.units && sl.grant.Domain != throttle.Held {
 		r.units = true
 		r.readUnits, r.writeUnits = s.lp.srv.units(sl)
+	}
+	if sl.surprised(len(mr.Value)) {
+		sl.keep(r)
+		return
 	}
 	sl.emit(r, true)
 }

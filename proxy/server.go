@@ -123,9 +123,15 @@ type Server struct {
 	readStops     atomic.Uint64 // times a paused client's socket stopped being read (readgate.go)
 
 	throttle *throttle.Engine
-	metrics  *metrics.Metrics
-	pool     *upstream.Pool          // upstream servers in force, their health and connections
-	ten      atomic.Pointer[tenants] // buckets and users in force
+	// startClass is the ceiling (units) of buckets created after the
+	// start: 1 when every server was empty before the proxy served, 0
+	// (the largest item) otherwise (ceiling.go)
+	startClass atomic.Int64
+	// a save of the ceilings runs, and another is asked for (ceilingsave.go)
+	ceilSaving, ceilAgain atomic.Bool
+	metrics               *metrics.Metrics
+	pool                  *upstream.Pool          // upstream servers in force, their health and connections
+	ten                   atomic.Pointer[tenants] // buckets and users in force
 
 	adminMu sync.Mutex // serialises admin changes and reloads
 	file    *bucketcfg.Config
@@ -195,9 +201,9 @@ func New(opts Options) (*Server, error) {
 		Burst:    engineBurst(eff.Throttle.Burst),
 		Clock:    opts.Clock,
 		FreePool: eff.Throttle.FreePool,
-		// A read of unknown size may return the largest item with its
-		// key.
+		// M: the largest item with the longest key.
 		MaxReadUnits: throttle.ReadUnits(int64(cfg.Throttle.MaxItemBytes)+binary.MaxKeyLen, int64(cfg.Throttle.ReadUnitSize)),
+		ReadUnitSize: int64(cfg.Throttle.ReadUnitSize),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: throttle engine: %w", err)
@@ -270,13 +276,14 @@ func New(opts Options) (*Server, error) {
 	if err := s.openFleet(cfg, opts); err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
-	ten, err := buildTenants(eng, eff, nil, s.metrics, st.Epochs, s.localLimits)
+	ten, err := buildTenants(eng, eff, nil, s.metrics, st.Epochs, 0, s.localLimits)
 	if err != nil {
 		s.stopFleet()
 		return nil, fmt.Errorf("proxy: buckets: %w", err)
 	}
 	s.ten.Store(ten)
 	s.syncFlushes()
+	s.startSavedCeilings(st)
 	if tracked {
 		if err := st.Save(cfg.Throttle.StateFile); err != nil {
 			s.stopFleet()
@@ -330,6 +337,7 @@ func (s *Server) Serve() error {
 	defer stopAuth()
 	s.pool.Start()
 	defer s.pool.Close()
+	s.startCeilings()
 	s.startFleet()
 	defer s.stopFleet()
 	if err := s.tls.listen(); err != nil {

@@ -81,10 +81,14 @@ type session struct {
 	reportUnits bool            // HELLO feature ReportUnitUsage: responses carry their units
 
 	// Throttling.
-	waiter  throttle.Waiter // place in the bucket's FIFO line while held
-	heldAt  time.Duration   // engine time the current command was first held
-	holdSeq uint64          // identifies the current entry in lp.holds
-	remote  string
+	waiter throttle.Waiter // place in the bucket's FIFO line while held
+	// surprises (surprise.go): slots whose answer waits for the payment
+	// of what they cost beyond their bill, and the place of that payment
+	owing     int
+	oweWaiter throttle.Waiter
+	heldAt    time.Duration // engine time the current command was first held
+	holdSeq   uint64        // identifies the current entry in lp.holds
+	remote    string
 
 	// Connection limits (connlimits.go, unsent.go).
 	needAuth   bool          // must authenticate and has not yet: pre-authentication bounds apply
@@ -133,7 +137,9 @@ func (s *session) onTraffic() gnet.Action {
 		_, _ = s.c.Discard(-1)
 		return gnet.None
 	}
-	if s.pause != running {
+	if s.pause != running || s.owing > 0 {
+		// (a session whose surprises wait to be paid dispatches nothing:
+		// surprise.go)
 		return s.checkBuffered()
 	}
 	if s.skip > 0 {
@@ -393,11 +399,12 @@ func (s *session) close() {
 	s.closed = true
 	delete(s.lp.sessions, s)
 	s.unhold()
+	s.oweWaiter.Cancel()
 	s.setBucket(nil)
 	for i := s.qh; i < len(s.q); i++ {
 		sl := s.q[i]
 		s.q[i] = nil
-		if sl.done {
+		if sl.done || sl.owe > 0 { // (an unpaid surprise's excess is billed as debt)
 			s.finish(sl)
 		}
 	}

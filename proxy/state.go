@@ -51,11 +51,19 @@ const (
 	// in no particular order between them, so it waits until those
 	// complete (session.finish queues it for lp.retry).
 	waitingOrder
+	// waitingCeiling: its next command is a write that raises its
+	// bucket's read ceiling, and waits for the reads billed under the old
+	// class to settle and for the new class to be saved (ceilingraise.go).
+	// Not a throttle hold: it waits for upstream answers and a file write,
+	// not for time, so it has no wake-up time on the engine's clock; the
+	// events that end the wait re-try it (wakeCeiling), and the loop's
+	// tick re-tries it should one be missed (retryCeilingDue).
+	waitingCeiling
 
 	numPauseStates
 )
 
-var pauseNames = [numPauseStates]string{"running", "waitingUpstream", "waitingOffLoop", "held", "heldOnReads", "outputPaused", "waitingOrder"}
+var pauseNames = [numPauseStates]string{"running", "waitingUpstream", "waitingOffLoop", "held", "heldOnReads", "outputPaused", "waitingOrder", "waitingCeiling"}
 
 func (p pauseState) String() string {
 	if p < numPauseStates {
@@ -70,13 +78,14 @@ func (p pauseState) String() string {
 // for a re-try and stays held until it runs (session.finish); every pause
 // ends by running again.
 var pauseMoves = [numPauseStates]uint8{
-	running:         1<<waitingUpstream | 1<<waitingOffLoop | 1<<held | 1<<heldOnReads | 1<<outputPaused | 1<<waitingOrder,
+	running:         1<<waitingUpstream | 1<<waitingOffLoop | 1<<held | 1<<heldOnReads | 1<<outputPaused | 1<<waitingOrder | 1<<waitingCeiling,
 	waitingUpstream: 1 << running,
 	waitingOffLoop:  1 << running,
 	held:            1 << running,
 	heldOnReads:     1<<running | 1<<held,
 	outputPaused:    1 << running,
 	waitingOrder:    1 << running,
+	waitingCeiling:  1 << running,
 }
 
 // setPause moves the session to pause state to and reports true, when

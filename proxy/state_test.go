@@ -27,6 +27,8 @@ func TestPauseTransitions(t *testing.T) {
 		{outputPaused, running}:    "resumePaused: canResume",
 		{running, waitingOrder}:    "forward: a meta command after classic ones in flight, or the reverse",
 		{waitingOrder, running}:    "retryHeld: the commands it waited for completed",
+		{running, waitingCeiling}:  "raiseCeiling: its write waits for a raise of its bucket's ceiling",
+		{waitingCeiling, running}:  "retryCeiling: the raise's old reads settled, or its class was saved",
 	}
 	for from := range numPauseStates {
 		for to := range numPauseStates + 1 { // one past the last: invalid

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
@@ -26,6 +27,9 @@ type bucket struct {
 	prefix atomic.Pointer[[]byte] // key namespace upstream; changes on FLUSH
 	gen    atomic.Uint64          // flush generation
 	gone   atomic.Bool            // removed by a reload
+	// savedCeil is the ceiling (read units) of the current epoch known to
+	// be in the state file, or that needs no saving (ceilingsave.go)
+	savedCeil atomic.Int64
 
 	// pending is the bucket's delayed flush not yet in effect (nil: none),
 	// applied by the first key command at or after its deadline
@@ -60,9 +64,11 @@ func keyPrefix(name string, gen uint64) []byte {
 }
 
 func newBucket(name string, flushEnabled bool, tb *throttle.Bucket, epoch uint64) *bucket {
-	b := &bucket{name: name, tb: tb}
+	b := &bucket{name: name}
 	b.flushEnabled.Store(flushEnabled)
-	b.setEpoch(epoch)
+	b.setEpoch(epoch) // before tb: the ceiling is the caller's to set
+	b.tb = tb
+	b.savedCeil.Store(tb.ReadCost().Ceiling())
 	return b
 }
 
@@ -74,11 +80,16 @@ func (b *bucket) setEpoch(e uint64) {
 	b.storeEpoch(e)
 }
 
-// storeEpoch is setEpoch with epochMu held.
+// storeEpoch is setEpoch with epochMu held. A new epoch holds no value:
+// the bucket's ceiling starts again at class 1.
 func (b *bucket) storeEpoch(e uint64) {
-	b.gen.Store(e)
+	old := b.gen.Swap(e)
 	p := keyPrefix(b.name, e)
 	b.prefix.Store(&p)
+	if e > old && b.tb != nil {
+		b.tb.ReadCost().Reset(e)
+		b.savedCeil.Store(1) // class 1 needs no saving: no saved class is read as empty servers' or M
+	}
 }
 
 // syncFlushes makes the bucket's namespace epoch at least e and f (nil:
@@ -139,11 +150,12 @@ func (t *tenants) bucket(name string) *bucket {
 
 // buildTenants creates or updates the engine's buckets to match eff and
 // returns the new table. prev (may be nil) supplies the buckets that keep
-// their state; new buckets start in namespace epochs[name]. Buckets of prev
+// their state; new buckets start in namespace epochs[name], their ceiling
+// (throttle.ReadCost) at startClass units (0: the largest item). Buckets of prev
 // missing from eff are removed from the engine and marked gone (their
 // sessions notice through recheckSessions). The caller holds adminMu.
 func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m *metrics.Metrics, epochs map[string]uint64,
-	local func(name string, reserved, hard throttle.Limit) (throttle.Limit, throttle.Limit)) (*tenants, error) {
+	startClass int64, local func(name string, reserved, hard throttle.Limit) (throttle.Limit, throttle.Limit)) (*tenants, error) {
 	t := &tenants{cfg: eff, buckets: make(map[string]*bucket, len(eff.Buckets))}
 	var errs []error
 	for _, bc := range eff.Buckets {
@@ -168,6 +180,10 @@ func buildTenants(eng *throttle.Engine, eff *bucketcfg.Config, prev *tenants, m 
 				errs = append(errs, fmt.Errorf("bucket %s: %w", bc.Name, err))
 				continue
 			}
+			// Its ceiling: the start class (nothing of its namespace
+			// stored), else the largest item (M) as the engine starts it.
+			rc := tb.ReadCost()
+			rc.Restore(epochs[bc.Name], cmp.Or(startClass, rc.Ceiling()))
 		} else if err := tb.SetLimits(res, hard); err != nil {
 			errs = append(errs, fmt.Errorf("bucket %s: %w", bc.Name, err))
 		}

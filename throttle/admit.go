@@ -71,12 +71,11 @@ func (b *Bucket) Admit(w *Waiter, mode Mode) (Domain, time.Duration) {
 	return g.Domain, wait
 }
 
-// admit applies the rules, the FIFO line and the budget for reads of
-// unknown cost (open > 0) at now, and on admission bills paid units and
-// holds open units of the budget. With a lease l (a draw, see lease.go) it
-// also bills the lease's chunk for the domain admitted against, which
-// becomes the lease's stock; the bucket's counters count paid only.
-func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64, l *Lease) (Domain, time.Duration) {
+// admit applies the rules and the FIFO line at now, and on admission
+// bills paid units. With a lease l (a draw, see lease.go) it also bills
+// the lease's chunk for the domain admitted against, which becomes the
+// lease's stock; the bucket's counters count paid only.
+func (b *Bucket) admit(w *Waiter, mode Mode, paid int64, l *Lease) (Domain, time.Duration) {
 	e := b.e
 	now := e.now()
 	if now>>slotShift != b.slot.Load() {
@@ -95,10 +94,13 @@ func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64, l *Lease) (Domain
 	if node.fairLag != 0 && now >= e.fair.next.Load() {
 		e.fairTick(now)
 	}
-	if mode == Unthrottled {
-		open = 0 // never held: nothing to gate
+	var bill [2]int64 // rule 2: the whole bill, per domain, with a lease's chunk
+	bill[0], bill[1] = paid, paid
+	if l != nil {
+		bill[0] += l.chunkRes
+		bill[1] += l.chunkPool
 	}
-	d, at, want := b.check(now, lim, node, open)
+	d, at, want := b.check(now, lim, node, bill)
 	switch mode {
 	case Unthrottled:
 		if d == Held {
@@ -129,9 +131,6 @@ func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64, l *Lease) (Domain
 		}
 	}
 	b.precharge(now, d, lim, node, paid+stock, mode == Unthrottled)
-	if open > 0 {
-		b.unknown.Add(open)
-	}
 	b.commands.Add(1)
 	b.extra.Add(uint64(paid - 1))
 	if w != nil && w.b != nil {
@@ -143,31 +142,35 @@ func (b *Bucket) admit(w *Waiter, mode Mode, paid, open int64, l *Lease) (Domain
 // never is the time at which a closed gauge has room.
 const never = math.MaxInt64
 
-// check applies rules 2 to 5 at now, for a command that would hold open
-// units of the budget for reads of unknown cost. It returns the domain
-// (Held when there is no room) and the time at which rules 2 to 5 admit
-// (<= now when not held, never when only a change of limits can). In fair
-// mode rule 3 also waits for the bucket's turn (see fair.go), and want
-// says what the bucket, if held, is held by (see fairHold).
-func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int64) (d Domain, at int64, want fairHold) {
+// check applies rules 2 to 5 at now to a command whose whole bill is
+// bill[0] units against its reservation and bill[1] against the free pool
+// (with a lease's chunk). It returns the domain (Held when there is no
+// room) and the time at which rules 2 to 5 admit (<= now when not held,
+// never when only a change of limits can). In fair mode rule 3 also waits
+// for the bucket's turn (see fair.go), and want says what the bucket, if
+// held, is held by (see fairHold).
+//
+// The bucket's own gauges (its reservation and hard limit) admit a bill of
+// c ns when max(tat, now) + c <= now + max(burst, c): the whole bill fits
+// in the burst, or a bill larger than the burst finds the gauge paid up.
+// So any window w holds at most r*w + max(r*burst, the largest bill) of a
+// bucket's units. The shared free pool admits while tat - burst <= now, so
+// that a large bill cannot starve there.
+func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, bill [2]int64) (d Domain, at int64, want fairHold) {
 	burst := b.e.burst
-	gate := int64(math.MinInt64) // the budget for reads of unknown cost
-	if open > 0 && b.unknownFull(now, open, lim, node) {
-		gate = now + unknownPoll
-	}
 	tRes := int64(never)
 	if lim.res.cost != 0 {
-		if tRes = max(b.res.tat.Load()-burst, gate); tRes <= now {
+		if tRes = b.res.tat.Load() - max(burst-lim.res.ns(bill[0]), 0); tRes <= now {
 			return Reserved, tRes, heldOther
 		}
 	}
-	tPool := gate
+	tPool := int64(math.MinInt64)
 	switch {
 	case node.pool.limit == Unlimited:
 	case node.pool.cost == 0:
 		tPool = never
 	default:
-		tPool = max(tPool, b.e.pool.tat.Load()-burst)
+		tPool = b.e.pool.tat.Load() - burst
 	}
 	tHard := int64(math.MinInt64)
 	switch {
@@ -175,15 +178,15 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 	case lim.hrd.cost == 0:
 		tHard = never
 	default:
-		tHard = b.hard.tat.Load() - burst
+		tHard = b.hard.tat.Load() - max(burst-lim.hrd.ns(bill[1]), 0)
 	}
 	tFree := max(tPool, tHard)
 	if tHard > now {
 		want = heldHard
 	}
-	if node.fairLag != 0 && tHard <= now && gate <= now {
-		// Neither its hard limit nor its own reads hold the bucket: it
-		// takes the pool in its turn.
+	if node.fairLag != 0 && tHard <= now {
+		// Its hard limit does not hold the bucket: it takes the pool in
+		// its turn.
 		want = heldPool
 		ok, turn := b.fairTurn(now, node)
 		if !ok {
@@ -205,7 +208,7 @@ func (b *Bucket) check(now int64, lim *bucketLimits, node *nodeLimits, open int6
 type fairHold uint8
 
 const (
-	heldOther fairHold = iota // its reservation's room, or its own reads in flight
+	heldOther fairHold = iota // its reservation's room
 	heldPool                  // the free pool, or its turn: it wants more of the pool
 	heldHard                  // its hard limit: it takes all it may
 )

@@ -22,12 +22,13 @@ type Bucket struct {
 	extra     atomic.Uint64 // units charged beyond the first of each command
 	_         [cacheLine]byte
 
-	// written by reads (see cost.go)
-	est       atomic.Int64 // read estimate, units << estShift; < 0: none yet
-	unknown   atomic.Int64 // units of unknown cost in flight
-	fullSince atomic.Int64 // when the budget for them was found full, no read settling since; 0: not
-	stocked   atomic.Int64 // leases holding a stock of the bucket's units or budget (see lease.go)
-	_         [cacheLine]byte
+	stocked atomic.Int64 // leases holding a stock of the bucket's units (see lease.go)
+	_       [cacheLine]byte
+
+	// the ceiling of its reads (readcost.go): read by every read's
+	// admission, written by raises (rare)
+	rc ReadCost
+	_  [cacheLine]byte
 
 	// fair sharing of the free pool (see fair.go), written by its bills
 	vt         atomic.Int64 // virtual time: units drawn on the pool, 1/weight each

@@ -43,35 +43,32 @@
 //
 // A command is billed when it is admitted and settled once it has run.
 // [Bucket.AdmitCost] bills what is known in advance: a write's units (its
-// key and value are in the request), and for a read the bucket's read
-// estimate, a moving average of its reads (MaxReadUnits, the largest read
-// there can be, until one read is known). [Bucket.Settle] bills the
-// difference to the same domain and the hard limit, or gives it back. So
-// commands pipelined before any response already use up room at about
-// their real size, and a pipeline of large reads is paced by its limit
-// instead of running up a debt that would silence the bucket afterwards.
-// ([Bucket.Admit] and [Bucket.Charge] are the same with one unit billed in
-// advance, for callers that know nothing of the cost.)
+// key and value are in the request), and for a read the bucket's
+// **ceiling** ([ReadCost]): a class of units that bounds every value of the
+// bucket's current epoch, raised before a larger value is written through
+// the caller (and after the reads billed under the old class settled),
+// raised by a read that brought more (a surprise), reset by a FLUSH.
+// [Bucket.Settle] gives back what the command cost less, or bills what it
+// cost more (a surprise, which a caller should rather pay through
+// admission before it delivers the read). No read is billed below what it
+// can cost, so there is no budget for reads of unknown cost: reads in
+// flight are bounded only by their bills. ([Bucket.Admit] and
+// [Bucket.Charge] are the same with one unit billed in advance, for
+// callers that know nothing of the cost.)
 //
-// What no estimate can foresee is bounded. A read in flight holds
-// MaxReadUnits minus its estimate of the bucket's budget for reads of
-// unknown cost, one burst of the bucket's highest rate (at least one read);
-// a read that would overrun the budget waits for reads in flight to settle
-// ([Grant.WaitsForReads]). So what a bucket's reads can cost beyond their
-// bills at any time, billed to its gauges when they settle, is at most one
-// burst of its rate: a neighbour within its reservation never waits for
-// it, one drawing on the free pool at most about a burst.
+// Rule 2 on the bucket's own gauges (its reservation and hard limit): a
+// bill of c admits when max(tat, now) + c/r <= now + max(burst, c/r), the
+// whole bill within the burst, or a bill larger than the burst on a gauge
+// paid up. The shared free pool admits while tat - burst <= now, so that a
+// large bill does not starve there.
 //
 // Gauges may go into debt (a big command); the debt delays the next
 // admission, which is how a limit holds exactly over time. Over any window
 // of length w in which the limits do not change, units billed against a
-// gauge of rate r (counted when billed) are at most r*w + r*burst + the
-// largest single command; for a bucket's hard limit h with reservation v,
-// at most h*w + (h+v)*burst + twice the largest command, since rule 2 does
-// not look at the hard limit. Reads add at most their budget for unknown
-// cost (a burst of the bucket's highest rate, or one largest read) and one
-// read per caller admitting at the same instant: the budget is checked,
-// then taken, without a lock.
+// bucket's reservation or hard limit of rate r are at most r*w +
+// max(r*burst, c_max), c_max the bucket's largest bill (its ceiling, for a
+// read); against the free pool at most pool*w + pool*burst + the largest
+// single command. Settles only give back, but for a surprise.
 //
 // # Waiting
 //
@@ -91,7 +88,7 @@
 // # Leases
 //
 // Every admission through the Bucket writes memory all the bucket's
-// callers share (gauges, counters, the budget for reads), which costs
+// callers share (gauges, counters), which costs
 // when several event loops admit for one bucket. A [Lease] (one per event
 // loop per bucket, used by that loop's goroutine only) draws a chunk of
 // the bucket's units in advance, as one admission of the chunk plus the
@@ -103,9 +100,9 @@
 // write only the lease. A chunk is 250 µs of the domain's rate (the
 // reservation for Reserved; the lesser of the free pool and the hard limit
 // for FreePool), at most 1/8 of its burst and 1024 units; under 2 units
-// nothing is leased. Reads also keep part of the budget for reads of
-// unknown cost in stock (at most 1/8 of it idle; their settles put it
-// back).
+// nothing is leased. A lease also counts its reads in flight, by the
+// generation of the ceiling they were billed under, for a raise to wait
+// on (written by the owner only).
 //
 // The stock goes back (refunded exactly, as Settle refunds) when a caller
 // of the bucket is held (the lease gives it back at its next use or
@@ -138,10 +135,8 @@
 //     of the pool) by its leases' stocks (250 µs of the lesser of pool
 //     and hard limit each, at most two);
 //   - Stats and the average command size lag by what leases counted
-//     since their last draw, Expire or Return; each lease keeps a copy of
-//     the read estimate, learned from its own reads and stored into the
-//     bucket's at those times (the last writer wins, as concurrent
-//     learns already did), refreshed from the bucket's otherwise.
+//     since their last draw, Expire or Return (the ceiling has no copy:
+//     every lease reads the bucket's).
 //
 // # Concurrency
 //

@@ -32,11 +32,14 @@ type Config struct {
 	Clock Clock
 	// MaxReadUnits is the most units one read can cost: the largest item
 	// the servers store, in read units (memcached's default item size
-	// limit, 1 MiB, is 256 units of 4 KiB). It is where a bucket's read
-	// estimate starts, and what the budget for reads of unknown cost counts
-	// each read at (see [Bucket.AdmitCost]). Zero selects
-	// DefaultMaxReadUnits; it is clamped to [1, 1<<30].
+	// limit, 1 MiB, is 256 units of 4 KiB, 257 with the longest key). It
+	// is the class a bucket's ceiling starts at ([ReadCost]) until told
+	// better. Zero selects DefaultMaxReadUnits; it is clamped to [1, 1<<30].
 	MaxReadUnits int64
+	// ReadUnitSize is the bytes of a read unit, with which a bucket's
+	// ceiling converts written values into units; zero selects
+	// DefaultUnitSize.
+	ReadUnitSize int64
 	// FreePool is the free pool mode (the zero value is FreePoolFCFS); see
 	// [Engine.SetFreePoolMode].
 	FreePool FreePoolMode
@@ -49,16 +52,17 @@ const DefaultMaxReadUnits = (1 << 20) / DefaultUnitSize
 // Engine is one node's throttle state: its capacity, free pool and buckets.
 // Create it with New; all methods are safe for concurrent use.
 type Engine struct {
-	clock   Clock
-	burst   int64
-	maxRead int64 // Config.MaxReadUnits
-	node    atomic.Pointer[nodeLimits]
-	mode    atomic.Uint32 // FreePoolMode
-	_       [cacheLine]byte
-	pool    gauge
-	_       [cacheLine]byte
-	fair    fairState
-	_       [cacheLine]byte
+	clock    Clock
+	burst    int64
+	maxRead  int64 // Config.MaxReadUnits
+	readUnit int64 // Config.ReadUnitSize
+	node     atomic.Pointer[nodeLimits]
+	mode     atomic.Uint32 // FreePoolMode
+	_        [cacheLine]byte
+	pool     gauge
+	_        [cacheLine]byte
+	fair     fairState
+	_        [cacheLine]byte
 
 	mu       sync.Mutex // serialises configuration changes
 	capacity Limit
@@ -88,6 +92,10 @@ func New(cfg Config) (*Engine, error) {
 	e.maxRead = min(max(cfg.MaxReadUnits, 0), 1<<30)
 	if e.maxRead == 0 {
 		e.maxRead = DefaultMaxReadUnits
+	}
+	e.readUnit = cfg.ReadUnitSize
+	if e.readUnit <= 0 {
+		e.readUnit = DefaultUnitSize
 	}
 	if e.clock == nil {
 		e.clock = NewRealClock()
@@ -188,7 +196,8 @@ func (e *Engine) AddBucket(name string, reserved, hard Limit) (*Bucket, error) {
 		return nil, ErrBucketExists
 	}
 	b := &Bucket{e: e, name: name}
-	b.est.Store(-1) // no read settled yet
+	b.rc.init(e.maxRead, e.readUnit)
+	b.rc.Restore(0, e.maxRead) // nothing known of its values yet: the largest
 	b.weight.Store(DefaultWeight)
 	b.vInc.Store(vIncFor(DefaultWeight))
 	b.vt.Store(e.fair.v.Load())

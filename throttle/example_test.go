@@ -11,6 +11,8 @@ import (
 // told to, and charges the command's units when the response is in.
 func Example() {
 	clock := throttle.NewFakeClock(0) // the proxy passes nil: the real clock
+	// A burst of 1 ms: one unit at 1000 units/s. Every bill must fit in
+	// it (or, if larger, find the gauge paid up).
 	engine, _ := throttle.New(throttle.Config{Capacity: 10000, Burst: time.Millisecond, Clock: clock})
 	bucket, _ := engine.AddBucket("default", 0, 1000) // 1000 units/s at most
 
@@ -42,8 +44,9 @@ func Example() {
 
 	// Output:
 	// 0s: ran a 100-byte GET against the free_pool
-	// 0s: ran a 40960-byte GET against the free_pool
-	// 0s: held for 10ms
-	// 10ms: ran a 100-byte GET against the free_pool
+	// 0s: held for 1ms
+	// 1ms: ran a 40960-byte GET against the free_pool
+	// 1ms: held for 10ms
+	// 11ms: ran a 100-byte GET against the free_pool
 	// 12 units
 }

@@ -185,7 +185,9 @@ const maxRoom = int64(1) << 40
 
 // room returns the units the bucket's gauges can take at now and still
 // admit: what its reservation and the free pool hold, bounded by its hard
-// limit (negative when in debt, at most maxRoom).
+// limit (negative when in debt, at most maxRoom). The bucket's own gauges
+// keep one unit for the command that asks (rule 2: a bill must fit in
+// the burst whole); the shared pool admits while it has any room.
 func (b *Bucket) room(now int64, lim *bucketLimits, node *nodeLimits) int64 {
 	burst := b.e.burst
 	units := func(tat int64, r *rate) int64 {
@@ -193,7 +195,7 @@ func (b *Bucket) room(now int64, lim *bucketLimits, node *nodeLimits) int64 {
 	}
 	var shared int64
 	if lim.res.cost != 0 {
-		shared = max(units(b.res.tat.Load(), &lim.res), 0)
+		shared = max(units(b.res.tat.Load(), &lim.res)-1, 0)
 	}
 	switch {
 	case node.pool.limit == Unlimited:
@@ -211,7 +213,7 @@ func (b *Bucket) room(now int64, lim *bucketLimits, node *nodeLimits) int64 {
 	case lim.hrd.cost == 0:
 		return 0
 	default:
-		return min(shared, units(b.hard.tat.Load(), &lim.hrd))
+		return min(shared, units(b.hard.tat.Load(), &lim.hrd)-1)
 	}
 }
 

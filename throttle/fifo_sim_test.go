@@ -331,7 +331,7 @@ func fifoSim(t *testing.T, seed int64, lateness time.Duration, verbose bool) fif
 				headSeq[i], admissibleSince[i] = head.seq, -1
 			}
 			lim := b.lim.Load()
-			if d, _, _ := b.check(int64(now), lim, e.node.Load(), 0); d == Held || lim.res.limit == Unlimited {
+			if d, _, _ := b.check(int64(now), lim, e.node.Load(), [2]int64{1, 1}); d == Held || lim.res.limit == Unlimited {
 				admissibleSince[i] = -1
 				continue
 			}

@@ -1,7 +1,7 @@
 package throttle
 
 import (
-	"math"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,10 +30,6 @@ const (
 	leaseBurstFrac = 8
 	leaseMaxChunk  = int64(1024)
 	leaseMinChunk  = int64(2)
-	// leaseOpenFrac: a lease keeps at most 1/leaseOpenFrac of its bucket's
-	// budget for reads of unknown cost in stock (what its reads in flight
-	// hold is not counted).
-	leaseOpenFrac = 8
 )
 
 // Lease is a stock of one bucket's units, drawn in advance from the
@@ -56,15 +52,12 @@ type Lease struct {
 	node *nodeLimits
 	// set up for lim and node (see setup)
 	chunkRes, chunkPool int64 // chunk per domain; 0: none
-	openCap             int64 // the most budget for reads of unknown cost kept in stock
-	budget              int64 // the bucket's budget for reads of unknown cost
 	bypass              bool  // a removed bucket: everything through the bucket
 	unmetered           bool  // reservation Unlimited: counters only
 
 	dom     Domain // what stock was drawn against; Held: no stock
 	stock   int64  // units billed to dom and the hard limit, not yet used
-	open    int64  // units of the budget for reads of unknown cost held, not yet used
-	holding bool   // counted in b.stocked (stock or open may be > 0)
+	holding bool   // counted in b.stocked (stock may be > 0)
 	recall  uint64 // b.recall when it started holding
 	used    bool   // used since the last Expire
 	idle    int64  // when Expire last found it used (engine clock)
@@ -72,10 +65,12 @@ type Lease struct {
 	// not yet added to the bucket's
 	commands int64
 	extra    int64
-	est      int64 // the read estimate (as Bucket.est), the lease's copy
-	learned  bool  // est moved by the lease's reads since it was copied
 
 	_ [cacheLine]byte
+	// the lease's reads in flight by generation of the ceiling (see
+	// ReadCost): written by the owner, read by TryDrain
+	flight [2]atomic.Int64
+	_      [cacheLine]byte
 }
 
 // NewLease returns a lease of the bucket's units, holding nothing yet. It
@@ -84,6 +79,7 @@ type Lease struct {
 func (b *Bucket) NewLease() *Lease {
 	l := &Lease{b: b}
 	l.setup(b.lim.Load(), b.e.node.Load())
+	b.rc.register(l)
 	return l
 }
 
@@ -122,12 +118,6 @@ func (l *Lease) setup(lim *bucketLimits, node *nodeLimits) {
 		pool = lim.hard
 	}
 	l.chunkPool = leaseChunk(pool, burst)
-	l.budget = b.unknownBudget(lim, node)
-	if l.budget == math.MaxInt64 {
-		l.openCap = leaseMaxChunk * 16 // nothing to protect: only bookkeeping
-	} else {
-		l.openCap = l.budget / leaseOpenFrac
-	}
 }
 
 // chunk returns the units a draw admitted against d adds to the stock.
@@ -147,8 +137,8 @@ func (l *Lease) chunk(d Domain) int64 {
 // shared memory, when its caller is Blocking or NonBlocking, its Waiter
 // holds no place, nobody waits in the bucket's line, no caller of the
 // bucket has been held since the stock was drawn, the limits are those the
-// stock was drawn under, and the stock covers its units (for a read, also
-// its part of the budget for reads of unknown cost). Otherwise the rest of
+// stock was drawn under, and the stock covers its units (for a read, the
+// bucket's ceiling). Otherwise the rest of
 // the stock is given back and the command is admitted through the bucket,
 // with a new chunk billed along with it when nobody waits: held, the
 // caller is held exactly as by Bucket.AdmitCost. Unthrottled callers go
@@ -163,63 +153,44 @@ func (l *Lease) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) {
 		return b.AdmitCost(w, mode, c)
 	}
 	known := max(c.Known, 0)
-	paid, open := known, int64(0)
+	paid := known
+	var flight *atomic.Int64
 	if c.Read {
-		est := l.estimate()
-		paid += est
-		open = max(b.e.maxRead-est, 0)
+		ceil, f := b.rc.admitRead(&l.flight)
+		paid += ceil
+		flight = f
 	}
 	paid = min(max(paid, 1), maxDebt)
 	if w == nil || w.b == nil {
 		if l.unmetered {
 			l.commands++
 			l.extra += paid - 1
-			return Grant{Domain: Unmetered, read: c.Read, known: known, paid: paid}, 0
+			return Grant{Domain: Unmetered, read: c.Read, known: known, paid: paid, flight: flight}, 0
 		}
-		if paid <= l.stock && b.recall.Load() == l.recall && b.tail.Load() == b.served.Load() &&
-			(open <= l.open || l.topUp(open)) {
-			l.open -= open
+		if paid <= l.stock && b.recall.Load() == l.recall && b.tail.Load() == b.served.Load() {
 			l.stock -= paid
 			l.commands++
 			l.extra += paid - 1
 			l.used = true
-			return Grant{Domain: l.dom, read: c.Read, known: known, paid: paid, open: open}, 0
+			return Grant{Domain: l.dom, read: c.Read, known: known, paid: paid, flight: flight}, 0
 		}
 	}
-	return l.draw(w, mode, c.Read, known, paid, open)
-}
-
-// topUp takes more of the bucket's budget for reads of unknown cost into
-// the stock so that it covers open (and up to openCap beyond), if the
-// budget has room; it reports whether it does.
-func (l *Lease) topUp(open int64) bool {
-	b := l.b
-	want := open - l.open
-	more := want + l.openCap
-	u := b.unknown.Load()
-	if u > 0 && u+more > l.budget {
-		if u+want > l.budget {
-			return false // held by the budget: the bucket's path handles it
+	g, wait := l.draw(w, mode, c.Read, known, paid)
+	if g.Domain == Held {
+		if flight != nil {
+			flight.Add(-1)
 		}
-		more = want
+	} else {
+		g.flight = flight
 	}
-	b.unknown.Add(more)
-	l.open += more
-	return true
+	return g, wait
 }
 
 // draw admits a command through the bucket, after giving back the stock,
 // and bills a new chunk with it when nobody waits in the line.
-func (l *Lease) draw(w *Waiter, mode Mode, read bool, known, paid, open int64) (Grant, time.Duration) {
+func (l *Lease) draw(w *Waiter, mode Mode, read bool, known, paid int64) (Grant, time.Duration) {
 	b := l.b
-	fromStock := l.holding && open > 0 && open <= l.open && b.recall.Load() == l.recall
-	if fromStock {
-		l.refundStock() // keep the budget it holds: it covers this read
-		l.flush()
-		l.open -= open
-	} else {
-		l.giveBack()
-	}
+	l.giveBack()
 	var chunked *Lease
 	if l.chunkRes > 0 || l.chunkPool > 0 {
 		t, s := b.tail.Load(), b.served.Load()
@@ -228,36 +199,21 @@ func (l *Lease) draw(w *Waiter, mode Mode, read bool, known, paid, open int64) (
 			l.hold() // before the bill: a caller held meanwhile recalls it
 		}
 	}
-	admitOpen := open
-	if fromStock {
-		admitOpen = 0 // already held by the stock
-	}
-	d, wait := b.admit(w, mode, paid, admitOpen, chunked)
+	d, wait := b.admit(w, mode, paid, chunked)
 	if d == Held {
-		if fromStock {
-			l.open += open
-		}
 		l.giveBack() // a held caller's lease keeps nothing
-		gated := admitOpen > 0 && wait == time.Duration(unknownPoll) && b.unknown.Load() > 0
-		return Grant{gated: gated}, wait
+		return Grant{}, wait
 	}
-	if d == Unmetered {
-		if fromStock {
-			l.open += open
-		}
-		open = 0
-	}
-	if l.stock == 0 && l.open == 0 {
+	if l.stock == 0 {
 		l.unhold()
 	}
 	l.used = true
-	return Grant{Domain: d, read: read, known: known, paid: paid, open: open}, 0
+	return Grant{Domain: d, read: read, known: known, paid: paid}, 0
 }
 
 // Settle is [Bucket.Settle] for the lease's owner, with the same contract,
-// for Grants of the lease's bucket (from the lease or from the bucket). A
-// read's part of the budget for reads of unknown cost goes back to the
-// stock (beyond 1/8 of the budget, to the bucket); what the command cost
+// for Grants of the lease's bucket (from the lease or from the bucket).
+// What the command cost
 // beyond its bill is taken from the stock if it was drawn against the
 // Grant's domain, and what it cost less is given back to the stock (beyond
 // two chunks, to the bucket); the rest is billed to the bucket as Settle
@@ -274,22 +230,11 @@ func (l *Lease) Settle(g Grant, units int64) {
 		return
 	}
 	units = max(units, 1)
-	if g.open > 0 {
-		if b.fullSince.Load() != 0 {
-			b.fullSince.Store(0) // a read settled: the budget is alive
-		}
-		back := g.open
-		if l.holding {
-			l.open += g.open
-			back = max(l.open-l.openCap, 0)
-			l.open -= back
-		}
-		if back > 0 {
-			b.unknown.Add(-back)
-		}
+	if g.flight != nil {
+		g.flight.Add(-1)
 	}
-	if g.read {
-		l.learn(units - g.known)
+	if g.read && units > g.paid {
+		b.rc.Surprise(units-g.known, 0)
 	}
 	delta := min(units, maxDebt) - g.paid
 	if delta == 0 {
@@ -324,7 +269,7 @@ func (l *Lease) Settle(g Grant, units int64) {
 // LeaseTTL (counted from the first Expire that finds it used: call Expire
 // every millisecond or few, and a stock goes back within LeaseTTL plus
 // two such periods of its last use). It also adds the lease's counters to
-// the bucket's (Stats, the read estimate). Owner only (e.g. on the event
+// the bucket's (Stats). Owner only (e.g. on the event
 // loop's tick); it takes no lock and does not allocate.
 func (l *Lease) Expire() {
 	b := l.b
@@ -353,15 +298,14 @@ func (l *Lease) Expire() {
 }
 
 // Return gives back at once everything the lease holds (its units,
-// refunded exactly to the gauges they were billed to, and its part of the
-// budget for reads of unknown cost) and adds its counters to the
-// bucket's: call it when the owner stops (an event loop closing) or the
+// refunded exactly to the gauges they were billed to) and adds its
+// counters to the bucket's: call it when the owner stops (an event loop closing) or the
 // bucket is removed. Grants still in flight may be settled after it, with
 // Lease.Settle or Bucket.Settle. Owner only; the lease may be used again.
 func (l *Lease) Return() { l.giveBack() }
 
-// Holding reports whether the lease holds anything of its bucket's (units
-// or budget for reads of unknown cost) that [Lease.Expire] may give back.
+// Holding reports whether the lease holds units of its bucket's that
+// [Lease.Expire] may give back.
 // Owner only.
 func (l *Lease) Holding() bool { return l.holding }
 
@@ -429,16 +373,11 @@ func (l *Lease) refundStock() {
 // giveBack gives back everything the lease holds and flushes its counters.
 func (l *Lease) giveBack() {
 	l.refundStock()
-	if l.open > 0 {
-		l.b.unknown.Add(-l.open)
-		l.open = 0
-	}
 	l.unhold()
 	l.flush()
 }
 
-// flush adds the lease's counters to the bucket's, stores its read
-// estimate there if its reads moved it, and copies the bucket's.
+// flush adds the lease's counters to the bucket's.
 func (l *Lease) flush() {
 	b := l.b
 	if l.commands != 0 || l.extra != 0 {
@@ -446,34 +385,6 @@ func (l *Lease) flush() {
 		b.extra.Add(uint64(l.extra))
 		l.commands, l.extra = 0, 0
 	}
-	if l.learned {
-		b.est.Store(l.est)
-		l.learned = false
-	} else {
-		l.est = b.est.Load()
-	}
-}
-
-// estimate is Bucket.ReadEstimate on the lease's copy.
-func (l *Lease) estimate() int64 {
-	if l.est < 0 {
-		return l.b.e.maxRead
-	}
-	return max((l.est+1<<(estShift-1))>>estShift, 1)
-}
-
-// learn is Bucket.learn on the lease's copy.
-func (l *Lease) learn(units int64) {
-	x := min(max(units, 1)<<estShift, estMax)
-	switch {
-	case l.est < 0:
-		l.est = x
-	case x != l.est:
-		l.est += (x - l.est) / estWeight
-	default:
-		return
-	}
-	l.learned = true
 }
 
 // recallLeases asks the leases holding a stock of the bucket to give it

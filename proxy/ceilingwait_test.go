@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
+
+// A write that raises its bucket's ceiling waits for the raised class to
+// be saved in state_file: work done in real time, not a throttle hold.
+// With the save slowed by a hook, on the engine's fake clock: while the
+// save is pending the session waits in waitingCeiling and the proxy is not
+// settled, however far the clock moves; once the save is through, the
+// writes go, and each second of the clock admits exactly the hard limit.
+// The wait counts neither as throttled nor in the throttle's wait
+// histogram. Before, the write was held on the engine's clock with a 5 ms
+// re-try: a settle saw a held session and returned while the save was
+// still running, and a step of the clock then admitted nothing
+// (TestPymemcacheHeldBackPressure failed so, now and then).
+func TestCeilingSaveWaitIsNotAHold(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once, released sync.Once
+	testHookCeilingSave = func() {
+		once.Do(func() { close(entered); <-release })
+	}
+	t.Cleanup(func() { testHookCeilingSave = nil })
+	unblock := func() { released.Do(func() { close(release) }) }
+	defer unblock()
+
+	const limit, n, valueLen = 100, 1000, 4000 // 1 write unit per set; 4000 B: read class 2
+	clock := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, bpConfig(limit, time.Second), clock)
+	b := p.Engine().Bucket("default")
+	startPipeWriter(t, rawDial(t, p.Addr), "cw", n, valueLen)
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first set did not start a save of the ceilings")
+	}
+
+	ft := &fakeTime{t: t, p: p, clock: clock}
+	for i := 0; i < 2; i++ {
+		if held, ok := settled(t, p); ok {
+			t.Fatalf("step %d: settled (%d held) while the raise's save is pending", i, held)
+		}
+		in := clientInputs(t, p)
+		if len(in) != 1 || in[0].pause != waitingCeiling {
+			t.Fatalf("step %d: sessions %+v, want one waitingCeiling", i, in)
+		}
+		if got := b.Stats().Commands; got != 0 {
+			t.Fatalf("step %d: %d sets admitted before the raised class was saved", i, got)
+		}
+		clock.Advance(time.Second) // no engine timer ends the wait
+	}
+	unblock()
+	ft.settle(1, nil)
+	first := b.Stats().Commands
+	if first == 0 || b.Stats().Held != 1 {
+		t.Fatalf("after the save: %d sets admitted, %d held by the throttle; want some, then 1 held", first, b.Stats().Held)
+	}
+	if w := waitHistogram(t, p, "default").GetSampleCount(); w != 0 {
+		t.Fatalf("the ceiling's wait was counted as a throttle wait (%d samples)", w)
+	}
+	for i := 0; i < 2; i++ {
+		if got := admitted(t, p, clock, b, time.Second); got != limit {
+			t.Fatalf("advancing the clock 1 s admitted %d sets, want %d (the hard limit)", got, limit)
+		}
+	}
+	if w := waitHistogram(t, p, "default").GetSampleCount(); w != 2 {
+		t.Fatalf("%d throttle waits counted, want 2 (one per step)", w)
+	}
+}
