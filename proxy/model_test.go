@@ -15,6 +15,7 @@ import (
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // The tests in this file drive many clients that pipeline random batches
@@ -206,12 +207,33 @@ func TestPipelinedModel(t *testing.T) {
 }
 
 // The same through a bucket held at its hard limit: holding and waking
-// sessions mid-batch changes nothing in what they get back.
+// sessions mid-batch changes nothing in what they get back. On a fake
+// clock that moves (10 ms a step) only while a session is held, so that
+// the clients are held on every run, however fast the machine (on the
+// real clock a slow one never reached the limit).
 func TestPipelinedModelHeld(t *testing.T) {
 	t.Parallel()
-	p := startProxy(t, testConfig{loops: 2, upstream: "max_inflight = 8",
-		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 2500\n"})
-	eachClient(t, 6, modelClient(p.Addr, 15, 99))
+	clock := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{loops: 2, upstream: "max_inflight = 8",
+		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 2500\n"}, clock)
+	ft := &fakeTime{t: t, p: p, clock: clock}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		eachClient(t, 6, modelClient(p.Addr, 15, 99))
+	}()
+	for finished := false; !finished; {
+		select {
+		case <-done:
+			finished = true
+		default:
+			if held, ok := settled(t, p); ok && held > 0 {
+				ft.step(10*time.Millisecond, anyHeld, nil)
+			} else {
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+	}
 	if st := p.Engine().Bucket("default").Stats(); st.Held == 0 {
 		t.Errorf("no command was held (%d commands): the test did not test holding", st.Commands)
 	}
