@@ -262,8 +262,9 @@ func (f *Fleet) Start() {
 	f.tickMu.Lock()
 	defer f.tickMu.Unlock()
 	f.started = true
-	f.next.Store(int64(f.clock.Now() + f.tickEvery()))
-	f.timer = throttle.AfterFunc(f.clock, f.tickEvery(), f.tick)
+	next := f.clock.Now() + f.tickEvery()
+	f.timer = throttle.AfterFunc(f.clock, next-f.clock.Now(), f.tick)
+	f.next.Store(int64(next)) // after the timer is armed: see tick
 }
 
 // Close stops the periodic work, waits for a tick in progress, and tells
@@ -314,8 +315,13 @@ func (f *Fleet) tick() {
 	if now := f.clock.Now(); next <= now {
 		next += (now - next + every) / every * every
 	}
-	f.next.Store(int64(next))
+	// Armed before next is published: a test that moves a fake clock once
+	// NextTick is past its reading must find the timer armed at next. (Armed
+	// after, a move in between put it at the new reading plus the delay
+	// computed from the old one: past next, and, next being due, never
+	// fired while the test waited for it.)
 	f.timer.Reset(next - f.clock.Now())
+	f.next.Store(int64(next))
 }
 
 // lease is how long the store counts an instance's shares after its last
