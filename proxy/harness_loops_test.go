@@ -46,6 +46,26 @@ func (ft *fakeTime) settle(held int, ready func() bool) {
 // anyHeld, as fakeTime's held, settles with any number of sessions held.
 const anyHeld = -1
 
+// stepWhileHeld moves the clock by d each time the proxy is settled with
+// a session held, until done is closed: the clients' commands beyond
+// their budget are held on every run, whatever the machine's speed, and
+// the clock never runs ahead of clients that are still sending.
+func (ft *fakeTime) stepWhileHeld(d time.Duration, done <-chan struct{}) {
+	ft.t.Helper()
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		if held, ok := settled(ft.t, ft.p); ok && held > 0 {
+			ft.step(d, anyHeld, nil)
+		} else {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
 // step advances the clock by d and settles (settle).
 func (ft *fakeTime) step(d time.Duration, held int, ready func() bool) {
 	ft.t.Helper()

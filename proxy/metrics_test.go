@@ -52,32 +52,23 @@ func TestMetricsAfterTraffic(t *testing.T) {
 		}
 	}
 	bob := login(t, p.Addr, "bob")
-	sent := make(chan error, 1)
+	sent, done := make(chan error, 1), make(chan struct{})
 	go func() {
+		defer close(done)
 		for i := 0; i < 60; i++ { // past the hard limit's burst (20): some are held
 			if r, err := bob.Set([]byte("k"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
 				sent <- fmt.Errorf("bob's set %d: %v %v", i, err, r)
 				return
 			}
 		}
-		sent <- nil
 	}()
 	// The clock moves only while bob is held: the first burst's worth
 	// goes through with it standing, and every later set waits its turn.
-	for done := false; !done; {
-		select {
-		case err := <-sent:
-			if err != nil {
-				t.Fatal(err)
-			}
-			done = true
-		default:
-			if held, ok := settled(t, p); ok && held == 1 {
-				ft.step(10*time.Millisecond, anyHeld, nil)
-			} else {
-				time.Sleep(50 * time.Microsecond)
-			}
-		}
+	ft.stepWhileHeld(10*time.Millisecond, done)
+	select {
+	case err := <-sent:
+		t.Fatal(err)
+	default:
 	}
 	nb := login(t, p.Addr, "bob")
 	hello(t, nb, mc.FeatureNonBlockingThrottlingMode)

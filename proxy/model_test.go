@@ -222,18 +222,7 @@ func TestPipelinedModelHeld(t *testing.T) {
 		defer close(done)
 		eachClient(t, 6, modelClient(p.Addr, 15, 99))
 	}()
-	for finished := false; !finished; {
-		select {
-		case <-done:
-			finished = true
-		default:
-			if held, ok := settled(t, p); ok && held > 0 {
-				ft.step(10*time.Millisecond, anyHeld, nil)
-			} else {
-				time.Sleep(50 * time.Microsecond)
-			}
-		}
-	}
+	ft.stepWhileHeld(10*time.Millisecond, done)
 	if st := p.Engine().Bucket("default").Stats(); st.Held == 0 {
 		t.Errorf("no command was held (%d commands): the test did not test holding", st.Commands)
 	}
