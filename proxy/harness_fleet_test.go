@@ -108,12 +108,12 @@ func (f *fleetTest) settleInst(i int) {
 	p, want := f.insts[i], len(f.fake.conns[i])
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		n, ok := settled(f.t, p)
-		if ok && n == want {
+		n, why := unsettled(f.t, p)
+		if why == "" && n == want {
 			return
 		}
 		if time.Now().After(deadline) {
-			f.t.Fatalf("at %v instance %d did not settle with %d connections held (%d held, settled %v)", f.fake.clock.Now(), i, want, n, ok)
+			f.t.Fatalf("at %v instance %d did not settle with %d connections held (%d held; %s)", f.fake.clock.Now(), i, want, n, why)
 		}
 		time.Sleep(50 * time.Microsecond)
 	}

@@ -5,6 +5,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -32,12 +33,15 @@ func (ft *fakeTime) settle(held int, ready func() bool) {
 	ft.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		n, ok := settled(ft.t, ft.p)
-		if ok && (n == held || held == anyHeld) && (ready == nil || ready()) {
+		n, why := unsettled(ft.t, ft.p)
+		if why == "" && (n == held || held == anyHeld) && (ready == nil || ready()) {
 			return
 		}
 		if time.Now().After(deadline) {
-			ft.t.Fatalf("at %v the proxy did not settle with %d sessions held (%d held, settled %v)", ft.clock.Now(), held, n, ok)
+			if why == "" {
+				why = "settled"
+			}
+			ft.t.Fatalf("at %v the proxy did not settle with %d sessions held (%d held; %s; clients read every answer: %v)", ft.clock.Now(), held, n, why, ready == nil || ready())
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
@@ -81,31 +85,49 @@ func (ft *fakeTime) step(d time.Duration, held int, ready func() bool) {
 // or idle (its input all dispatched), with nothing in flight upstream and
 // nothing unsent.
 func settled(t testing.TB, p *testProxy) (held int, ok bool) {
-	ok = true
+	held, why := unsettled(t, p)
+	return held, why == ""
+}
+
+// unsettled is settled with the first reason found that p is not
+// settled ("" when it is), for a test's failure message.
+func unsettled(t testing.TB, p *testProxy) (held int, why string) {
 	onLoop(t, p, func(lp *loop) {
 		now := lp.srv.throttle.Now()
-		for _, e := range lp.holds {
-			if e.live() && e.at <= now {
-				ok = false
+		because := func(format string, args ...any) {
+			if why == "" {
+				why = fmt.Sprintf(format, args...)
 			}
 		}
-		if len(lp.retry) > 0 || len(lp.dirty) > 0 || lp.leaseDue != 0 && lp.leaseDue <= now {
-			ok = false
+		for _, e := range lp.holds {
+			if e.live() && e.at <= now {
+				because("a wake-up due at %v", e.at)
+			}
+		}
+		switch {
+		case len(lp.retry) > 0:
+			because("%d sessions queued for a re-try", len(lp.retry))
+		case len(lp.dirty) > 0:
+			because("%d sessions queued for a flush", len(lp.dirty))
+		case lp.leaseDue != 0 && lp.leaseDue <= now:
+			because("lease stock due back at %v", lp.leaseDue)
 		}
 		for s := range lp.sessions {
 			switch {
 			case s.pending() > 0 || s.unsent() > 0:
-				ok = false
+				because("session %s: %d commands in flight, %d bytes unsent", s.remote, s.pending(), s.unsent())
 			case s.isHeld():
 				held++
 			case s.pause == waitingCeiling:
-				ok = false // work in progress: upstream answers, a save of the ceilings (real time)
+				// Work in progress: upstream answers, a save of the
+				// ceilings (real time).
+				because("session %s waits for a raise of its ceiling", s.remote)
 			case s.pause != running || !s.drained():
-				ok = false
+				because("session %s is %s (input drained: %v)", s.remote, pauseNames[s.pause], s.drained())
 			}
 		}
 	})
-	return held, ok
+	return held, why
 }
 
 // onLoop runs fn on each event loop of p in turn and waits for it.
