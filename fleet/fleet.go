@@ -263,7 +263,7 @@ func (f *Fleet) Start() {
 	defer f.tickMu.Unlock()
 	f.started = true
 	next := f.clock.Now() + f.tickEvery()
-	f.timer = throttle.AfterFunc(f.clock, next-f.clock.Now(), f.tick)
+	f.timer = throttle.AtFunc(f.clock, next, f.tick)
 	f.next.Store(int64(next)) // after the timer is armed: see tick
 }
 
@@ -315,12 +315,10 @@ func (f *Fleet) tick() {
 	if now := f.clock.Now(); next <= now {
 		next += (now - next + every) / every * every
 	}
-	// Armed before next is published: a test that moves a fake clock once
-	// NextTick is past its reading must find the timer armed at next. (Armed
-	// after, a move in between put it at the new reading plus the delay
-	// computed from the old one: past next, and, next being due, never
-	// fired while the test waited for it.)
-	f.timer.Reset(next - f.clock.Now())
+	// Armed for the reading next, not for a delay from now: a fake clock
+	// moved in between would put a delay past next, and a test waiting for
+	// the tick due at next would wait forever.
+	throttle.ResetAt(f.clock, f.timer, next)
 	f.next.Store(int64(next))
 }
 

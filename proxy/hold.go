@@ -144,15 +144,13 @@ func (lp *loop) arm() {
 	if lp.armed && lp.armedAt <= at {
 		return
 	}
-	d := at - lp.srv.throttle.Now()
-	if d < 0 {
-		d = 0
-	}
+	// Armed for the reading, not for a delay from now: on a fake clock
+	// moved meanwhile, the delay would fire past at.
 	lp.armed, lp.armedAt = true, at
 	if lp.timer == nil {
-		lp.timer = lp.srv.throttle.AfterFunc(d, lp.timerFired)
+		lp.timer = lp.srv.throttle.AtFunc(at, lp.timerFired)
 	} else {
-		lp.timer.Reset(d)
+		lp.srv.throttle.ResetAt(lp.timer, at)
 	}
 }
 

@@ -492,7 +492,7 @@ func (f *tlsFront) takeSource(src string, c net.Conn) (*hsEntry, bool) {
 // sooner.
 func (f *tlsFront) until(at time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(f.ctx)
-	t := f.srv.throttle.AfterFunc(at-f.srv.throttle.Now(), cancel)
+	t := f.srv.throttle.AtFunc(at, cancel)
 	return ctx, func() { t.Stop(); cancel() }
 }
 

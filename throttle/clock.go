@@ -46,6 +46,32 @@ func AfterFunc(c Clock, d time.Duration, f func()) Timer {
 	return time.AfterFunc(d, f)
 }
 
+// AtFunc calls f in its own goroutine once c reads at or later: for a
+// [FakeClock], when an Advance or Set brings it there (at once if it
+// already does); for any other clock, after at less c's reading now of
+// real time. A caller that knows the reading it must wake at uses AtFunc
+// (and [ResetAt]), not AfterFunc with a delay computed from an earlier
+// reading: a FakeClock moved between the two would fire that delay after
+// its new reading, past at, and a test waiting at a reading past at for
+// what at makes due would wait forever.
+func AtFunc(c Clock, at time.Duration, f func()) Timer {
+	if fc, ok := c.(*FakeClock); ok {
+		t := &fakeTimer{c: fc, f: f}
+		t.resetAt(at)
+		return t
+	}
+	return time.AfterFunc(at-c.Now(), f)
+}
+
+// ResetAt re-arms t, a timer of c (from [AtFunc] or [AfterFunc]), to fire
+// once c reads at; it reports whether t was armed.
+func ResetAt(c Clock, t Timer, at time.Duration) bool {
+	if ft, ok := t.(*fakeTimer); ok && ft.c == c {
+		return ft.resetAt(at)
+	}
+	return t.Reset(at - c.Now())
+}
+
 // FakeClock is a Clock that moves only when told to, for tests. The zero
 // value reads 0. It is safe for concurrent use.
 type FakeClock struct {
@@ -108,16 +134,21 @@ type fakeTimer struct {
 }
 
 func (t *fakeTimer) Reset(d time.Duration) bool {
+	return t.resetAt(t.c.Now() + d)
+}
+
+// resetAt arms t for the reading at, and fires it if the clock is there.
+func (t *fakeTimer) resetAt(at time.Duration) bool {
 	c := t.c
 	c.mu.Lock()
 	_, armed := c.timers[t]
-	t.at = c.Now() + d
+	t.at = at
 	if c.timers == nil {
 		c.timers = make(map[*fakeTimer]struct{})
 	}
 	c.timers[t] = struct{}{}
 	c.mu.Unlock()
-	if d <= 0 {
+	if at <= c.Now() {
 		c.fire()
 	}
 	return armed

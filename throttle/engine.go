@@ -128,6 +128,14 @@ func (e *Engine) Clock() Clock { return e.clock }
 // computed, on a fake clock as on the real one.
 func (e *Engine) AfterFunc(d time.Duration, f func()) Timer { return AfterFunc(e.clock, d, f) }
 
+// AtFunc calls f in its own goroutine once the engine's clock reads at
+// (see [AtFunc]): how a caller wakes at a reading the engine computed.
+func (e *Engine) AtFunc(at time.Duration, f func()) Timer { return AtFunc(e.clock, at, f) }
+
+// ResetAt re-arms t, a timer of the engine's clock, to fire once the
+// clock reads at (see [ResetAt]).
+func (e *Engine) ResetAt(t Timer, at time.Duration) bool { return ResetAt(e.clock, t, at) }
+
 // Burst returns the engine's burst duration.
 func (e *Engine) Burst() time.Duration { return time.Duration(e.burst) }
 
