@@ -1,9 +1,12 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,6 +44,95 @@ import (
 // without being admitted. The b.N loop is not used: run it with
 // -benchtime 1x.
 func BenchmarkReservationBesideReadFlood(b *testing.B) {
+	reservationBesideFlood(b, func(addr string, stop chan struct{}) func() {
+		var wg sync.WaitGroup
+		for i := 0; i < 8; i++ {
+			c := dial(b, addr)
+			c.Timeout = 30 * time.Second
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				pipelineGets(b, c, "big", 16, stop, func(time.Time) {})
+			}()
+		}
+		return wg.Wait
+	})
+}
+
+// BenchmarkReservationBesideTextFlood is BenchmarkReservationBesideReadFlood
+// with the flood's 8 connections sending text multi-gets of 100 keys (the
+// large value 100 times: 10 MB an answer, billed its 100 ceilings), 4
+// deep, as the outside review's flood did. Run it with -benchtime 1x.
+func BenchmarkReservationBesideTextFlood(b *testing.B) {
+	reservationBesideFlood(b, func(addr string, stop chan struct{}) func() {
+		var wg sync.WaitGroup
+		for i := 0; i < 8; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				textMultiGets(b, addr, "big", 100, 4, stop)
+			}()
+		}
+		return wg.Wait
+	})
+}
+
+// textMultiGets sends, on a new text connection to addr, `get` lines of
+// key n times, depth unanswered at a time, and reads their answers, until
+// stop is closed.
+func textMultiGets(b *testing.B, addr, key string, n, depth int, stop chan struct{}) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		b.Errorf("dial: %v", err)
+		return
+	}
+	line := []byte("get" + strings.Repeat(" "+key, n) + "\r\n")
+	slots := make(chan struct{}, depth)
+	go func() {
+		defer c.Close() // ends the reads below
+		for {
+			select {
+			case <-stop:
+				return
+			case slots <- struct{}{}:
+			}
+			if _, err := c.Write(line); err != nil {
+				return
+			}
+		}
+	}()
+	r := bufio.NewReaderSize(c, 64<<10)
+	for {
+		l, err := r.ReadSlice('\n')
+		if err != nil {
+			return // closed at stop
+		}
+		switch {
+		case bytes.HasPrefix(l, []byte("END")):
+			<-slots
+		case bytes.HasPrefix(l, []byte("VALUE ")):
+			f := bytes.Fields(l)
+			size, err := strconv.Atoi(string(f[len(f)-1]))
+			if err != nil {
+				b.Errorf("answer %q", l)
+				return
+			}
+			if _, err := r.Discard(size + 2); err != nil {
+				return
+			}
+		default:
+			if !isClosed(stop) {
+				b.Errorf("answer %q", l)
+			}
+			return
+		}
+	}
+}
+
+// reservationBesideFlood is BenchmarkReservationBesideReadFlood with the
+// flood flood starts (on the proxy at addr, until stop is closed; it
+// returns a wait for its end).
+func reservationBesideFlood(b *testing.B, flood func(addr string, stop chan struct{}) func()) {
 	const (
 		capacity = 5000
 		reserved = 4000
@@ -82,11 +174,6 @@ func BenchmarkReservationBesideReadFlood(b *testing.B) {
 	if r, err := calmConn().Set([]byte("small"), bytes.Repeat([]byte("v"), 100)); err != nil || r.Status() != mc.StatusSuccess {
 		b.Fatalf("seed small: %v %v", r, err)
 	}
-	floodConn := func() *mcclient.Client {
-		c := dial(b, p.Addr)
-		c.Timeout = 30 * time.Second
-		return c
-	}
 	eng := p.Engine()
 	calm := eng.Bucket("calm")
 	nodeUnits := func() uint64 {
@@ -109,7 +196,7 @@ func BenchmarkReservationBesideReadFlood(b *testing.B) {
 	time.Sleep(time.Second) // warm-up
 	alone, _ := rate(3 * time.Second)
 	stopFlood := make(chan struct{})
-	waitFlood := run(floodConn, 8, 16, "big", stopFlood)
+	waitFlood := flood(p.Addr, stopFlood)
 	waitChurn := churn(b, p.Addr, 4, "big", stopFlood)
 	time.Sleep(time.Second) // warm-up
 	held0 := calm.Stats().Held

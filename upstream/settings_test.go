@@ -16,26 +16,41 @@ import (
 // The prober learns each server's item_size_max from its `stats
 // settings`, and ItemSizeMax is the smallest known: 0 before any probe,
 // the least of two servers started with different -I, kept while a
-// server is down, and carried over a reload that keeps the servers.
+// server is down, and carried over a reload that keeps the servers. The
+// test runs the prober's rounds itself (the pool is not started), so what
+// it reads after a reload is the carried figure, never one a prober
+// learned in between.
 func TestPoolLearnsItemSizeMax(t *testing.T) {
 	big := testmc.Start(t, "-I", "2m")
 	small := testmc.Start(t, "-I", "1k", "-o", "slab_chunk_max=512")
 	p := newTestPool(t, PoolConfig{Servers: []string{big.Addr}},
-		PoolOptions{Timeout: 500 * time.Millisecond, ProbeInterval: 20 * time.Millisecond})
+		PoolOptions{Timeout: 5 * time.Second, ProbeInterval: time.Hour})
+	probe := func() {
+		h := p.set.Load().health
+		h.probeAll(make([]int, len(h.servers)), make([]time.Time, len(h.servers)))
+	}
 	if n := p.ItemSizeMax(); n != 0 {
 		t.Fatalf("ItemSizeMax %d before any probe, want 0", n)
 	}
-	p.Start()
-	eventually(t, 5*time.Second, "the first server's item size", func() bool { return p.ItemSizeMax() == 2<<20 })
-	if err := p.Update(PoolConfig{Servers: []string{big.Addr, small.Addr}, EjectAfter: 1, EjectRetry: time.Hour}); err != nil {
+	probe()
+	if n := p.ItemSizeMax(); n != 2<<20 {
+		t.Fatalf("ItemSizeMax %d after the first probe, want %d", n, 2<<20)
+	}
+	if err := p.Update(PoolConfig{Servers: []string{big.Addr, small.Addr}}); err != nil {
 		t.Fatal(err)
 	}
 	if n := p.ItemSizeMax(); n != 2<<20 {
 		t.Fatalf("ItemSizeMax %d right after a reload that keeps the server, want %d", n, 2<<20)
 	}
-	eventually(t, 5*time.Second, "the smaller item size of the two", func() bool { return p.ItemSizeMax() == 1024 })
+	probe()
+	if n := p.ItemSizeMax(); n != 1024 {
+		t.Fatalf("ItemSizeMax %d once both servers answered, want the smaller 1024", n)
+	}
 	small.Stop()
-	eventually(t, 5*time.Second, "the small server down", func() bool { return !stateOf(p, small.Addr).Up })
+	probe()
+	if stateOf(p, small.Addr).Up {
+		t.Fatal("the small server still up after it stopped")
+	}
 	if n := p.ItemSizeMax(); n != 1024 {
 		t.Fatalf("ItemSizeMax %d with the small server down, want its last figure 1024", n)
 	}
