@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -70,5 +71,74 @@ func TestCeilingSaveWaitIsNotAHold(t *testing.T) {
 	}
 	if w := waitHistogram(t, p, "default").GetSampleCount(); w != 2 {
 		t.Fatalf("%d throttle waits counted, want 2 (one per step)", w)
+	}
+}
+
+// A key command that finds its bucket's FLUSH admitted and not yet in
+// effect waits for the FLUSH's save: work done in real time, not a
+// throttle hold. With the save stopped by a hook, on the engine's fake
+// clock: the session waits in waitingFlush and the proxy is not settled,
+// however far the clock moves, and the wait is not counted as held or as a
+// throttle wait; once the save is through, the command runs in the new
+// namespace. (The session was parked as held before: a test's settle saw
+// it held and moved the clock while the FLUSH was still being saved.)
+func TestFlushWaitIsNotAHold(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once, released sync.Once
+	testHookFlushSave = func() {
+		once.Do(func() { close(entered); <-release })
+	}
+	t.Cleanup(func() { testHookFlushSave = nil })
+	unblock := func() { released.Do(func() { close(release) }) }
+	defer unblock()
+
+	clock := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{loops: 1}, clock)
+	a, b := dialText(t, p.Addr), dialText(t, p.Addr)
+	textDo(t, b, "set k 0 0 3\r\nold\r\n", "STORED\r\n")
+	if _, err := io.WriteString(a.c, "flush_all\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the FLUSH never reached its save")
+	}
+	if _, err := io.WriteString(b.c, "get k\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() bool {
+		for _, in := range clientInputs(t, p) {
+			if in.pause == waitingFlush {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(20 * time.Second); !waiting(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no session waits for the FLUSH: %+v", clientInputs(t, p))
+		}
+	}
+	for i := 0; i < 2; i++ {
+		if held, ok := settled(t, p); ok {
+			t.Fatalf("step %d: settled (%d held) while the FLUSH's save is pending", i, held)
+		}
+		clock.Advance(time.Second) // no engine timer ends the wait
+	}
+	if h := p.Engine().Bucket("default").Stats().Held; h != 0 {
+		t.Fatalf("the wait for the FLUSH was counted as %d throttle holds", h)
+	}
+	unblock()
+	if got := a.line(t); got != "OK\r\n" {
+		t.Fatalf("flush_all: %q", got)
+	}
+	if got := b.line(t); got != "END\r\n" {
+		t.Fatalf("get k after the FLUSH: %q, want END (the key flushed)", got)
+	}
+	ft := &fakeTime{t: t, p: p, clock: clock}
+	ft.settle(0, nil)
+	if w := waitHistogram(t, p, "default").GetSampleCount(); w != 0 {
+		t.Fatalf("the wait for the FLUSH was counted as a throttle wait (%d samples)", w)
 	}
 }

@@ -122,6 +122,9 @@ func unsettled(t testing.TB, p *testProxy) (held int, why string) {
 				// Work in progress: upstream answers, a save of the
 				// ceilings (real time).
 				because("session %s waits for a raise of its ceiling", s.remote)
+			case s.pause == waitingFlush:
+				// Work in progress: the FLUSH's save (real time).
+				because("session %s waits for its bucket's FLUSH", s.remote)
 			case s.pause != running || !s.drained():
 				because("session %s is %s (input drained: %v)", s.remote, pauseNames[s.pause], s.drained())
 			}

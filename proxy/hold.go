@@ -224,7 +224,8 @@ func (lp *loop) wakeDue(context.Context) error {
 
 // wakeAll resumes every held session of the loop, so each asks the engine
 // again (after a change of limits, a FLUSH, another instance's state), and
-// re-tries the writes waiting for a raise of a ceiling; on the loop.
+// every session waiting for a FLUSH, and re-tries the writes waiting for a
+// raise of a ceiling; on the loop.
 //
 // They ask in the order of their places in their buckets' lines (as
 // wakeDue: no place last; then in the order they were first held), not
@@ -235,7 +236,7 @@ func (lp *loop) wakeDue(context.Context) error {
 func (lp *loop) wakeAll(context.Context) error {
 	woken := lp.woken[:0]
 	for s := range lp.sessions {
-		if s.isHeld() {
+		if s.isHeld() || s.pause == waitingFlush {
 			woken = append(woken, s)
 		}
 	}
@@ -247,7 +248,7 @@ func (lp *loop) wakeAll(context.Context) error {
 	})
 	for i, s := range woken {
 		woken[i] = nil
-		if s.isHeld() && s.setPause(running) {
+		if (s.isHeld() || s.pause == waitingFlush) && s.setPause(running) {
 			s.resume()
 		}
 	}

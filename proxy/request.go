@@ -225,12 +225,11 @@ func (srv *Server) cost(cls binary.Class, kv int) throttle.Cost {
 }
 
 // waitFlush parks the session until its bucket's admitted FLUSHes are in
-// effect: held with no wake-up time, woken by wakeHeld when a FLUSH
-// completes; the command is then dispatched again. Not a throttle hold:
-// it is not metered as throttle wait. On the loop.
+// effect (waitingFlush), woken by wakeHeld when a FLUSH completes; the
+// command is then dispatched again. Not a throttle hold: it is not
+// metered as throttle wait. On the loop.
 func (s *session) waitFlush() {
-	s.setPause(held)
-	s.holdSeq++
+	s.setPause(waitingFlush)
 	if testHookFlushWait != nil {
 		testHookFlushWait()
 	}

@@ -59,11 +59,16 @@ const (
 	// events that end the wait re-try it (wakeCeiling), and the loop's
 	// tick re-tries it should one be missed (retryCeilingDue).
 	waitingCeiling
+	// waitingFlush: its next command is a key command of a bucket with a
+	// FLUSH admitted and not yet in effect (its new namespace being
+	// saved: flush.go). Not a throttle hold either: it waits for the
+	// FLUSH, not for time; wakeAll re-tries it when the FLUSH completes.
+	waitingFlush
 
 	numPauseStates
 )
 
-var pauseNames = [numPauseStates]string{"running", "waitingUpstream", "waitingOffLoop", "held", "heldOnReads", "outputPaused", "waitingOrder", "waitingCeiling"}
+var pauseNames = [numPauseStates]string{"running", "waitingUpstream", "waitingOffLoop", "held", "heldOnReads", "outputPaused", "waitingOrder", "waitingCeiling", "waitingFlush"}
 
 func (p pauseState) String() string {
 	if p < numPauseStates {
@@ -77,8 +82,8 @@ func (p pauseState) String() string {
 // running (dispatch); a heldOnReads session whose read settled is queued
 // for a re-try and stays held until it runs (session.finish); every pause
 // ends by running again.
-var pauseMoves = [numPauseStates]uint8{
-	running:         1<<waitingUpstream | 1<<waitingOffLoop | 1<<held | 1<<heldOnReads | 1<<outputPaused | 1<<waitingOrder | 1<<waitingCeiling,
+var pauseMoves = [numPauseStates]uint16{
+	running:         1<<waitingUpstream | 1<<waitingOffLoop | 1<<held | 1<<heldOnReads | 1<<outputPaused | 1<<waitingOrder | 1<<waitingCeiling | 1<<waitingFlush,
 	waitingUpstream: 1 << running,
 	waitingOffLoop:  1 << running,
 	held:            1 << running,
@@ -86,6 +91,7 @@ var pauseMoves = [numPauseStates]uint8{
 	outputPaused:    1 << running,
 	waitingOrder:    1 << running,
 	waitingCeiling:  1 << running,
+	waitingFlush:    1 << running,
 }
 
 // setPause moves the session to pause state to and reports true, when
@@ -116,10 +122,11 @@ func (s *session) isHeld() bool { return s.pause == held || s.pause == heldOnRea
 // outPaused reports whether the session is paused for its output (pause.go).
 func (s *session) outPaused() bool { return s.pause == outputPaused }
 
-// unhold ends a hold without dispatching (the session closes, or is
-// told to quit); a session not held is left as it is.
+// unhold ends a hold, or a wait for a FLUSH, without dispatching (the
+// session closes, or is told to quit); a session paused otherwise is left
+// as it is.
 func (s *session) unhold() {
-	if s.isHeld() {
+	if s.isHeld() || s.pause == waitingFlush {
 		s.setPause(running)
 	}
 }

@@ -29,6 +29,8 @@ func TestPauseTransitions(t *testing.T) {
 		{waitingOrder, running}:    "retryHeld: the commands it waited for completed",
 		{running, waitingCeiling}:  "raiseCeiling: its write waits for a raise of its bucket's ceiling",
 		{waitingCeiling, running}:  "retryCeiling: the raise's old reads settled, or its class was saved",
+		{running, waitingFlush}:    "waitFlush: a key command while its bucket's FLUSH is being saved",
+		{waitingFlush, running}:    "wakeAll: the FLUSH is in effect; unhold (close, reload)",
 	}
 	for from := range numPauseStates {
 		for to := range numPauseStates + 1 { // one past the last: invalid
@@ -50,9 +52,9 @@ func TestPauseTransitions(t *testing.T) {
 	}
 }
 
-// unhold ends a hold, and only a hold: a session paused for another reason
-// keeps its state (closing it must not forget an outstanding off-loop
-// answer or upstream wait).
+// unhold ends a hold or a wait for a FLUSH, and nothing else: a session
+// paused for another reason keeps its state (closing it must not forget an
+// outstanding off-loop answer or upstream wait).
 func TestUnholdLeavesOtherPauses(t *testing.T) {
 	t.Parallel()
 	for p := range numPauseStates {
@@ -60,7 +62,7 @@ func TestUnholdLeavesOtherPauses(t *testing.T) {
 		s := &session{lp: &loop{srv: srv}, pause: p}
 		s.unhold()
 		want := p
-		if p == held || p == heldOnReads {
+		if p == held || p == heldOnReads || p == waitingFlush {
 			want = running
 		}
 		if s.pause != want || srv.badPauseMoves.Load() != 0 {
