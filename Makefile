@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run fleet test test-passes test-race test-race-proxy-bin test-race-proxy-serial test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-upstream-tls deps vet bench fuzz clean
+.PHONY: all build run fleet test test-passes test-race test-race-proxy-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-upstream-tls deps vet bench fuzz clean
 
 all: build
 
@@ -36,8 +36,8 @@ fleet: build
 ## test: install what the tests need, then at once (make -j: the suite
 ## mostly waits on sockets and timers, so its parts overlap well on two
 ## cores): vet, gofmt and staticcheck (vet); every test with -race
-## (test-race: the proxy's serial and parallel tests in two processes, the
-## other packages in a third); the tests that skip or
+## (test-race: the proxy's serial tests in two processes, its parallel ones in a third, the
+## other packages in a fourth); the tests that skip or
 ## shorten under -race again without it, in full (test-norace); and, with
 ## TLS between the proxy and memcached (memcached -Z) and without -race,
 ## the proxy tests whose traffic TLS changes (test-upstream-tls): the
@@ -57,12 +57,16 @@ UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCro
 NORACE_PKGS := ./bucketcfg ./cmd/kvthrottle ./fleet ./throttle
 # gotest NAME,ARGS: go test ARGS, or with TESTJSON its -json to $(TESTJSON)/NAME.json.
 gotest = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )$(GO) test $(2)$(if $(TESTJSON), -json > $(TESTJSON)/$(1).json)
-# The proxy's race pass runs in two processes at once, from one test
+# The proxy's race pass runs in three processes at once, from one test
 # binary (PROXY_RACE_BIN): the tests that call t.Parallel() first thing
-# (PROXY_PARALLEL), and the others, which Go runs one at a time before any
-# parallel one (together about 200 s of the 300 s the pass took in one
-# process). The serial ones still run one at a time within their process.
+# (PROXY_PARALLEL), and the others, which Go runs one at a time, split by
+# name in two halves (PROXY_SERIAL_A: names from A to M). The serial ones
+# run one at a time within their process, so a test hook (a package
+# variable) they set reaches no other test; in one process they were the
+# longest pass (300 s, much of it waiting on sockets, children and
+# memcached, not on the CPU).
 PROXY_PARALLEL := $(shell scripts/paralleltests.sh proxy)
+PROXY_SERIAL_A := ^(Test|Fuzz|Example)[A-M]
 PROXY_RACE_BIN := $(CURDIR)/bin/test/proxy.race.test
 # runbin NAME,ARGS: PROXY_RACE_BIN ARGS in ./proxy (as go test runs it),
 # or with TESTJSON through test2json to $(TESTJSON)/NAME.json.
@@ -74,19 +78,22 @@ test: deps
 ## test-passes: make test without installing anything or vet (what
 ## scripts/flake.sh runs).
 test-passes:
-	@$(MAKE) --no-print-directory -j6 $(WITH_VET) test-race test-norace test-upstream-tls test-fleet-failover
+	@$(MAKE) --no-print-directory -j8 $(WITH_VET) test-race test-norace test-upstream-tls test-fleet-failover
 	$(call gotest,tls-flood,-count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy)
 
-## test-race: every test with -race but the failovers: the proxy's in two
-## processes (see PROXY_PARALLEL), every other package's in a third.
-test-race: test-race-proxy-serial test-race-proxy-parallel test-race-packages
+## test-race: every test with -race but the failovers: the proxy's in three
+## processes (see PROXY_PARALLEL), every other package's in a fourth.
+test-race: test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages
 
 test-race-proxy-bin:
 	@mkdir -p $(dir $(PROXY_RACE_BIN))
 	$(GO) test -race -c -o $(PROXY_RACE_BIN) ./proxy
 
 test-race-proxy-serial: test-race-proxy-bin
-	$(call runbin,race-proxy-serial,-test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
+	$(call runbin,race-proxy-serial,-test.run '$(PROXY_SERIAL_A)' -test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
+
+test-race-proxy-serial2: test-race-proxy-bin
+	$(call runbin,race-proxy-serial2,-test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)|$(PROXY_SERIAL_A)')
 
 test-race-proxy-parallel: test-race-proxy-bin
 	$(call runbin,race-proxy-parallel,-test.run '$(PROXY_PARALLEL)' -test.skip '$(FLEET_FAILOVER_TESTS)')
