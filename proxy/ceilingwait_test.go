@@ -21,14 +21,8 @@ import (
 // still running, and a step of the clock then admitted nothing
 // (TestPymemcacheHeldBackPressure failed so, now and then).
 func TestCeilingSaveWaitIsNotAHold(t *testing.T) {
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once, released sync.Once
-	testHookCeilingSave = func() {
-		once.Do(func() { close(entered); <-release })
-	}
-	t.Cleanup(func() { testHookCeilingSave = nil })
-	unblock := func() { released.Do(func() { close(release) }) }
-	defer unblock()
+	entered, unblock := stopFirstAt(t, &testHookCeilingSave)
+	defer unblock() // before the proxy's cleanup, which waits for the save
 
 	const limit, n, valueLen = 100, 1000, 4000 // 1 write unit per set; 4000 B: read class 2
 	clock := throttle.NewFakeClock(time.Hour)
@@ -83,14 +77,8 @@ func TestCeilingSaveWaitIsNotAHold(t *testing.T) {
 // namespace. (The session was parked as held before: a test's settle saw
 // it held and moved the clock while the FLUSH was still being saved.)
 func TestFlushWaitIsNotAHold(t *testing.T) {
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once, released sync.Once
-	testHookFlushSave = func() {
-		once.Do(func() { close(entered); <-release })
-	}
-	t.Cleanup(func() { testHookFlushSave = nil })
-	unblock := func() { released.Do(func() { close(release) }) }
-	defer unblock()
+	entered, unblock := stopFirstAt(t, &testHookFlushSave)
+	defer unblock() // before the proxy's cleanup, which waits for the save
 
 	clock := throttle.NewFakeClock(time.Hour)
 	p := startProxyClock(t, testConfig{loops: 1}, clock)
@@ -141,4 +129,19 @@ func TestFlushWaitIsNotAHold(t *testing.T) {
 	if w := waitHistogram(t, p, "default").GetSampleCount(); w != 0 {
 		t.Fatalf("the wait for the FLUSH was counted as a throttle wait (%d samples)", w)
 	}
+}
+
+// stopFirstAt sets *hook, a package test hook (set before the Server
+// starts), to stop the first caller until unblock is called; entered is
+// closed when that caller arrives. Defer unblock: the test's cleanups,
+// which stop the proxy, may wait for the caller.
+func stopFirstAt(t *testing.T, hook *func()) (entered <-chan struct{}, unblock func()) {
+	in, release := make(chan struct{}), make(chan struct{})
+	var once, released sync.Once
+	*hook = func() {
+		once.Do(func() { close(in); <-release })
+	}
+	unblock = func() { released.Do(func() { close(release) }) }
+	t.Cleanup(func() { unblock(); *hook = nil })
+	return in, unblock
 }
