@@ -137,7 +137,11 @@ func pickFor(s *session, key []byte) any {
 // groupIdle, so the connections to memcached follow the buckets in use,
 // not every bucket ever used; its next request opens them again.
 func TestIdleBucketConnectionsClose(t *testing.T) {
-	defer func(d time.Duration) { groupIdle = d }(groupIdle)
+	// Restored by a cleanup registered before the proxy's: it runs after
+	// the proxy's loops, which read groupIdle, have stopped (a deferred
+	// restore raced with them).
+	old := groupIdle
+	t.Cleanup(func() { groupIdle = old })
 	groupIdle = 200 * time.Millisecond
 	p := startProxy(t, testConfig{loops: 1, tail: tenantTail(t)})
 	c := login(t, p.Addr, "alice")

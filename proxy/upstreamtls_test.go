@@ -268,7 +268,11 @@ func TestUpstreamTLSReload(t *testing.T) {
 func TestUpstreamTLSDeepPipelines(t *testing.T) {
 	t.Parallel()
 	m := testmc.StartTLS(t, testmc.TLSOptions{})
-	p := startProxyTo(t, m, testConfig{throttle: `capacity = "unlimited"`, upstreamTLS: upstreamTLSLines(m.CAFile)})
+	// A generous upstream timeout: on a loaded machine (the race detector,
+	// other tests) a deep pipeline over TLS can take longer than the
+	// harness's 2 s to be answered; what is checked is that every request
+	// is answered, which without the nudge none past the stall is.
+	p := startProxyTo(t, m, testConfig{throttle: `capacity = "unlimited"`, upstream: `timeout = "30s"`, upstreamTLS: upstreamTLSLines(m.CAFile)})
 	c := dial(t, p.Addr)
 	for round := 0; round < 5; round++ {
 		want := map[uint32]bool{}
