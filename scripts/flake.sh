@@ -32,6 +32,9 @@ run_once() {
     make --no-print-directory test-passes TESTJSON="$1" >"$1/make.log" 2>&1
   fi
 }
+# The suite's tools (memcached, the clients, memjs in testdata/), as make
+# test installs them, once: a fresh clone has none of testdata's.
+if [ ${#args[@]} -eq 0 ]; then scripts/deps.sh; fi
 failed_runs=0
 for i in $(seq "$n"); do
   run="$dir/run$i"
