@@ -123,18 +123,19 @@ func (s *session) saslAuth(r *request) {
 }
 
 // checkAuth runs one queued password check on the auth worker, against
-// the configuration in force when it starts, answers every login waiting
-// for it, and reports whether the credentials were wrong. Credentials
+// the configuration in force when it starts, and answers every login
+// waiting for it; wrong credentials are reported to refused first (see
+// authQueue.start), so the penalty is in force by the answer. Credentials
 // verified meanwhile (by another check, or before a penalty made their
 // login wait its turn) cost no bcrypt. While the proxy drains, queued
 // checks are answered Etmpfail without bcrypt.
-func (srv *Server) checkAuth(j *authJob) (refused bool) {
+func (srv *Server) checkAuth(j *authJob, refused func()) {
 	var u *bucketcfg.User
 	err := errAuthUnavailable
 	if !srv.draining.Load() {
 		j.cfg = srv.ten.Load().cfg
-		if srv.decoyCheck(j) {
-			return true
+		if srv.decoyCheck(j, refused) {
+			return
 		}
 		if u = srv.authCache.Lookup(j.cfg, j.user, j.pass); u != nil {
 			err = nil
@@ -148,8 +149,10 @@ func (srv *Server) checkAuth(j *authJob) (refused bool) {
 			srv.authQ.verified(j.src)
 		}
 	}
+	if errors.Is(err, bucketcfg.ErrAuthFailed) {
+		refused()
+	}
 	srv.authAnswer(j, u, err)
-	return errors.Is(err, bucketcfg.ErrAuthFailed)
 }
 
 // bcryptDuration is what a bcrypt run that took real (its real, CPU-bound
@@ -175,7 +178,15 @@ func (srv *Server) authAnswer(j *authJob, u *bucketcfg.User, err error) {
 	for _, c := range srv.flights.finish(j.flight) {
 		c.back(func() { c.s.authDone(c, j, u, err) })
 	}
+	if testHookAuthAnswered != nil {
+		testHookAuthAnswered()
+	}
 }
+
+// testHookAuthAnswered, when set (by tests, before the Server starts),
+// runs on the auth worker once a check's answers are handed to their
+// loops.
+var testHookAuthAnswered func()
 
 // parsePlain splits a PLAIN message: [authzid] NUL authcid NUL passwd.
 func parsePlain(v []byte) (authz, user, pass string, ok bool) {

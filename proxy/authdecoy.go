@@ -67,15 +67,16 @@ func isDecoy(cfg *bucketcfg.Config, user string) bool {
 }
 
 // decoyCheck answers decoy check j (j.cfg set) without bcrypt when the
-// worker has timed one: it fails, charged and answered as late as the last
-// bcrypt run. false: run the real check (the user exists by now, or no
-// bcrypt has been timed yet: this one times it).
-func (srv *Server) decoyCheck(j *authJob) bool {
+// worker has timed one: it fails (refused, before the answer), charged and
+// answered as late as the last bcrypt run. false: run the real check (the
+// user exists by now, or no bcrypt has been timed yet: this one times it).
+func (srv *Server) decoyCheck(j *authJob, refused func()) bool {
 	d := time.Duration(srv.bcryptTook.Load())
 	if !j.decoy || d <= 0 || !isDecoy(j.cfg, j.user) {
 		return false
 	}
 	j.charge = d
+	refused()
 	srv.authAnswer(j, nil, bucketcfg.ErrAuthFailed)
 	return true
 }

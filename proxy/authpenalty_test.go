@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,5 +116,46 @@ func TestPlainDecoyAnsweredAsLateAsBcrypt(t *testing.T) {
 	clock.Advance(took)
 	if st := readAnswer(t, again, "unknown user again"); st != mc.StatusAuthError {
 		t.Fatalf("unknown user again: %s, want AuthError", st)
+	}
+}
+
+// A refused login's penalty is in force by the time its client reads the
+// refusal: the worker is stopped right after it hands the answer over,
+// and the user's correct password, cached, is still made to wait out the
+// penalty (before, the penalty was recorded after the answer, and a
+// client quick enough logged in from the cache at once).
+func TestPenaltyInForceByTheRefusal(t *testing.T) {
+	clock := throttle.NewFakeClock(0)
+	var armed atomic.Bool // stop the worker after its next answer
+	entered, unblock := make(chan struct{}), make(chan struct{})
+	testHookAuthAnswered = func() {
+		if armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-unblock
+		}
+	}
+	t.Cleanup(func() { testHookAuthAnswered = nil })
+	p := startProxyClock(t, testConfig{tail: tenantTail(t)}, clock)
+	defer close(unblock)
+	p.fixedBcrypt.Store(int64(20 * time.Millisecond))
+	login(t, p.Addr, "bob").Close() // bob's password cached
+	armedAt(t, clock)
+
+	armed.Store(true)
+	rc := dialFrom(t, p.Addr, "127.0.0.1")
+	at := clock.Now()
+	plainAuth(rc, "bob", "wrong")
+	if st := readAnswer(t, rc, "wrong password"); st != mc.StatusAuthError {
+		t.Fatalf("wrong password: %s", st)
+	}
+	<-entered // the worker stands just after the answer
+	bob := dialFrom(t, p.Addr, "127.0.0.1")
+	plainAuth(bob, "bob", "bob-pw")
+	unblock <- struct{}{}
+	end := at + 20*time.Millisecond*(failedAuthShare-1)
+	armedAt(t, clock, end) // bob's cached password waits out the penalty
+	clock.Advance(end - clock.Now())
+	if st := readAnswer(t, bob, "bob after the penalty"); st != mc.StatusSuccess {
+		t.Fatalf("bob after the penalty: %s", st)
 	}
 }

@@ -368,14 +368,27 @@ func (q *authQueue) failed(src *authSrc, took time.Duration, end time.Duration) 
 	}
 }
 
+// refused records that check j was refused (failed): it took j.took of
+// the worker and ended now or, for a decoy, is charged as the bcrypt run
+// it stands for, ending j.charge from now.
+func (q *authQueue) refused(j *authJob) {
+	took, end := j.took, q.clock.Now()
+	if j.charge > 0 {
+		took, end = j.charge, end+j.charge
+	}
+	q.failed(j.src, took, end)
+}
+
 // start runs the worker: it hands the queued checks to check, one at a
-// time, until the returned stop function is called; check reports whether
-// the credentials were refused, which counts against the source's share
-// (the job's took, or its charge).
+// time, until the returned stop function is called. When the credentials
+// are refused, check calls refused before it answers any login waiting
+// for the check: that counts against the source's share (the job's took,
+// or its charge) and puts the source under its penalty before its client,
+// told of the refusal, can try again.
 // stop waits for the worker to end (after the check it is running, if
 // any), refuses further pushes, and hands the checks still queued to drop.
 // Call start once, and stop once.
-func (q *authQueue) start(check func(*authJob) (refused bool), drop func(*authJob)) (stop func()) {
+func (q *authQueue) start(check func(j *authJob, refused func()), drop func(*authJob)) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -408,13 +421,7 @@ func (q *authQueue) start(check func(*authJob) (refused bool), drop func(*authJo
 				}
 				continue
 			}
-			if check(j) {
-				took, end := j.took, q.clock.Now()
-				if j.charge > 0 { // a decoy: charged as the bcrypt run it stands for
-					took, end = j.charge, end+j.charge
-				}
-				q.failed(j.src, took, end)
-			}
+			check(j, func() { q.refused(j) })
 			select {
 			case <-quit:
 				return

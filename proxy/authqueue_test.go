@@ -157,7 +157,7 @@ func TestAuthQueueWorker(t *testing.T) {
 	var running, most, checked, dropped atomic.Int32
 	release := make(chan struct{})
 	var once sync.Once
-	stop := q.start(func(j *authJob) bool {
+	stop := q.start(func(j *authJob, _ func()) {
 		n := running.Add(1)
 		for {
 			m := most.Load()
@@ -170,7 +170,6 @@ func TestAuthQueueWorker(t *testing.T) {
 		}
 		running.Add(-1)
 		checked.Add(1)
-		return false
 	}, func(*authJob) { dropped.Add(1) })
 	now := time.Duration(0)
 	for i := 0; i < 6; i++ {
