@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -35,7 +36,24 @@ func FreePort(t testing.TB) int {
 // never one it returned before in this process (the kernel may hand the
 // same free port to two binds in a row: tests running in parallel, or one
 // test asking twice, would then get one port for two listeners).
+//
+// The port is drawn at random below the kernel's ephemeral range
+// (pickLow to pickHigh; Linux hands out 32768-60999 by default), so no
+// connection of this or another process can take it as its local port
+// between the pick and the bind (make test runs several test processes
+// that open thousands of connections: a port from the ephemeral range was
+// taken so, and a proxy's listener failed to bind). Should that range be
+// full, the kernel picks.
 func PickPort() (int, error) {
+	for range 64 {
+		port := pickLow + rand.IntN(pickHigh-pickLow+1)
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+			l.Close()
+			if claim(port) {
+				return port, nil
+			}
+		}
+	}
 	for range 64 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -43,17 +61,26 @@ func PickPort() (int, error) {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		picked.Lock()
-		_, seen := picked.ports[port]
-		if !seen {
-			picked.ports[port] = struct{}{}
-		}
-		picked.Unlock()
-		if !seen {
+		if claim(port) {
 			return port, nil
 		}
 	}
 	return 0, errors.New("free port: every port the kernel offered was handed out before")
+}
+
+// The range PickPort draws from: below Linux's default ephemeral ports.
+const pickLow, pickHigh = 20000, 32767
+
+// claim records port as returned by PickPort, and reports false if it was
+// before.
+func claim(port int) bool {
+	picked.Lock()
+	defer picked.Unlock()
+	if _, seen := picked.ports[port]; seen {
+		return false
+	}
+	picked.ports[port] = struct{}{}
+	return true
 }
 
 // picked is the ports PickPort has returned.
