@@ -11,10 +11,10 @@
 // second, and the shares held by the live instances never add up to more
 // than the limit.
 //
-// Once per grant period each instance makes one call of a Lua script
-// ([Store]) carrying all of its buckets: its running totals of units used
-// (the store adds what is new to the fleet's totals), and its demand for
-// each bucket. The script records the demand and answers with the caller's
+// Once per grant period (and early when a load moves, below) each instance
+// makes one call of a Lua script ([Store]) carrying all of its buckets:
+// its running totals of units used (the store adds what is new to the
+// fleet's totals), and its demand for each bucket. The script records the demand and answers with the caller's
 // new shares, computed in the store, atomically, with Redis's own clock:
 //
 //   - Demand. A bucket whose callers wait here (a mean of at least half a
@@ -45,6 +45,16 @@
 //     only when the first calls and lowers its own and then the second calls:
 //     the split follows a change of load within two periods, and the sum of
 //     the shares never exceeds the limit.
+//   - Load that moves. An instance also calls at a tick, before its period,
+//     when a bucket's load arrived (callers held, last report not
+//     saturated), left (a saturated bucket with nobody held whose usage over
+//     the last tick fell: it asks for the idle headroom at the lowest weight
+//     and gets none of the surplus) or was cut (callers held, and the
+//     others' holdings cut its hard share by more than a fifth: the reply
+//     says so). A failed call is made again at the next tick for two
+//     periods after the last good call. At most five such calls per period
+//     (move.go). The split then follows a moved load within a tick or two.
+//     No bound changes: no debt, and the clamp holds at every call.
 //   - Steadiness. A saturated instance whose new share would be at most a
 //     tenth below its current one keeps it. Demand measured from waiting
 //     callers is noisy, and a share that moves is unused for up to a
@@ -82,8 +92,14 @@
 // bounded: a lost reply (the script ran, the caller timed out) that
 // lowered its instance's share leaves that instance on its older share
 // until its next call, so the fleet may run over by that difference for a
-// period; and a limit lowered by an admin change reaches every instance
-// within one period, each keeping its earlier share meanwhile. Measured
+// period (about a tick while the store answers: a failed call is made
+// again at the next tick); and a limit lowered by an admin change reaches
+// every instance within one period, each keeping its earlier share
+// meanwhile. Early calls (load that moves) add nothing to these: the fleet
+// runs over the limit in no 1 s window when a bucket's whole load moves
+// between two instances every second or half second, also with replies
+// lost (TestSimLoadThatMoves, TestSimLoadThatMovesLostReplies, exact on a
+// fake clock). Measured
 // through three real instances (proxy/fleet_test.go): a hard limit of 3000
 // split 6:3:1 and flipped within 0.5% over 10 s, at most +2% in any second.
 //

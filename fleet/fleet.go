@@ -147,6 +147,9 @@ type Fleet struct {
 	base     map[string]uint64 // units counted before the epoch began
 	fleetRef map[string]fleetCount
 	buf      []Usage
+	moves    map[string]*moveTrack // per bucket, for the early calls (move.go)
+	early    int                   // early calls since the last periodic one
+	retry    bool                  // the last call failed (move.go)
 
 	// The periodic work (run): a timer on the clock, re-armed by each
 	// tick; tickMu serialises a tick with Close.
@@ -305,11 +308,12 @@ func (f *Fleet) tick() {
 	if f.closed {
 		return
 	}
-	f.sample()
-	if f.ticks++; f.ticks >= samplesPerPeriod {
+	f.ticks++
+	periodic := f.ticks >= samplesPerPeriod
+	if periodic {
 		f.ticks = 0
-		f.syncOnce()
 	}
+	f.work(periodic)
 	every := f.tickEvery()
 	next := time.Duration(f.next.Load()) + every
 	if now := f.clock.Now(); next <= now {
@@ -328,15 +332,32 @@ func (f *Fleet) lease() time.Duration {
 	return f.cfg.Period + max(f.cfg.Period/4, 50*time.Millisecond)
 }
 
-// sample records the callers held per bucket now, for the demand estimate.
+// work is one tick's work: a sample, then the periodic sync when due, or
+// an early one when a bucket's load moved (move.go).
+func (f *Fleet) work(periodic bool) {
+	f.sample()
+	switch {
+	case periodic:
+		f.early = 0
+		f.retry = !f.syncOnce()
+	case f.earlyDue():
+		f.early++
+		f.retry = !f.syncOnce()
+	}
+}
+
+// sample records the callers held per bucket now, for the demand estimate,
+// and the usage the early calls watch.
 func (f *Fleet) sample() {
 	_, f.buf = f.hooks.Usage(f.buf[:0])
 	f.samples.add(f.buf)
+	f.track(f.buf)
 }
 
 // syncOnce makes one store call (two when the store must be seeded first)
-// and puts its grants, or the fallback for a lost store, in force.
-func (f *Fleet) syncOnce() {
+// and puts its grants, or the fallback for a lost store, in force. It
+// reports whether the call succeeded.
+func (f *Fleet) syncOnce() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), f.cfg.CallTimeout)
 	defer cancel()
 	start := time.Now() // the call's real duration, for the metrics
@@ -345,6 +366,7 @@ func (f *Fleet) syncOnce() {
 	if err != nil {
 		f.lost()
 	}
+	return err == nil
 }
 
 // exchange is one report and its grants.
@@ -404,6 +426,7 @@ func (f *Fleet) exchange(ctx context.Context) error {
 		}
 	}
 	f.contact, f.lastOK = true, now
+	f.reported(req, rep)
 	f.lives[f.livesN%liveMemory] = rep.instances
 	f.livesN++
 	f.put(f.fromReply(rep))
@@ -545,7 +568,7 @@ func (f *Fleet) request(node Node, usage []Usage, now time.Duration) *syncReques
 		}
 		waiting := f.samples.mean(u.Name)
 		rejected := seen && u.Rejected > prev.rejected
-		d := demand(rate, waiting, rejected)
+		d := f.moved(u.Name, demand(rate, waiting, rejected))
 		if u.Units < f.base[u.Name] {
 			f.base[u.Name] = 0 // the bucket was created again
 		}

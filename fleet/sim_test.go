@@ -262,10 +262,7 @@ func (s *sim) run(d time.Duration, each func()) {
 			}
 			at := (now - in.phase) % s.period
 			if at%(s.period/samplesPerPeriod) == 0 {
-				in.f.sample()
-			}
-			if at == 0 {
-				in.f.syncOnce()
+				in.f.work(at == 0) // as tick does
 			}
 		}
 		if each != nil {

@@ -375,6 +375,9 @@ type bucketGrant struct {
 	reserved, hard int64 // units/s; -1 unlimited
 	fleetUnits     int64 // units used by the whole fleet, ever
 	pool           int64 // its share of the free pool in fair mode; -1 otherwise
+	// cut says the store cut its hard share by more than a fifth of what it
+	// computed for it, because other live instances held the rest.
+	cut bool
 }
 
 func (s *Store) sync(ctx context.Context, req *syncRequest) (*syncReply, error) {
@@ -413,7 +416,7 @@ func parseSyncReply(raw []any) (*syncReply, error) {
 	if r.status != "ok" {
 		return r, nil
 	}
-	if len(raw) < 6 || (len(raw)-6)%5 != 0 {
+	if len(raw) < 6 || (len(raw)-6)%6 != 0 {
 		return bad("length")
 	}
 	n, ok1 := raw[2].(int64)
@@ -427,17 +430,18 @@ func parseSyncReply(raw []any) (*syncReply, error) {
 	if st != "" {
 		r.state = []byte(st)
 	}
-	r.buckets = make([]bucketGrant, 0, (len(raw)-6)/5)
-	for i := 6; i < len(raw); i += 5 {
+	r.buckets = make([]bucketGrant, 0, (len(raw)-6)/6)
+	for i := 6; i < len(raw); i += 6 {
 		name, ok1 := raw[i].(string)
 		res, ok2 := raw[i+1].(int64)
 		hard, ok3 := raw[i+2].(int64)
 		total, ok4 := raw[i+3].(int64)
 		pool, ok5 := raw[i+4].(int64)
-		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 {
+		cut, ok6 := raw[i+5].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 {
 			return bad("bucket")
 		}
-		r.buckets = append(r.buckets, bucketGrant{name: name, reserved: res, hard: hard, fleetUnits: total, pool: pool})
+		r.buckets = append(r.buckets, bucketGrant{name: name, reserved: res, hard: hard, fleetUnits: total, pool: pool, cut: cut == 1})
 	}
 	return r, nil
 }

@@ -40,9 +40,11 @@
 -- hint_instances the number of live instances it last knew of.
 --
 -- Reply: {status, now_ms, live_instances, token, state_or_empty,
---         fp_grant, name, res_grant, hard_grant, fleet_units, pool_grant, ...}
+--         fp_grant, name, res_grant, hard_grant, fleet_units, pool_grant, cut, ...}
 -- pool_grant is the caller's share of the free pool for the bucket in fair
--- mode, -1 otherwise.
+-- mode, -1 otherwise. cut is 1 when the other live instances' holdings cut
+-- the caller's hard share by more than a fifth of its computed part (it may
+-- ask again before its period: fleet/move.go), else 0.
 -- status: "ok"; "stale" (seq not newer than one already recorded: nothing
 -- changed, nothing else returned); "seed" (the store holds no state yet);
 -- "conflict" (another live instance reports under the same name).
@@ -230,11 +232,20 @@ local function grant(limit, cap, weight, theirs, grantAt, limitAt, cur)
     if e[grantAt] > 0 then held = held + e[grantAt] end
   end
   local g = math.floor(share(limit, caps, ws))
+  -- A caller at the lowest weight reports that its load left (it releases
+  -- its share: fleet/move.go): it takes what it asks, none of the surplus,
+  -- so that the instance the load moved to finds it free.
+  if cap >= 0 and weight <= 0.001 and g > cap then g = cap end
   if cap < 0 and g < cur and g >= cur - cur / 10 then g = cur end
   local room = limit - held
+  -- Cut: the other live instances hold more than a fifth of what the
+  -- caller should have (not the phantoms: those leave within a lease, and asking
+  -- again before they are back would take their room). The caller may
+  -- ask again before its period, once they have released it.
+  local cut = phantoms == 0 and room < g - g / 5
   if g > room then g = room end
   if g < 0 then g = 0 end
-  return g, limit, room
+  return g, limit, room, cut
 end
 
 local function weight(w)
@@ -268,10 +279,10 @@ for _ = 1, nb do
   end
   local total = redis.call('HINCRBY', KEYS[4], name, used)
   local res = grant(reserved, cap, w, theirs, 3, 6, curRes)
-  local hrd = grant(hard, cap, w, theirs, 4, 7, curHard)
+  local hrd, _, _, cut = grant(hard, cap, w, theirs, 4, 7, curHard)
   if hrd >= 0 and (res < 0 or res > hrd) then res = hrd end
   local b = {name = name, self = self, rec = string.format('%.0f %.3f %.0f %.0f %.0f %.0f %.0f', cap, w, res, hrd, cum, reserved, hard),
-    res = res, hrd = hrd, total = total, pcap = pcap, w = w, bw = bw, theirs = theirs, held = 0, demand = pcap}
+    res = res, hrd = hrd, total = total, cut = cut, pcap = pcap, w = w, bw = bw, theirs = theirs, held = 0, demand = pcap}
   if fair then
     -- The bucket's demand on the fleet's free pool: the sum of the live
     -- instances' (an entry of an instance sharing first come first served
@@ -357,6 +368,7 @@ for _, b in ipairs(pool) do
   else
     reply[#reply + 1] = -1
   end
+  if b.cut then reply[#reply + 1] = 1 else reply[#reply + 1] = 0 end
 end
 
 redis.call('HSET', KEYS[3], '|' .. inst, string.format('%.0f %.3f %.0f %.0f', fpCap, fpW, fp, freePool))
