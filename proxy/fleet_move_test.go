@@ -14,6 +14,7 @@ import (
 // 1 s window holds more than +10% of it, and at every step the hard limits
 // the instances enforce add up to at most 1500 (the store's clamp).
 func TestFleetLoadThatMoves(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		every time.Duration
 		want  float64
@@ -25,6 +26,8 @@ func TestFleetLoadThatMoves(t *testing.T) {
 	}
 }
 
+// fleetLoadThatMoves runs TestFleetLoadThatMoves with the load moving
+// every every, and checks it delivers at least want of the limit.
 func fleetLoadThatMoves(t *testing.T, every time.Duration, want float64) {
 	const limit = 1500.0
 	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 1500\n", "1s")
