@@ -279,42 +279,6 @@ func TestTenantBoundsItsNeighboursWait(t *testing.T) {
 	}
 }
 
-// A connection of large reads gets its turn in its bucket's lane: while it
-// waits for room, the bucket's other connections, whose smaller reads
-// (20 KB) would keep fitting in what is left, start no reads, so the lane
-// drains and its 1 MB read goes.
-func TestLargeReaderNotStarvedBySmallReaders(t *testing.T) {
-	p, neighbour := startWithBigValue(t)
-	if r, err := neighbour.Set([]byte("medium"), bytes.Repeat([]byte("m"), 20000)); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatal(err, r)
-	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var small atomic.Int64
-	for range 3 {
-		c := dial(t, p.Addr)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pipelineGets(t, c, "medium", 50, stop, func(time.Time) { small.Add(1) })
-		}()
-	}
-	defer func() { close(stop); wg.Wait() }()
-	eventually(t, 10*time.Second, "the other readers to be streaming", func() bool { return small.Load() >= 500 })
-	neighbour.Timeout = 5 * time.Second
-	for i := range 5 {
-		// Its reads are known to be large from the first one on: each
-		// needs the lane nearly to itself.
-		r, err := neighbour.Get([]byte("big"))
-		if err != nil {
-			t.Fatalf("large GET %d among pipelined smaller ones: %v", i, err)
-		}
-		if r.Status() != mc.StatusSuccess || len(r.Value) != 1000*1000 {
-			t.Fatalf("large GET %d among pipelined smaller ones: %s, %d bytes", i, r.Status(), len(r.Value))
-		}
-	}
-}
-
 // A tenant that makes its reads look small (many small ones) and then
 // asks for many large values at once: on upstream connections it shares
 // with other buckets (conns_per_bucket = false) it has at most
