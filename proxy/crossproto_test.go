@@ -247,7 +247,7 @@ func TestCrossProtoSharedBucket(t *testing.T) {
 	if _, err := io.WriteString(txt.c, "set t 0 0 1\r\nx\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the text set to be held", func() bool { return tb.Stats().Held > held })
+	eventually(t, 30*time.Second, "the text set to be held", func() bool { return tb.Stats().Held > held })
 	clock.Advance(time.Second)
 	if line := txt.line(t); line != "STORED\r\n" {
 		t.Fatalf("held text set after the budget refilled: %q", line)
@@ -332,7 +332,7 @@ func TestCrossProtoTwoBuckets(t *testing.T) {
 	spent := alice.Stats().Commands
 	clock.Advance(10 * time.Second)
 	// Alice's held sets take her refilled burst and she is held again.
-	eventually(t, 5*time.Second, "alice's held sets to take her refilled burst", func() bool {
+	eventually(t, 30*time.Second, "alice's held sets to take her refilled burst", func() bool {
 		st := alice.Stats()
 		return st.Commands == spent+uint64(n) && st.Waiting == 1
 	})

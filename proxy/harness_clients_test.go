@@ -214,7 +214,7 @@ func dialText(t *testing.T, addr string) *textConn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second)) // liveness, not a figure
 	return &textConn{c: c, r: bufio.NewReader(c)}
 }
 
@@ -229,7 +229,7 @@ func (tc *textConn) line(t *testing.T) string {
 // fails on an error or a timeout.
 func textDo(t *testing.T, tc *textConn, in, last string) string {
 	t.Helper()
-	_ = tc.c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = tc.c.SetDeadline(time.Now().Add(30 * time.Second)) // liveness, not a figure
 	if _, err := io.WriteString(tc.c, in); err != nil {
 		t.Fatalf("write %q: %v", in, err)
 	}

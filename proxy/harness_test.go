@@ -69,7 +69,7 @@ func (tc testConfig) render(listen string, servers []string, statePath string) s
 		servers, tc.upstreamTLS = tlsServers(servers)
 	}
 	if !strings.Contains(up, "timeout") {
-		up += "\ntimeout = \"2s\""
+		up += "\ntimeout = \"30s\"" // a liveness bound (docs/tests.md, rule 3): a test that wants timeouts sets its own
 	}
 	if tc.upstreamTLS != "" {
 		up += "\n[upstream.tls]\n" + tc.upstreamTLS

@@ -362,7 +362,7 @@ func TestPipelinedReadsNotCapped(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the whole multi-get to be upstream", func() bool {
+	eventually(t, 30*time.Second, "the whole multi-get to be upstream", func() bool {
 		out := 0
 		onLoop(t, p, func(lp *loop) {
 			if s := sessionOf(lp, c.Conn().LocalAddr()); s != nil {
