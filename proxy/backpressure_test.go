@@ -220,16 +220,6 @@ func checkInStep(t *testing.T, c net.Conn) {
 	}
 }
 
-// admitted advances the proxy's fake clock by d and returns how many more
-// commands bucket b admitted, once the proxy has done all the new reading
-// allows (fakeTime: its one session held again, every wake-up due run).
-func admitted(t *testing.T, p *testProxy, clock *throttle.FakeClock, b *throttle.Bucket, d time.Duration) uint64 {
-	t.Helper()
-	before := b.Stats().Commands
-	(&fakeTime{t: t, p: p, clock: clock}).step(d, 1, nil)
-	return b.Stats().Commands - before
-}
-
 // TestHeldWriterBackPressure: a raw client pipelines 16 MiB of noreply
 // sets (256 times max_held_input_bytes) into a bucket at its hard limit,
 // on the engine's fake clock. The proxy stops reading it: the client's
