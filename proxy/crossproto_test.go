@@ -20,14 +20,6 @@ import (
 // carries them, a bucket's limit is one budget for both, its keys one
 // namespace, and two buckets stay apart whatever their clients speak.
 
-// unitCounts is a bucket's units so far: read and write units (as
-// /metrics and STAT throttle give them) and the engine's total charged.
-type unitCounts struct{ read, write, engine uint64 }
-
-func (u unitCounts) minus(o unitCounts) unitCounts {
-	return unitCounts{u.read - o.read, u.write - o.write, u.engine - o.engine}
-}
-
 // TestCrossProtoUnitsEqual: the same command on the same bytes costs the
 // same read and write units from a text client as from a binary client:
 // set as SET; get (whose reply carries the key) as GETK, a miss as one

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
@@ -226,27 +224,6 @@ func heldP99(t testing.TB, p *testProxy, bucket string) time.Duration {
 		return time.Duration(math.MaxInt64)
 	}
 	return 0
-}
-
-// waitHistogram returns bucket's kvthrottle_throttle_wait_seconds (how
-// long its held commands were held), or nil if it has none.
-func waitHistogram(t testing.TB, p *testProxy, bucket string) *dto.Histogram {
-	t.Helper()
-	mfs, err := p.Metrics().Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "kvthrottle_throttle_wait_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == bucket {
-				return m.GetHistogram()
-			}
-		}
-	}
-	return nil
 }
 
 func fairRates(bs []*fairBucket, window time.Duration) []float64 {

@@ -6,6 +6,7 @@ package proxy
 // check a test leaves no goroutine behind.
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -369,3 +370,25 @@ var scramCreds = sync.OnceValues(func() (map[string]string, error) {
 	}
 	return out, nil
 })
+
+// startWithBigValue starts a one-loop proxy with no limits and returns it
+// with a neighbour's connection, having stored "small" (1 byte) and "big"
+// (1,000,000 bytes) in the default bucket.
+func startWithBigValue(t *testing.T) (*testProxy, *mcclient.Client) {
+	t.Helper()
+	return startWithBigValueUp(t, "")
+}
+
+// startWithBigValueUp is startWithBigValue with these [upstream] lines.
+func startWithBigValueUp(t *testing.T, upstream string) (*testProxy, *mcclient.Client) {
+	t.Helper()
+	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, upstream: upstream, loops: 1})
+	neighbour := dial(t, p.Addr)
+	if r, err := neighbour.Set([]byte("small"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	if r, err := neighbour.Set([]byte("big"), bytes.Repeat([]byte("x"), 1000*1000)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	return p, neighbour
+}

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,35 +13,6 @@ import (
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
-
-// memcachedGetHits returns memcached's get_hits, asked directly.
-func memcachedGetHits(t *testing.T, addr string) int { return memcachedStat(t, addr, "get_hits") }
-
-// memcachedStat returns the general STAT named name of the memcached at
-// addr, read on a connection of its own.
-func memcachedStat(t *testing.T, addr, name string) int {
-	t.Helper()
-	c, err := mcclient.Dial(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	kv, err := c.Stats("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range kv {
-		if e[0] == name {
-			n, err := strconv.Atoi(e[1])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("memcached has no %s stat", name)
-	return 0
-}
 
 // startNonReader sets a 1,000,000-byte value "big", then sends n GETs of
 // it from a client that does not read its responses, and waits until the
@@ -163,28 +133,6 @@ func TestPausedNonReaderResumesWhenItReads(t *testing.T) {
 			t.Fatalf("response %d: %s, %d bytes, opaque %d (first %d)", i+1, r.Status(), len(r.Value), r.Opaque, first)
 		}
 	}
-}
-
-// startWithBigValue starts a one-loop proxy with no limits and returns it
-// with a neighbour's connection, having stored "small" (1 byte) and "big"
-// (1,000,000 bytes) in the default bucket.
-func startWithBigValue(t *testing.T) (*testProxy, *mcclient.Client) {
-	t.Helper()
-	return startWithBigValueUp(t, "")
-}
-
-// startWithBigValueUp is startWithBigValue with these [upstream] lines.
-func startWithBigValueUp(t *testing.T, upstream string) (*testProxy, *mcclient.Client) {
-	t.Helper()
-	p := startProxy(t, testConfig{throttle: `capacity = "unlimited"`, upstream: upstream, loops: 1})
-	neighbour := dial(t, p.Addr)
-	if r, err := neighbour.Set([]byte("small"), []byte("v")); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatal(err, r)
-	}
-	if r, err := neighbour.Set([]byte("big"), bytes.Repeat([]byte("x"), 1000*1000)); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatal(err, r)
-	}
-	return p, neighbour
 }
 
 // A client that reads as fast as it can and pipelines GETs of 1 MB keeps

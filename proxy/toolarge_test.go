@@ -39,23 +39,6 @@ func startSmallItems(t *testing.T) (*testProxy, *testmc.Server) {
 // tooLargeValue is a value no key makes fit in 1 KiB items.
 var tooLargeValue = strings.Repeat("y", 2000)
 
-// bytesRead returns memcached's bytes_read at addr.
-func bytesRead(t *testing.T, addr string) int {
-	t.Helper()
-	tc := dialText(t, addr)
-	for _, l := range strings.Split(textDo(t, tc, "stats\r\n", "END\r\n"), "\r\n") {
-		if v, ok := strings.CutPrefix(l, "STAT bytes_read "); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no bytes_read in memcached's stats")
-	return 0
-}
-
 // TestTooLargeTextMatchesMemcached: every text and meta write memcached
 // refuses as too large, sent through the proxy and to memcached directly,
 // each after a small value is set under its key and followed by a get of
