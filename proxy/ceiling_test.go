@@ -40,21 +40,6 @@ func notYet(t *testing.T, got <-chan *mcclient.Response, what string) {
 	}
 }
 
-// answered waits for an answer (a liveness bound, not a latency check).
-func answered(t *testing.T, got <-chan *mcclient.Response, what string) *mcclient.Response {
-	t.Helper()
-	select {
-	case r := <-got:
-		if r == nil {
-			t.Fatalf("%s: no answer (connection closed)", what)
-		}
-		return r
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%s: no answer in 30 s", what)
-	}
-	return nil
-}
-
 // A write whose value crosses its bucket's ceiling class is forwarded only
 // once the reads billed under the old class have settled: with a GET of
 // the bucket stuck in a frozen memcached, a SET of 100 KB raises the

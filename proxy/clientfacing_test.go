@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // Answers that real clients must be able to read: refused STAT groups,
@@ -167,45 +167,55 @@ func TestTimedOutCommandMayHaveRun(t *testing.T) {
 
 // TestFlushMetered: a FLUSH costs its bucket one write unit and is
 // admitted like a write: refused EWouldThrottle in non-blocking mode, held
-// otherwise, when the bucket is at its hard limit.
+// otherwise, when the bucket is at its hard limit. On the fake clock, at
+// 2 units/s and no burst: the first FLUSH goes, the second is refused with
+// the exact wait (half a second), and a blocking one is held (not answered
+// while the clock stands still) until the clock reaches that half second.
 func TestFlushMetered(t *testing.T) {
-	p := startProxy(t, testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 100",
-		tail: "[[bucket]]\nname = \"default\"\nflush_enabled = true\nhard_limit = 2\n"})
+	clock := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 0",
+		tail: "[[bucket]]\nname = \"default\"\nflush_enabled = true\nhard_limit = 2\n", loops: 1}, clock)
+	ft := &fakeTime{t: t, p: p, clock: clock}
 	nb := dial(t, p.Addr)
 	hello(t, nb, mc.FeatureNonBlockingThrottlingMode)
-	done, refused := 0, 0
-	for i := 0; i < 50 && refused == 0; i++ {
-		r, err := nb.Do(mcclient.Request{Opcode: mc.OpFlush})
-		switch status(t, r, err) {
-		case mc.StatusSuccess:
-			done++
-		case mc.StatusEWouldThrottle:
-			refused++
-		default:
-			t.Fatalf("FLUSH: %s %q", r.Status(), r.Value)
-		}
+	if r, err := nb.Do(mcclient.Request{Opcode: mc.OpFlush}); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("first FLUSH: %s %q", r.Status(), r.Value)
 	}
-	if refused == 0 || done > 5 {
-		t.Fatalf("%d FLUSHes done before the first EWouldThrottle at 2 units/s", done)
+	r, err := nb.Do(mcclient.Request{Opcode: mc.OpFlush})
+	if want := `{"next_tick_us":500000}`; status(t, r, err) != mc.StatusEWouldThrottle || string(r.Value) != want {
+		t.Fatalf("second FLUSH at 2 units/s, the clock standing still: %s %q; want EWouldThrottle %s", r.Status(), r.Value, want)
 	}
 	// A blocking connection waits for the budget instead.
 	c := dial(t, p.Addr)
-	if r, err := c.Do(mcclient.Request{Opcode: mc.OpFlush}); status(t, r, err) != mc.StatusSuccess {
-		t.Fatalf("blocking FLUSH: %s", r.Status())
+	c.Send(mcclient.Request{Opcode: mc.OpFlush})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
 	}
-	done++
+	ft.settle(1, nil)
+	ft.step(499*time.Millisecond, 1, nil)
+	ft.step(time.Millisecond, 0, nil)
+	if r, err := c.Read(); status(t, r, err) != mc.StatusSuccess {
+		t.Fatalf("blocking FLUSH at its turn: %s %q", r.Status(), r.Value)
+	}
 	st := p.Engine().Bucket("default").Stats()
-	if st.Held == 0 || st.Commands != uint64(done) || st.Units != uint64(done) {
-		t.Fatalf("engine: held %d, commands %d, units %d; want held > 0 and %d commands of one unit", st.Held, st.Commands, st.Units, done)
+	if st.Held != 1 || st.Rejected != 1 || st.Commands != 2 || st.Units != 2 {
+		t.Fatalf("engine: held %d, rejected %d, commands %d, units %d; want 1, 1, 2, 2", st.Held, st.Rejected, st.Commands, st.Units)
 	}
 	kv, err := c.Stats("throttle")
 	if err != nil {
 		t.Fatal(err)
 	}
+	found := false
 	for _, p := range kv {
-		if p[0] == "bucket:default:write_units_total" && p[1] != strconv.Itoa(done) {
-			t.Fatalf("write_units_total %s, want %d", p[1], done)
+		if p[0] == "bucket:default:write_units_total" {
+			found = true
+			if p[1] != "2" {
+				t.Fatalf("write_units_total %s, want 2", p[1])
+			}
 		}
+	}
+	if !found {
+		t.Fatal("STAT throttle has no bucket:default:write_units_total")
 	}
 }
 

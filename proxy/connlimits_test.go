@@ -157,18 +157,6 @@ func startSameSource(t *testing.T) (*testProxy, *throttle.FakeClock, net.Conn, f
 	return p, clock, dialSrc(), dialSrc, unauthSourceLimit(int(unauthLimit(maxConns)))
 }
 
-// talk sends a NOOP on c and waits for its answer.
-func talk(t *testing.T, c net.Conn, when string) {
-	t.Helper()
-	noop := mc.AppendFrame(nil, mc.Header{Magic: mc.MagicRequest, Opcode: mc.OpNoop, Opaque: 9}, nil, nil, nil, nil)
-	if _, err := c.Write(noop); err != nil {
-		t.Fatalf("NOOP %s: %v", when, err)
-	}
-	if h, err := readStatus(t, c, 5*time.Second); err != nil || h.Opcode != mc.OpNoop || h.Opaque != 9 {
-		t.Fatalf("NOOP %s: %v %+v", when, err, h)
-	}
-}
-
 // rankOf returns the eviction rank (evictRank) of c's session; it fails
 // the test when the proxy has no session for c.
 func rankOf(t *testing.T, p *testProxy, c net.Conn) int {

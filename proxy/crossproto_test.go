@@ -20,14 +20,6 @@ import (
 // carries them, a bucket's limit is one budget for both, its keys one
 // namespace, and two buckets stay apart whatever their clients speak.
 
-// unitCounts is a bucket's units so far: read and write units (as
-// /metrics and STAT throttle give them) and the engine's total charged.
-type unitCounts struct{ read, write, engine uint64 }
-
-func (u unitCounts) minus(o unitCounts) unitCounts {
-	return unitCounts{u.read - o.read, u.write - o.write, u.engine - o.engine}
-}
-
 // TestCrossProtoUnitsEqual: the same command on the same bytes costs the
 // same read and write units from a text client as from a binary client:
 // set as SET; get (whose reply carries the key) as GETK, a miss as one
@@ -247,7 +239,7 @@ func TestCrossProtoSharedBucket(t *testing.T) {
 	if _, err := io.WriteString(txt.c, "set t 0 0 1\r\nx\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the text set to be held", func() bool { return tb.Stats().Held > held })
+	eventually(t, 30*time.Second, "the text set to be held", func() bool { return tb.Stats().Held > held })
 	clock.Advance(time.Second)
 	if line := txt.line(t); line != "STORED\r\n" {
 		t.Fatalf("held text set after the budget refilled: %q", line)
@@ -332,7 +324,7 @@ func TestCrossProtoTwoBuckets(t *testing.T) {
 	spent := alice.Stats().Commands
 	clock.Advance(10 * time.Second)
 	// Alice's held sets take her refilled burst and she is held again.
-	eventually(t, 5*time.Second, "alice's held sets to take her refilled burst", func() bool {
+	eventually(t, 30*time.Second, "alice's held sets to take her refilled burst", func() bool {
 		st := alice.Stats()
 		return st.Commands == spent+uint64(n) && st.Waiting == 1
 	})

@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
@@ -229,42 +226,12 @@ func heldP99(t testing.TB, p *testProxy, bucket string) time.Duration {
 	return 0
 }
 
-// waitHistogram returns bucket's kvthrottle_throttle_wait_seconds (how
-// long its held commands were held), or nil if it has none.
-func waitHistogram(t testing.TB, p *testProxy, bucket string) *dto.Histogram {
-	t.Helper()
-	mfs, err := p.Metrics().Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "kvthrottle_throttle_wait_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == bucket {
-				return m.GetHistogram()
-			}
-		}
-	}
-	return nil
-}
-
 func fairRates(bs []*fairBucket, window time.Duration) []float64 {
 	r := make([]float64, len(bs))
 	for i, fb := range bs {
 		r[i] = float64(fb.done.Load()*fairGetUnits) / window.Seconds()
 	}
 	return r
-}
-
-func p99Of(d []time.Duration) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)*99/100]
 }
 
 // fairReport logs each bucket's rate, p99 latency (send to answer, the
@@ -277,7 +244,7 @@ func fairReport(t testing.TB, p *testProxy, mode string, bs []*fairBucket, windo
 	for i, fb := range bs {
 		weights[i] = max(fb.weight, 1)
 		line += fmt.Sprintf("  %s (weight %d, %d conns) %.0f units/s, p99 latency %v, p99 held <= %v;", fb.name, weights[i], fb.conns,
-			rates[i], p99Of(fb.lat).Round(10*time.Microsecond), heldP99(t, p, fb.name))
+			rates[i], p99(fb.lat).Round(10*time.Microsecond), heldP99(t, p, fb.name))
 	}
 	total := 0.0
 	for _, r := range rates {
@@ -498,7 +465,7 @@ func BenchmarkFairFreePool(b *testing.B) {
 			for i, fb := range bs {
 				total += rates[i]
 				b.ReportMetric(rates[i], fb.name+"_units/s")
-				b.ReportMetric(float64(p99Of(fb.lat))/1e6, fb.name+"_p99_ms")
+				b.ReportMetric(float64(p99(fb.lat))/1e6, fb.name+"_p99_ms")
 				b.ReportMetric(float64(heldP99(b, p, fb.name))/1e6, fb.name+"_held_p99_ms")
 			}
 			b.ReportMetric(100*total/9000, "pool_used_%")

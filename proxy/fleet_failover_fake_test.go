@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
@@ -175,22 +174,6 @@ func checkFailoverRates(t *testing.T, secs [][]float64) {
 	if rate := last / 6; rate < 3000*0.95 || rate > 3000*1.05 {
 		t.Errorf("the last 6 s: %.0f units/s, want 3000 +-5%%", rate)
 	}
-}
-
-// fleetStats returns p's fleet part of STAT throttle (nil if absent).
-func fleetStats(t testing.TB, p *testProxy) *mcclient.FleetStats {
-	t.Helper()
-	c := login(t, p.Addr, "admin")
-	defer c.Close()
-	kv, err := c.Stats("throttle")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := mcclient.ParseThrottleStats(kv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st.Fleet
 }
 
 // TestFleetClusterFailover: the store is a Redis Cluster of 3 primaries

@@ -15,9 +15,6 @@ import (
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
-// fleetTag is the hash tag of the fleet tests' keys (fleet name "test").
-const fleetTag = "{kvthrottle:test}"
-
 // storeWatch records, per instance, when its fleet last saw the store go
 // down and come back (Grants.StoreUp), polling every 5 ms until stopped.
 type storeWatch struct {
@@ -180,27 +177,6 @@ func BenchmarkFleetFailover(b *testing.B) {
 		back, applied := sentinelFailover(b)
 		report(b, back, applied)
 	})
-}
-
-// statHardLimit returns bucket's hard_limit as p's STAT throttle shows it
-// to the admin user (fleetUsers): the limit in force, not the share.
-func statHardLimit(t testing.TB, p *testProxy, bucket string) string {
-	t.Helper()
-	c := dial(t, p.Addr)
-	defer c.Close()
-	if err := c.AuthPlain("admin", "admin-pw"); err != nil {
-		t.Fatal(err)
-	}
-	kv, err := c.Stats("throttle")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, kv := range kv {
-		if kv[0] == "bucket:"+bucket+":hard_limit" {
-			return kv[1]
-		}
-	}
-	return ""
 }
 
 func perSecond(secs [][]float64) string {

@@ -3,14 +3,10 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"io"
 	"math"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
@@ -20,89 +16,6 @@ import (
 // Fleet mode end to end: a real redis-server, one memcached, three proxies
 // in this process, saturating clients. Rates are measured from the
 // engines' own unit counters, sampled once a second.
-
-// fleetTest is a fleet of proxies sharing one store and one memcached.
-type fleetTest struct {
-	t      testing.TB
-	redis  *testmc.Redis
-	mc     *testmc.Server
-	tail   string // buckets and users, shared by every instance
-	period string
-	// throttle: lines inside [throttle] (default: capacity = "unlimited")
-	throttle string
-	insts    []*testProxy
-	tcs      []testConfig
-	wall     func() time.Time // every instance's wall clock (default time.Now)
-	fake     *fleetFake       // fake clocks (newFakeFleetTest); nil: the real clock
-	url      string           // the store's redis_url when not redis's (a cluster, Sentinel)
-	log      io.Writer        // every instance's log when set (else testLogger's)
-}
-
-func newFleetTest(t testing.TB, tail, period string) *fleetTest {
-	return &fleetTest{t: t, redis: testmc.StartRedis(t), mc: testmc.Start(t), tail: tail, period: period}
-}
-
-// storeURL is the instances' redis_url.
-func (f *fleetTest) storeURL() string {
-	if f.url != "" {
-		return f.url
-	}
-	return f.redis.URL()
-}
-
-// start adds instance i (or restarts it with its earlier state file) with
-// proxy lines proxyLines (e.g. its default bucket).
-func (f *fleetTest) start(i int, proxyLines string) *testProxy {
-	f.t.Helper()
-	for len(f.insts) <= i {
-		f.insts = append(f.insts, nil)
-		f.tcs = append(f.tcs, testConfig{})
-	}
-	tc := f.tcs[i]
-	if tc.statePath == "" {
-		th := f.throttle
-		if th == "" {
-			th = `capacity = "unlimited"`
-		}
-		tc = testConfig{
-			proxy:     proxyLines,
-			throttle:  th,
-			statePath: filepath.Join(f.t.TempDir(), "state.json"),
-			loops:     1,
-			wall:      f.wall,
-			log:       f.log,
-			tail: f.tail + fmt.Sprintf("[fleet]\nredis_url = %q\nname = \"test\"\ninstance = \"i%d\"\ngrant_period = %q\n",
-				f.storeURL(), i, f.period),
-		}
-		f.tcs[i] = tc
-	}
-	f.fakeClocks(i, &tc)
-	p := startProxyTo(f.t, f.mc, tc)
-	f.insts[i] = p
-	return p
-}
-
-// units returns each instance's running total of units of bucket.
-func (f *fleetTest) units(bucket string) []float64 {
-	out := make([]float64, len(f.insts))
-	for i, p := range f.insts {
-		if p == nil {
-			continue
-		}
-		if b := p.Engine().Bucket(bucket); b != nil {
-			out[i] = float64(b.Stats().Units)
-		}
-	}
-	return out
-}
-
-func sum(xs []float64) float64 {
-	s := 0.0
-	for _, x := range xs {
-		s += x
-	}
-	return s
-}
 
 // checkWindow checks a 10 s window of a limit: the total within +-5%, each
 // second at most +10%; it returns each instance's part of the total.
@@ -131,22 +44,6 @@ func checkWindow(t *testing.T, what string, secs [][]float64, limit float64) []f
 		parts[i] /= total
 	}
 	return parts
-}
-
-// fleetAdmin makes an admin change through instance p and fails the test
-// unless it succeeds.
-func fleetAdmin(t testing.TB, p *testProxy, op mc.Opcode, key, body string) {
-	t.Helper()
-	c := login(t, p.Addr, "admin")
-	defer c.Close()
-	if r := adminDo(t, c, op, key, body); r.Header.Status() != mc.StatusSuccess {
-		t.Fatalf("%v %s %s: %v %s", op, key, body, r.Header.Status(), r.Value)
-	}
-}
-
-func fleetUsers(t testing.TB) string {
-	h := hashes(t)
-	return fmt.Sprintf("[[user]]\nname = \"admin\"\npassword_hash = %q\nprivileges = [\"admin\"]\nbuckets = [\"*\"]\n", h["admin"])
 }
 
 // TestFleetHardLimitFollowsTheLoad is the issue's first scenario: a
@@ -185,21 +82,6 @@ func TestFleetHardLimitFollowsTheLoad(t *testing.T) {
 	if n := l.errs.Load(); n != 0 {
 		t.Errorf("%d client errors", n)
 	}
-}
-
-func partsOf(secs [][]float64) []float64 {
-	parts := make([]float64, len(secs[0]))
-	total := 0.0
-	for _, s := range secs {
-		for i, x := range s {
-			parts[i] += x
-			total += x
-		}
-	}
-	for i := range parts {
-		parts[i] /= total
-	}
-	return parts
 }
 
 // checkSplit: each instance's part within 7 points of the clients' split
@@ -393,20 +275,6 @@ func TestFleetStoreLoss(t *testing.T) {
 }
 
 var _ = context.Background
-
-// fleetMetrics gathers an instance's metrics.
-func fleetMetrics(t *testing.T, p *testProxy) map[string]*dto.MetricFamily {
-	t.Helper()
-	mfs, err := p.Metrics().Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]*dto.MetricFamily{}
-	for _, mf := range mfs {
-		out[mf.GetName()] = mf
-	}
-	return out
-}
 
 // TestFleetMetricsReloadAndFlush: the fleet metrics of section 10; a
 // SIGHUP reload whose file changes a limit reaches the other instances (on

@@ -1,13 +1,16 @@
 package proxy
 
-// The fake-clock driver of the fleet tests: three proxies whose engines
-// read one fake clock, each with a fake fleet clock of its own, and closed
-// loop clients started and stopped one at a time.
+// Test helpers of fleet mode: a fleet of proxies sharing a Redis
+// (fleetTest, newFleetTest), its admin, users and statistics; and the
+// fake-clock driver of the fleet tests: three proxies whose engines read
+// one fake clock, each with a fake fleet clock of its own, and closed loop
+// clients started and stopped one at a time.
 
 import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -16,8 +19,10 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // fleetStep is how far the fleet tests move the fake clock at a time: a
@@ -291,4 +296,172 @@ func (f *fleetTest) hardSum(bucket string) int64 {
 		}
 	}
 	return s
+}
+
+// fleetTest is a fleet of proxies sharing one store and one memcached.
+type fleetTest struct {
+	t      testing.TB
+	redis  *testmc.Redis
+	mc     *testmc.Server
+	tail   string // buckets and users, shared by every instance
+	period string
+	// throttle: lines inside [throttle] (default: capacity = "unlimited")
+	throttle string
+	insts    []*testProxy
+	tcs      []testConfig
+	wall     func() time.Time // every instance's wall clock (default time.Now)
+	fake     *fleetFake       // fake clocks (newFakeFleetTest); nil: the real clock
+	url      string           // the store's redis_url when not redis's (a cluster, Sentinel)
+	log      io.Writer        // every instance's log when set (else testLogger's)
+}
+
+func newFleetTest(t testing.TB, tail, period string) *fleetTest {
+	return &fleetTest{t: t, redis: testmc.StartRedis(t), mc: testmc.Start(t), tail: tail, period: period}
+}
+
+// storeURL is the instances' redis_url.
+func (f *fleetTest) storeURL() string {
+	if f.url != "" {
+		return f.url
+	}
+	return f.redis.URL()
+}
+
+// start adds instance i (or restarts it with its earlier state file) with
+// proxy lines proxyLines (e.g. its default bucket).
+func (f *fleetTest) start(i int, proxyLines string) *testProxy {
+	f.t.Helper()
+	for len(f.insts) <= i {
+		f.insts = append(f.insts, nil)
+		f.tcs = append(f.tcs, testConfig{})
+	}
+	tc := f.tcs[i]
+	if tc.statePath == "" {
+		th := f.throttle
+		if th == "" {
+			th = `capacity = "unlimited"`
+		}
+		tc = testConfig{
+			proxy:     proxyLines,
+			throttle:  th,
+			statePath: filepath.Join(f.t.TempDir(), "state.json"),
+			loops:     1,
+			wall:      f.wall,
+			log:       f.log,
+			tail: f.tail + fmt.Sprintf("[fleet]\nredis_url = %q\nname = \"test\"\ninstance = \"i%d\"\ngrant_period = %q\n",
+				f.storeURL(), i, f.period),
+		}
+		f.tcs[i] = tc
+	}
+	f.fakeClocks(i, &tc)
+	p := startProxyTo(f.t, f.mc, tc)
+	f.insts[i] = p
+	return p
+}
+
+// units returns each instance's running total of units of bucket.
+func (f *fleetTest) units(bucket string) []float64 {
+	out := make([]float64, len(f.insts))
+	for i, p := range f.insts {
+		if p == nil {
+			continue
+		}
+		if b := p.Engine().Bucket(bucket); b != nil {
+			out[i] = float64(b.Stats().Units)
+		}
+	}
+	return out
+}
+
+func sum(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}
+
+// fleetAdmin makes an admin change through instance p and fails the test
+// unless it succeeds.
+func fleetAdmin(t testing.TB, p *testProxy, op mc.Opcode, key, body string) {
+	t.Helper()
+	c := login(t, p.Addr, "admin")
+	defer c.Close()
+	if r := adminDo(t, c, op, key, body); r.Header.Status() != mc.StatusSuccess {
+		t.Fatalf("%v %s %s: %v %s", op, key, body, r.Header.Status(), r.Value)
+	}
+}
+
+func fleetUsers(t testing.TB) string {
+	h := hashes(t)
+	return fmt.Sprintf("[[user]]\nname = \"admin\"\npassword_hash = %q\nprivileges = [\"admin\"]\nbuckets = [\"*\"]\n", h["admin"])
+}
+
+func partsOf(secs [][]float64) []float64 {
+	parts := make([]float64, len(secs[0]))
+	total := 0.0
+	for _, s := range secs {
+		for i, x := range s {
+			parts[i] += x
+			total += x
+		}
+	}
+	for i := range parts {
+		parts[i] /= total
+	}
+	return parts
+}
+
+// fleetMetrics gathers an instance's metrics.
+func fleetMetrics(t *testing.T, p *testProxy) map[string]*dto.MetricFamily {
+	t.Helper()
+	mfs, err := p.Metrics().Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*dto.MetricFamily{}
+	for _, mf := range mfs {
+		out[mf.GetName()] = mf
+	}
+	return out
+}
+
+// fleetTag is the hash tag of the fleet tests' keys (fleet name "test").
+const fleetTag = "{kvthrottle:test}"
+
+// statHardLimit returns bucket's hard_limit as p's STAT throttle shows it
+// to the admin user (fleetUsers): the limit in force, not the share.
+func statHardLimit(t testing.TB, p *testProxy, bucket string) string {
+	t.Helper()
+	c := dial(t, p.Addr)
+	defer c.Close()
+	if err := c.AuthPlain("admin", "admin-pw"); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := c.Stats("throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range kv {
+		if kv[0] == "bucket:"+bucket+":hard_limit" {
+			return kv[1]
+		}
+	}
+	return ""
+}
+
+// fleetStats returns p's fleet part of STAT throttle (nil if absent).
+func fleetStats(t testing.TB, p *testProxy) *mcclient.FleetStats {
+	t.Helper()
+	c := login(t, p.Addr, "admin")
+	defer c.Close()
+	kv, err := c.Stats("throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := mcclient.ParseThrottleStats(kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Fleet
 }

@@ -159,3 +159,13 @@ func sessionOf(lp *loop, addr net.Addr) *session {
 	}
 	return nil
 }
+
+// admitted advances the proxy's fake clock by d and returns how many more
+// commands bucket b admitted, once the proxy has done all the new reading
+// allows (fakeTime: its one session held again, every wake-up due run).
+func admitted(t *testing.T, p *testProxy, clock *throttle.FakeClock, b *throttle.Bucket, d time.Duration) uint64 {
+	t.Helper()
+	before := b.Stats().Commands
+	(&fakeTime{t: t, p: p, clock: clock}).step(d, 1, nil)
+	return b.Stats().Commands - before
+}

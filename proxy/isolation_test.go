@@ -55,7 +55,7 @@ func TestBucketsDoNotQueueBehindEachOther(t *testing.T) {
 			if err := attacker.Flush(); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 5*time.Second, "the attacker's reads to be upstream", func() bool {
+			eventually(t, 30*time.Second, "the attacker's reads to be upstream", func() bool {
 				out := 0
 				onLoop(t, p, func(lp *loop) {
 					if s := sessionOf(lp, attacker.Conn().LocalAddr()); s != nil {
@@ -69,7 +69,7 @@ func TestBucketsDoNotQueueBehindEachOther(t *testing.T) {
 				t.Fatal(err)
 			}
 			var shared bool
-			eventually(t, 5*time.Second, "the neighbour's read to be upstream", func() bool {
+			eventually(t, 30*time.Second, "the neighbour's read to be upstream", func() bool {
 				out := 0
 				onLoop(t, p, func(lp *loop) {
 					a, n := sessionOf(lp, attacker.Conn().LocalAddr()), sessionOf(lp, neighbour.Conn().LocalAddr())
@@ -161,7 +161,7 @@ func TestIdleBucketConnectionsClose(t *testing.T) {
 	if n := conns(); n != 1 {
 		t.Fatalf("alice's lane has %d upstream connections after a SET, want 1", n)
 	}
-	eventually(t, 5*time.Second, "alice's idle connection to close", func() bool { return conns() == 0 })
+	eventually(t, 30*time.Second, "alice's idle connection to close", func() bool { return conns() == 0 })
 	if r, err := c.Get([]byte("k")); err != nil || r.Status() != mc.StatusSuccess || string(r.Value) != "v" {
 		t.Fatalf("GET after the idle close: %v %v", err, r)
 	}

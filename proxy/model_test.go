@@ -354,7 +354,7 @@ func TestChaosUpstreamRestarts(t *testing.T) {
 	time.Sleep(700 * time.Millisecond)
 	close(stop)
 	<-done
-	eventually(t, 5*time.Second, "connections and in-flight commands back to 0", func() bool {
+	eventually(t, 30*time.Second, "connections and in-flight commands back to 0", func() bool {
 		return p.Connections() == 0 && p.inflight() == 0
 	})
 }
@@ -391,10 +391,10 @@ func TestChaosReloadServers(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	close(stop)
 	<-done
-	eventually(t, 5*time.Second, "connections and in-flight commands back to 0", func() bool {
+	eventually(t, 30*time.Second, "connections and in-flight commands back to 0", func() bool {
 		return p.Connections() == 0 && p.inflight() == 0
 	})
-	eventually(t, 3*time.Second, "retiring upstream connections closed", func() bool {
+	eventually(t, 30*time.Second, "retiring upstream connections closed", func() bool {
 		n := 0
 		p.eachLoop(func(lp *loop) {
 			done := make(chan struct{})

@@ -103,11 +103,11 @@ func TestClosedClientCostsNeighboursNothing(t *testing.T) {
 		})
 		return n
 	}
-	eventually(t, 5*time.Second, "both clients' reads to be upstream", func() bool {
+	eventually(t, 30*time.Second, "both clients' reads to be upstream", func() bool {
 		return readsOut(gone) == keys && readsOut(other) == 1
 	})
 	gone.Close()
-	eventually(t, 5*time.Second, "the proxy to see the client go", func() bool {
+	eventually(t, 30*time.Second, "the proxy to see the client go", func() bool {
 		open := false
 		onLoop(t, p, func(lp *loop) { open = sessionOf(lp, gone.Conn().LocalAddr()) != nil })
 		return !open

@@ -25,15 +25,6 @@ func bigSetHeader(bodyLen int) []byte {
 	return b
 }
 
-// waitClosed waits up to d for the proxy to close conn (EOF or reset),
-// discarding anything it sends first.
-func waitClosed(t testing.TB, conn net.Conn, d time.Duration) {
-	t.Helper()
-	if err := closedWithin(conn, d); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // closedWithin is waitClosed for any goroutine: it returns an error when
 // conn is still open after d.
 func closedWithin(conn net.Conn, d time.Duration) error {

@@ -306,7 +306,7 @@ func TestReloadUnderLoad(t *testing.T) {
 			}
 		}(i, c)
 	}
-	eventually(t, 5*time.Second, "load", func() bool { return done.Load() > 200 })
+	eventually(t, 30*time.Second, "load", func() bool { return done.Load() > 200 })
 	third := testmc.Start(t)
 	for round := 0; round < 3; round++ {
 		servers := []string{a.Addr, b.Addr}
@@ -322,7 +322,7 @@ func TestReloadUnderLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		n := done.Load()
-		eventually(t, 5*time.Second, "load after reload", func() bool { return done.Load() > n+200 })
+		eventually(t, 30*time.Second, "load after reload", func() bool { return done.Load() > n+200 })
 	}
 	close(stop)
 	wg.Wait()

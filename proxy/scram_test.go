@@ -1,74 +1,18 @@
 package proxy
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/xdg-go/scram"
 
-	"github.com/kvthrottle/kvthrottle/bucketcfg"
-	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
-
-// rawConn is a binary-protocol connection dialled from a chosen local
-// address (mcclient dials from the default one): 127.0.0.2 is a "remote"
-// client for proxy.plain_auth, though Linux routes it over lo.
-type rawConn struct {
-	t testing.TB
-	c net.Conn
-	r *bufio.Reader
-}
-
-// send writes one request.
-func (rc *rawConn) send(op mc.Opcode, extras, key, value []byte) {
-	rc.t.Helper()
-	b := mc.AppendFrame(nil, mc.Header{Magic: mc.MagicRequest, Opcode: op, Opaque: 7}, nil, extras, key, value)
-	if _, err := rc.c.Write(b); err != nil {
-		rc.t.Fatal(err)
-	}
-}
-
-// read reads one response: its status and value.
-func (rc *rawConn) read() (mc.Status, []byte, error) {
-	_ = rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	hdr := make([]byte, mc.HeaderLen)
-	if _, err := io.ReadFull(rc.r, hdr); err != nil {
-		return 0, nil, err
-	}
-	h, err := mc.ParseHeader(hdr)
-	if err != nil {
-		return 0, nil, err
-	}
-	body := make([]byte, h.BodyLen)
-	if _, err := io.ReadFull(rc.r, body); err != nil {
-		return 0, nil, err
-	}
-	return h.Status(), body[int(h.ExtLen)+int(h.KeyLen):], nil
-}
-
-// do sends one request and reads its answer.
-func (rc *rawConn) do(op mc.Opcode, key, value string) (mc.Status, string) {
-	rc.t.Helper()
-	var extras []byte
-	if op == mc.OpSet {
-		extras = mcclient.SetExtras(0, 0)
-	}
-	rc.send(op, extras, []byte(key), []byte(value))
-	st, v, err := rc.read()
-	if err != nil {
-		rc.t.Fatalf("%s: %v", op, err)
-	}
-	return st, string(v)
-}
 
 // scramLogin runs a SCRAM conversation with mechanism mech (Couchbase's
 // name) as user: the AUTH's status, the STEP's (0 when there was none),
@@ -106,20 +50,6 @@ func scramLogin(t testing.TB, rc *rawConn, mech, user, password string) (auth, s
 	}
 	return auth, step, nil
 }
-
-var scramCreds = sync.OnceValues(func() (map[string]string, error) {
-	out := map[string]string{}
-	for _, u := range []string{"alice", "carol"} {
-		for _, h := range []bucketcfg.SCRAMHash{bucketcfg.SCRAMSHA256, bucketcfg.SCRAMSHA512} {
-			v, err := bucketcfg.HashSCRAM(h, u+"-pw", bucketcfg.MinSCRAMIterations)
-			if err != nil {
-				return nil, err
-			}
-			out[u+h.String()] = v
-		}
-	}
-	return out, nil
-})
 
 // TestSCRAMLogin: SCRAM-SHA256 and SCRAM-SHA512 log a user in without the
 // password crossing the wire, into the bucket named like it (as PLAIN

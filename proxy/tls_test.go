@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,49 +25,6 @@ import (
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
-
-// tlsSetup is a proxy with a TLS listener, and the certificates to talk
-// to it.
-type tlsSetup struct {
-	p        *testProxy
-	tc       testConfig
-	ca       *testcerts.CA // signs the server's and the clients' certificates
-	dir      string
-	certFile string // the server's, rewritten by rotation tests
-	keyFile  string
-}
-
-// clientCert issues a client certificate with common name cn.
-func (s *tlsSetup) clientCert(t *testing.T, cn string) *tls.Certificate {
-	c := s.ca.Issue(t, testcerts.Leaf{CN: cn, Client: true}).TLS(t)
-	return &c
-}
-
-// dialTLS connects over TLS (presenting cert when not nil) and completes
-// the handshake.
-func (s *tlsSetup) dialTLS(t testing.TB, cert *tls.Certificate) (*tls.Conn, error) {
-	t.Helper()
-	conf := &tls.Config{RootCAs: s.ca.Pool(), ServerName: "localhost"}
-	if cert != nil {
-		conf.Certificates = []tls.Certificate{*cert}
-	}
-	d := &net.Dialer{Timeout: 5 * time.Second}
-	c, err := tls.DialWithDialer(d, "tcp", s.p.TLSAddr(), conf)
-	if err != nil {
-		return nil, err
-	}
-	t.Cleanup(func() { c.Close() })
-	return c, nil
-}
-
-func (s *tlsSetup) client(t *testing.T, cert *tls.Certificate) *mcclient.Client {
-	t.Helper()
-	c, err := s.dialTLS(t, cert)
-	if err != nil {
-		t.Fatalf("TLS dial: %v", err)
-	}
-	return mcclient.New(c)
-}
 
 // TestTLSBinary runs binary commands over TLS with no client certificate:
 // the connection gets the default bucket, SASL works as on proxy.listen,
@@ -412,18 +368,6 @@ func tlsGoroutines() int {
 		}
 	}
 	return count
-}
-
-// goroutineStacks returns the stack of every goroutine, one per element.
-func goroutineStacks() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Split(string(buf[:n]), "\n\n")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 }
 
 // TestTLSOpenSSL: openssl s_client, an independent TLS client, gets an
@@ -788,17 +732,6 @@ func TestTLSSilentSourcesDoNotBlockHandshakes(t *testing.T) {
 	if n := s.p.tls.evicted.Load(); n != 1 {
 		t.Fatalf("%d handshakes evicted, want 1", n)
 	}
-}
-
-// handshakesInProgress counts the TLS handshakes srv is running.
-func handshakesInProgress(srv *Server) int {
-	srv.tls.mu.Lock()
-	defer srv.tls.mu.Unlock()
-	n := 0
-	for _, k := range srv.tls.sources {
-		n += k
-	}
-	return n
 }
 
 // TestTLSSCRAM: SASL SCRAM-SHA256 and SCRAM-SHA512 over TLS (a Go TLS

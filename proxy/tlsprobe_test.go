@@ -12,7 +12,6 @@ import (
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
-	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // A TCP connection that closes without a word (a load balancer's health
@@ -87,14 +86,6 @@ func checkPool(t *testing.T, s *tlsSetup, what string) {
 	if failed, errs := tlsPool(t, s, n); failed > 0 {
 		t.Fatalf("%s: %d of %d TLS connections from one address failed (handshakes ended to make room: %d): %v", what, failed, n, s.p.tls.evicted.Load(), errs)
 	}
-}
-
-// startTLSProxyClock is startTLSProxy (no client certificates) on a fake
-// engine clock reading 0.
-func startTLSProxyClock(t *testing.T) (*tlsSetup, *throttle.FakeClock) {
-	t.Helper()
-	clock := throttle.NewFakeClock(0)
-	return startTLSProxyWith(t, false, testConfig{tail: tenantTail(t), clock: clock}), clock
 }
 
 // TestTLSPoolAfterTCPProbe: one TCP connect-and-close on the TLS port, its

@@ -98,3 +98,23 @@ func keyOnServer(t *testing.T, via *textConn, m *testmc.Server, prefix string) s
 	t.Fatalf("no key of 200 on %s", m.Addr)
 	return ""
 }
+
+// TestTooLargeMixedItemSizes: a text write is held to the item size limit
+// of its key's server, not to the smallest of the pool's: behind a
+// memcached of 1 KiB items and one of the default 1 MiB, a 2000-byte set
+// of a key of the 1 MiB server is stored there and read back, as that
+// server answers it directly (a pool of mixed -I, or a rolling restart
+// that changes it, loses no write the key's own server accepts, and
+// unlinks no value there).
+func TestTooLargeMixedItemSizes(t *testing.T) {
+	t.Parallel()
+	p, _, big := startMixedItems(t, "")
+	via := dialText(t, p.Addr)
+	key := keyOnServer(t, via, big, "mixed") // a key that lives on the 1 MiB server
+	v := strings.Repeat("y", 2000)
+	got := textDo(t, via, fmt.Sprintf("set %s 0 0 2000\r\n%s\r\nget %s\r\n", key, v, key), "END\r\n")
+	want := fmt.Sprintf("STORED\r\nVALUE %s 0 2000\r\n%s\r\nEND\r\n", key, v)
+	if got != want {
+		t.Errorf("2000-byte set of %s (on the 1 MiB server) through the proxy:\n%.120q\nwant what its server answers:\n%.120q", key, got, want)
+	}
+}

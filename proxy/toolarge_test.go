@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvthrottle/kvthrottle/internal/testcerts"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
@@ -37,23 +38,6 @@ func startSmallItems(t *testing.T) (*testProxy, *testmc.Server) {
 
 // tooLargeValue is a value no key makes fit in 1 KiB items.
 var tooLargeValue = strings.Repeat("y", 2000)
-
-// bytesRead returns memcached's bytes_read at addr.
-func bytesRead(t *testing.T, addr string) int {
-	t.Helper()
-	tc := dialText(t, addr)
-	for _, l := range strings.Split(textDo(t, tc, "stats\r\n", "END\r\n"), "\r\n") {
-		if v, ok := strings.CutPrefix(l, "STAT bytes_read "); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no bytes_read in memcached's stats")
-	return 0
-}
 
 // TestTooLargeTextMatchesMemcached: every text and meta write memcached
 // refuses as too large, sent through the proxy and to memcached directly,
@@ -253,5 +237,41 @@ func (ft *fakeTime) discarding(addr net.Addr) int {
 			ft.t.Fatalf("at %v the session did not settle: %d bytes left to drop", ft.clock.Now(), left)
 		}
 		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// TestTooLargeOverTLS: a TLS client of a bucket hard-limited to 500
+// units/s sets a key, then writes 300 KB under it (too large for 1 KiB
+// items) and reads it back in the same write: it gets memcached's
+// refusal, the key is gone, and the commands after the value are answered
+// in step (the value is dropped paced from the TLS session's buffer).
+func TestTooLargeOverTLS(t *testing.T) {
+	t.Parallel()
+	s := &tlsSetup{ca: testcerts.NewCA(t, "kvthrottle test CA"), dir: t.TempDir()}
+	s.certFile, s.keyFile = s.ca.Server(t).Write(t, s.dir, "server")
+	tc := testConfig{throttle: `capacity = "unlimited"`, tail: "[[bucket]]\nname = \"default\"\nhard_limit = 500\n" +
+		fmt.Sprintf("\n[tls]\nlisten = %q\ncert_file = %q\nkey_file = %q\n", testmc.FreeAddr(t), s.certFile, s.keyFile)}
+	s.p = startProxyTo(t, testmc.Start(t, smallItems...), tc)
+	eventually(t, 5*time.Second, "memcached's item size known", func() bool { return s.p.pool.ItemSizeMax() == 1024 })
+	c, err := s.dialTLS(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	tc2 := &textConn{c: c, r: bufio.NewReader(c)}
+	for _, size := range []int{2000, 300 << 10} {
+		in := fmt.Sprintf("set tk 0 0 3\r\nold\r\nset tk 0 0 %d\r\n%s\r\nget tk\r\nmn\r\n", size, strings.Repeat("z", size))
+		go func() { _, _ = io.WriteString(c, in) }()
+		var out strings.Builder
+		for !strings.HasSuffix(out.String(), "MN\r\n") {
+			l, err := tc2.r.ReadString('\n')
+			out.WriteString(l)
+			if err != nil {
+				t.Fatalf("%d bytes over TLS: %v after %q", size, err, out.String())
+			}
+		}
+		if want := "STORED\r\nSERVER_ERROR object too large for cache\r\nEND\r\nMN\r\n"; out.String() != want {
+			t.Errorf("%d bytes over TLS: %q, want %q", size, out.String(), want)
+		}
 	}
 }

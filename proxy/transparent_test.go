@@ -110,8 +110,8 @@ func TestDisconnectInFlight(t *testing.T) {
 		_ = c.Flush()
 		c.Close()
 	}
-	eventually(t, 5*time.Second, "in-flight commands to drain", func() bool { return p.inflight() == 0 })
-	eventually(t, 5*time.Second, "connections to close", func() bool { return p.Connections() == 1 })
+	eventually(t, 30*time.Second, "in-flight commands to drain", func() bool { return p.inflight() == 0 })
+	eventually(t, 30*time.Second, "connections to close", func() bool { return p.Connections() == 1 })
 	c := dial(t, p.Addr)
 	for i := 0; i < 100; i++ {
 		key := []byte(fmt.Sprintf("after%d", i))
@@ -125,7 +125,7 @@ func TestDisconnectInFlight(t *testing.T) {
 	// Not counted: the bridges of upstream TLS connections
 	// (KVTHROTTLE_TEST_UPSTREAM_TLS=1), which the pool opens as load grows
 	// and keeps.
-	eventually(t, 5*time.Second, "goroutines back to baseline", func() bool { return goroutinesOutside("connbridge.") <= base+1 })
+	eventually(t, 30*time.Second, "goroutines back to baseline", func() bool { return goroutinesOutside("connbridge.") <= base+1 })
 }
 
 // TestInvalidFrames: a bad magic and a body over the limit get Einval, then

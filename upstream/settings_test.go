@@ -255,3 +255,33 @@ func TestLoopPoolItemSizeMaxFor(t *testing.T) {
 		t.Fatalf("keys per server after the reload %v", on)
 	}
 }
+
+// TestPoolAsksSettingsAgainAfterOneLostAnswer: the prober keeps asking a
+// server that stays up for its settings after an ask goes unanswered (as
+// under load), so a memcached whose first `stats settings` answer is lost
+// (every later one answered at once with item_size_max 1024) has its item
+// size learned, if later than at once: one slow answer at start does not
+// leave the too-large refusal off while the server stays up, and a figure
+// learned before is refreshed (a restart with another -I between two
+// probes is seen).
+func TestPoolAsksSettingsAgainAfterOneLostAnswer(t *testing.T) {
+	fs := startSettingsServer(t, func(ask int32) int64 {
+		if ask == 1 {
+			return 0 // lost
+		}
+		return 1024
+	})
+	stats := &fs.asks
+	p := newTestPool(t, PoolConfig{Servers: []string{fs.addr}},
+		PoolOptions{Timeout: 100 * time.Millisecond, ProbeInterval: 5 * time.Millisecond})
+	p.Start()
+	eventually(t, 5*time.Second, "the first ask", func() bool { return stats.Load() >= 1 })
+	deadline := time.Now().Add(10 * time.Second)
+	for p.ItemSizeMax() != 1024 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10 s up (about 2,000 probes): ItemSizeMax %d, asked for settings %d times; want 1024",
+				p.ItemSizeMax(), stats.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
