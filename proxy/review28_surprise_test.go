@@ -7,12 +7,14 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
@@ -158,5 +160,79 @@ func TestRule3SurpriseMultiReadHeldToHardLimit(t *testing.T) {
 				t.Fatalf("ceiling %d after the surprises, want class 256 (245 units)", got)
 			}
 		})
+	}
+}
+
+// TestRule3ReservedNeighbourBesideSurpriseStorm: a bucket of pipelined
+// 1-unit reads within its reservation (calm: 1,000 units/s and no more,
+// on a [[listener]] of its own; the free pool is noisy's 100) shares the event loop and its upstream
+// connections with a bucket (noisy: hard limit 100/s) that reads, in one
+// multi-get, ten values of 1,000,000 bytes written around the proxy, each
+// a surprise whose excess waits in its slot for 2.4 s of engine time.
+// At every 20 ms of the fake clock calm has had its reservation beyond
+// the burst it had at once (98% of 1,000 units/s), whatever noisy waits for, and noisy no
+// more than its hard limit's bound.
+func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
+	t.Parallel()
+	clk := throttle.NewFakeClock(time.Hour)
+	calmAddr := testmc.FreeAddr(t)
+	p := startProxyClock(t, testConfig{throttle: "capacity = 1100", loops: 1, proxy: `default_bucket = "noisy"`,
+		tail: "[[bucket]]\nname = \"noisy\"\nhard_limit = 100\n[[bucket]]\nname = \"calm\"\nreserved = 1000\nhard_limit = 1000\n" +
+			fmt.Sprintf("[[listener]]\nlisten = %q\nbucket = \"calm\"\n", calmAddr)}, clk)
+	direct := dial(t, p.MC.Addr)
+	var keys []string
+	for i := 0; i < 10; i++ {
+		k := fmt.Sprintf("big%d", i)
+		keys = append(keys, k)
+		if r, err := direct.Set([]byte("noisy:"+k), bytes.Repeat([]byte("v"), 1_000_000)); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("seed memcached: %v %v", r, err)
+		}
+	}
+	calm, err := net.Dial("tcp", calmAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { calm.Close() })
+	if _, err := io.WriteString(calm, "set s 0 0 1 noreply\r\nx\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	var calmHits atomic.Int64
+	go countHits(calm, &calmHits)
+	noisy, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { noisy.Close() })
+	var bc byteCounter
+	go bc.run(noisy)
+	if _, err := io.WriteString(noisy, "get "+strings.Join(keys, " ")+"\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	settledOwing(t, p, &bc)
+	if _, err := io.WriteString(calm, strings.Repeat("mg s v\r\n", 1500)); err != nil {
+		t.Fatal(err)
+	}
+	const step = 20 * time.Millisecond
+	var elapsed time.Duration
+	var burst int64 // what calm had at once: its burst
+	for elapsed < time.Second {
+		settledOwing(t, p, &bc)
+		stable(t, func() uint64 { return uint64(calmHits.Load()) })
+		if elapsed == 0 {
+			burst = calmHits.Load()
+		}
+		got, want := calmHits.Load()-burst, int64(1000*elapsed/time.Second)
+		if got < want*98/100 {
+			t.Fatalf("after %v of engine time calm had %d reads of 1 unit beyond its burst of %d, under 98%% of its reservation's %d", elapsed, got, burst, want)
+		}
+		if n := bc.n.Load() / 1_000_000; int(n)*245 > int(100*elapsed/time.Second)+257+10 {
+			t.Fatalf("after %v of engine time noisy had %d values (%d units) at a hard limit of 100/s", elapsed, n, n*245)
+		}
+		clk.Advance(step)
+		elapsed += step
+	}
+	if bc.n.Load() >= 10*1_000_000 {
+		t.Fatal("noisy had every value within a second at 100 units/s")
 	}
 }
