@@ -4,13 +4,16 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // setValue sets key to n bytes through c and fails the test unless stored.
@@ -101,5 +104,66 @@ func TestFleetCeilingsFollowFlush(t *testing.T) {
 	b = f.start(1, `default_bucket = "b"`)
 	if got := ceil(b); got != 32 {
 		t.Fatalf("restarted instance: ceiling %d, want 32", got)
+	}
+}
+
+// TestCeilingFollowsAppendGrowth: a value grown by appends through the
+// proxy (text append and prepend, meta ms MA and MP, binary APPEND and
+// PREPENDQ), each piece small, raises the ceiling to the sum before each
+// piece goes: a GET of the grown value is never billed below it (no
+// surprise: its bill covers it).
+func TestCeilingFollowsAppendGrowth(t *testing.T) {
+	t.Parallel()
+	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`}, throttle.NewFakeClock(time.Hour))
+	rc := p.Engine().Bucket("default").ReadCost()
+	piece := strings.Repeat("a", 30_000)
+	tc := dialText(t, p.Addr)
+	bin := dial(t, p.Addr)
+	size := 0
+	grow := func(how string, send func()) {
+		t.Helper()
+		send()
+		size += len(piece)
+		if need := throttle.ReadUnits(int64(250+size), 4096); rc.Ceiling() < need {
+			t.Fatalf("after %s to %d bytes: ceiling %d, below the value's %d units", how, size, rc.Ceiling(), need)
+		}
+	}
+	textCmd := func(line string) func() {
+		return func() {
+			if got := textDo(t, tc, fmt.Sprintf(line, len(piece))+"\r\n"+piece+"\r\nmn\r\n", "MN\r\n"); strings.Contains(got, "ERROR") || strings.Contains(got, "NOT_") {
+				t.Fatalf("%s: %q", line, got)
+			}
+		}
+	}
+	binCmd := func(op mc.Opcode) func() {
+		return func() {
+			bin.Send(mcclient.Request{Opcode: op, Key: []byte("k"), Value: []byte(piece)})
+			bin.Send(mcclient.Request{Opcode: mc.OpNoop})
+			_ = bin.Flush()
+			for {
+				r, err := bin.Read()
+				if err != nil || r.Status() != mc.StatusSuccess {
+					t.Fatalf("%v: %v %v", op, r, err)
+				}
+				if r.Opcode == mc.OpNoop {
+					return
+				}
+			}
+		}
+	}
+	grow("set", textCmd("set k 0 0 %d"))
+	for i := 0; i < 4; i++ {
+		grow("append", textCmd("append k 0 0 %d"))
+		grow("prepend", textCmd("prepend k 0 0 %d noreply"))
+		grow("ms MA", textCmd("ms k %d MA"))
+		grow("ms MP", textCmd("ms k %d MP q"))
+		grow("PREPENDQ", binCmd(mc.OpPrependQ))
+	}
+	grow("APPEND", binCmd(mc.OpAppend))
+	if r, err := bin.Get([]byte("k")); err != nil || len(r.Value) != size {
+		t.Fatalf("the grown value: %d bytes, want %d (%v)", len(r.Value), size, err)
+	}
+	if rc.Ceiling() != 256 {
+		t.Fatalf("ceiling %d after growing a value to %d bytes, want 256", rc.Ceiling(), size)
 	}
 }
