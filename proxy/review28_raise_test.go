@@ -126,3 +126,41 @@ func TestRaiseHoldsTextPipelineInOrder(t *testing.T) {
 		t.Fatalf("pipeline answered %.200q, want %.200q", got, want)
 	}
 }
+
+// TestRule3OwingSessionClosedFreesTheLine: a client whose surprise (a
+// 1 MB value written around the proxy, billed 1 unit, bringing 245) waits
+// to be paid holds its bucket's place in line; it closes before paying.
+// Another client of the bucket, behind it, is not left waiting for it: it
+// runs once the gauge has paid the excess billed as debt at the close
+// (2.44 s at 100 units/s), not before, and not never.
+func TestRule3OwingSessionClosedFreesTheLine(t *testing.T) {
+	t.Parallel()
+	clk := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 100", loops: 1,
+		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 100\n"}, clk)
+	direct := dial(t, p.MC.Addr)
+	setValue(t, direct, "default:big", 1_000_000)
+	setValue(t, direct, "default:s", 1)
+	tb := p.Engine().Bucket("default")
+	a, b := dial(t, p.Addr), dial(t, p.Addr)
+	a.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("big")})
+	_ = a.Flush()
+	eventually(t, 10*time.Second, "the surprise found", func() bool { return tb.ReadCost().Ceiling() == 256 })
+	clk.Advance(5 * time.Millisecond) // not yet paid up (its 1 unit: 10 ms)
+	b.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("s")})
+	_ = b.Flush()
+	gotB := readAsync(b)
+	notYet(t, gotB, "b's GET behind a's unpaid surprise")
+	a.Close()
+	eventually(t, 10*time.Second, "a's session gone", func() bool {
+		n := 0
+		onLoop(t, p, func(lp *loop) { n = len(lp.sessions) })
+		return n == 1
+	})
+	clk.Advance(2 * time.Second) // a's excess (2.44 s) not yet paid
+	notYet(t, gotB, "b's GET before a's excess is paid")
+	clk.Advance(time.Second)
+	if r := answered(t, gotB, "b's GET once a's excess is paid"); r.Status() != mc.StatusSuccess {
+		t.Fatalf("b: %v", r.Status())
+	}
+}
