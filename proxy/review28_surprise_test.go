@@ -62,10 +62,14 @@ func settledOwing(t *testing.T, p *testProxy, bc *byteCounter) {
 				ok = false
 			}
 			for s := range lp.sessions {
-				if len(s.out)+s.c.OutboundBuffered() > 0 {
+				switch {
+				case len(s.out)+s.c.OutboundBuffered() > 0:
 					ok = false
-				}
-				if s.owing == 0 && s.pending() > 0 && !s.isHeld() {
+				case s.owing > 0: // its answers wait for the clock
+				case s.pending() > 0 || s.unsent() > 0:
+					ok = false // in flight or unsent, as unsettled says
+				case s.isHeld():
+				case s.pause != running || !s.drained():
 					ok = false
 				}
 			}
