@@ -22,7 +22,8 @@ const maxDiscardUnit = int64(1) << 40
 // (billed), and, when that is fewer than want, how long until at least a
 // unit's worth more may be (InfDuration when the bucket's fastest rate is
 // 0). Over any window w it grants at most rate*w plus one burst of
-// bytes, and one byte, in all. It takes no lock and does not allocate.
+// bytes, and one byte, in all; with no burst (burst_ms = 0), one unit's
+// bytes whenever its gauge is paid up, so rate*w plus one unit. It takes no lock and does not allocate.
 func (b *Bucket) Discard(want, unitSize int64) (n int64, wait time.Duration) {
 	if want <= 0 {
 		return 0, 0
@@ -42,7 +43,13 @@ func (b *Bucket) Discard(want, unitSize int64) (n int64, wait time.Duration) {
 	rt := newRate(r)
 	now := b.e.now()
 	start := max(b.discard.tat.Load(), now)
-	if room := now + b.e.burst - start; room > 0 {
+	room := now + b.e.burst - start
+	if b.e.burst <= 0 && start == now {
+		// No burst: a gauge paid up grants one unit's bytes (as rule 2
+		// admits a bill larger than the burst on a gauge paid up).
+		room = discardNs(min(want, unitSize), unitSize, &rt)
+	}
+	if room > 0 {
 		n = min(want, max(discardBytes(room, unitSize, &rt), 1))
 		b.discard.charge(now, discardNs(n, unitSize, &rt))
 	}
@@ -50,6 +57,9 @@ func (b *Bucket) Discard(want, unitSize int64) (n int64, wait time.Duration) {
 		return n, 0
 	}
 	next := max(b.discard.tat.Load(), now) - b.e.burst + discardNs(min(want-n, unitSize), unitSize, &rt)
+	if b.e.burst <= 0 {
+		next = max(b.discard.tat.Load(), now) // paid up again
+	}
 	return n, until(now, next)
 }
 

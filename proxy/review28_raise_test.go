@@ -1,0 +1,166 @@
+package proxy
+
+// Review of issue 28: a raise of the ceiling (ceilingraise.go) beside
+// clients that go away mid-answer, and the writes it holds.
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
+
+// stuckRead starts a proxy (fake clock, 60 s upstream timeout) whose
+// bucket "default" holds one small value "k" (ceiling class 1), freezes
+// its memcached and sends a GET of k on a new client, and returns once
+// the GET is admitted (billed under class 1, stuck in flight): the proxy,
+// the bucket, the client, and thaw.
+func stuckRead(t *testing.T) (*testProxy, *throttle.Bucket, *mcclient.Client, func()) {
+	t.Helper()
+	p := startProxyClock(t, testConfig{throttle: "capacity = \"unlimited\"", upstream: `timeout = "60s"`}, throttle.NewFakeClock(time.Hour))
+	a := dial(t, p.Addr)
+	if r, err := a.Set([]byte("k"), []byte("small")); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("set: %v %v", r, err)
+	}
+	tb := p.Engine().Bucket("default")
+	if c := tb.ReadCost().Ceiling(); c != 1 {
+		t.Fatalf("ceiling %d after small values on empty servers, want class 1", c)
+	}
+	thaw := p.MC.Freeze(t)
+	n0 := tb.Stats().Commands
+	a.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("k")})
+	_ = a.Flush()
+	eventually(t, 10*time.Second, "the GET admitted", func() bool { return tb.Stats().Commands == n0+1 })
+	return p, tb, a, thaw
+}
+
+// TestRaiseAfterReaderClosedMidAnswer: a read billed under class 1 is in
+// flight (memcached frozen) when its client closes; a write that raises
+// the ceiling waits for it, and goes as soon as memcached answers the
+// orphaned read: a read that never reaches its client still settles, so a
+// raise is never pending forever. Then a raise whose writer closed while
+// waiting leaves nothing pending: the next larger write goes.
+func TestRaiseAfterReaderClosedMidAnswer(t *testing.T) {
+	t.Parallel()
+	p, tb, a, thaw := stuckRead(t)
+	defer thaw()
+	rc := tb.ReadCost()
+	b := dial(t, p.Addr)
+	a.Close() // gone before its answer
+	b.Send(mcclient.Request{Opcode: mc.OpSet, Key: []byte("k2"), Value: bytes.Repeat([]byte("v"), 100_000), Extras: make([]byte, 8)})
+	_ = b.Flush()
+	gotB := readAsync(b)
+	eventually(t, 10*time.Second, "the ceiling raised", func() bool { return rc.Ceiling() == 32 })
+	notYet(t, gotB, "the SET while the orphaned GET is in flight")
+	thaw()
+	if r := answered(t, gotB, "the SET once the orphaned GET is answered"); r.Status() != mc.StatusSuccess {
+		t.Fatalf("SET: status %v %q", r.Status(), r.Value)
+	}
+
+	// A writer that closes while its raise waits.
+	c, d := dial(t, p.Addr), dial(t, p.Addr)
+	thaw = p.MC.Freeze(t)
+	n0 := tb.Stats().Commands
+	c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("k")})
+	_ = c.Flush()
+	gotC := readAsync(c)
+	eventually(t, 10*time.Second, "the second GET admitted", func() bool { return tb.Stats().Commands == n0+1 })
+	d.Send(mcclient.Request{Opcode: mc.OpSet, Key: []byte("k3"), Value: bytes.Repeat([]byte("v"), 200_000), Extras: make([]byte, 8)})
+	_ = d.Flush()
+	eventually(t, 10*time.Second, "the ceiling raised again", func() bool { return rc.Ceiling() == 64 })
+	d.Close()
+	thaw()
+	answered(t, gotC, "the second GET")
+	e := dial(t, p.Addr)
+	done := make(chan *mcclient.Response, 1)
+	go func() {
+		r, err := e.Set([]byte("k4"), bytes.Repeat([]byte("v"), 500_000))
+		if err != nil {
+			r = nil
+		}
+		done <- r
+	}()
+	if r := answered(t, done, "a larger SET after the waiting writer closed"); r.Status() != mc.StatusSuccess {
+		t.Fatalf("SET: status %v", r.Status())
+	}
+	if rc.Pending() || rc.Ceiling() != 128 {
+		t.Fatalf("after the raises: pending %v, ceiling %d (want 128)", rc.Pending(), rc.Ceiling())
+	}
+}
+
+// TestRaiseHoldsTextPipelineInOrder: a text client pipelines a noreply
+// set that raises the ceiling (and waits for a read billed under class 1,
+// stuck in a frozen memcached) with a get of the key and an mn: nothing
+// is lost or reordered; the get sees the value once the raise is through.
+func TestRaiseHoldsTextPipelineInOrder(t *testing.T) {
+	t.Parallel()
+	p, tb, a, thaw := stuckRead(t)
+	defer thaw()
+	gotA := readAsync(a)
+	tc := dialText(t, p.Addr)
+	v := strings.Repeat("w", 100_000)
+	in := fmt.Sprintf("set big 0 0 %d noreply\r\n%s\r\nget big\r\nmn\r\n", len(v), v)
+	_ = tc.c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(tc.c, in); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the ceiling raised", func() bool { return tb.ReadCost().Ceiling() == 32 })
+	thaw()
+	answered(t, gotA, "the GET")
+	want := fmt.Sprintf("VALUE big 0 %d\r\n%s\r\nEND\r\nMN\r\n", len(v), v)
+	var out strings.Builder
+	for !strings.HasSuffix(out.String(), "MN\r\n") {
+		l := tc.line(t)
+		if l == "" {
+			t.Fatalf("connection closed after %q", out.String())
+		}
+		out.WriteString(l)
+	}
+	if got := out.String(); got != want {
+		t.Fatalf("pipeline answered %.200q, want %.200q", got, want)
+	}
+}
+
+// TestRule3OwingSessionClosedFreesTheLine: a client whose surprise (a
+// 1 MB value written around the proxy, billed 1 unit, bringing 245) waits
+// to be paid holds its bucket's place in line; it closes before paying.
+// Another client of the bucket, behind it, is not left waiting for it: it
+// runs once the gauge has paid the excess billed as debt at the close
+// (2.44 s at 100 units/s), not before, and not never.
+func TestRule3OwingSessionClosedFreesTheLine(t *testing.T) {
+	t.Parallel()
+	clk := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 100", loops: 1,
+		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 100\n"}, clk)
+	direct := dial(t, p.MC.Addr)
+	setValue(t, direct, "default:big", 1_000_000)
+	setValue(t, direct, "default:s", 1)
+	tb := p.Engine().Bucket("default")
+	a, b := dial(t, p.Addr), dial(t, p.Addr)
+	a.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("big")})
+	_ = a.Flush()
+	eventually(t, 10*time.Second, "the surprise found", func() bool { return tb.ReadCost().Ceiling() == 256 })
+	clk.Advance(5 * time.Millisecond) // not yet paid up (its 1 unit: 10 ms)
+	b.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("s")})
+	_ = b.Flush()
+	gotB := readAsync(b)
+	notYet(t, gotB, "b's GET behind a's unpaid surprise")
+	a.Close()
+	eventually(t, 10*time.Second, "a's session gone", func() bool {
+		n := 0
+		onLoop(t, p, func(lp *loop) { n = len(lp.sessions) })
+		return n == 1
+	})
+	clk.Advance(2 * time.Second) // a's excess (2.44 s) not yet paid
+	notYet(t, gotB, "b's GET before a's excess is paid")
+	clk.Advance(time.Second)
+	if r := answered(t, gotB, "b's GET once a's excess is paid"); r.Status() != mc.StatusSuccess {
+		t.Fatalf("b: %v", r.Status())
+	}
+}

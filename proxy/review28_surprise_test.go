@@ -1,0 +1,242 @@
+package proxy
+
+// Review of issue 28 (the read ceiling), attacked through a real proxy and
+// a real memcached on the engine's fake clock: surprises (values written
+// around the proxy) read by every multi-read shape a client has.
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
+)
+
+// byteCounter reads a connection until it closes and counts the bytes.
+type byteCounter struct{ n atomic.Int64 }
+
+func (bc *byteCounter) run(c net.Conn) {
+	buf := make([]byte, 256<<10)
+	for {
+		n, err := c.Read(buf)
+		bc.n.Add(int64(n))
+		if err != nil {
+			return
+		}
+	}
+}
+
+// quietFor reports whether the count did not move for d (real time): the
+// client has read what the proxy wrote (a liveness aid; an early answer
+// only makes an upper bound looser, never fails it).
+func (bc *byteCounter) quietFor(d time.Duration) bool {
+	n := bc.n.Load()
+	time.Sleep(d)
+	return bc.n.Load() == n
+}
+
+// settledOwing waits until every loop of p has done what the fake clock's
+// reading allows, counting a session whose surprise waits to be paid
+// (session.owing) as waiting for the clock, as a held one is: no wake-up
+// due, nothing queued, nothing unsent but what waits for a payment.
+func settledOwing(t *testing.T, p *testProxy, bc *byteCounter) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ok := true
+		onLoop(t, p, func(lp *loop) {
+			now := lp.srv.throttle.Now()
+			for _, e := range lp.holds {
+				if e.live() && e.at <= now {
+					ok = false
+				}
+			}
+			if len(lp.retry) > 0 || len(lp.dirty) > 0 || lp.leaseDue != 0 && lp.leaseDue <= now {
+				ok = false
+			}
+			for s := range lp.sessions {
+				switch {
+				case len(s.out)+s.c.OutboundBuffered() > 0:
+					ok = false
+				case s.owing > 0: // its answers wait for the clock
+				case s.pending() > 0 || s.unsent() > 0:
+					ok = false // in flight or unsent, as unsettled says
+				case s.isHeld():
+				case s.pause != running || !s.drained():
+					ok = false
+				}
+			}
+		})
+		if ok && bc.quietFor(20*time.Millisecond) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy did not settle")
+		}
+	}
+}
+
+// TestRule3SurpriseMultiReadHeldToHardLimit: values of 1,000,000 bytes
+// written straight into memcached (around the proxy: the bucket's ceiling
+// stays at class 1) and read back by one client in one go, by every
+// multi-read shape: a text multi-key get, gets and gat, pipelined meta mg
+// with v, and a binary GETKQ pipeline ended by a NOOP. Every read is
+// admitted at its bill of 1 unit; each brings 245 (rule 3: a surprise,
+// paid before delivery). At a hard limit of 500 units/s (burst 50) the
+// units delivered by every reading of the fake clock stay within the
+// hard gauge's bound r*t + max(r*burst, largest bill) (plus the first
+// bills), and all of them arrive within 4 s of engine time (liveness).
+func TestRule3SurpriseMultiReadHeldToHardLimit(t *testing.T) {
+	const n, size = 6, 1_000_000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("big%d", i)
+	}
+	all := strings.Join(keys, " ")
+	var mg, bin bytes.Buffer
+	for i, k := range keys {
+		fmt.Fprintf(&mg, "mg %s v k\r\n", k)
+		bin.Write(binFrame(mc.OpGetKQ, k, "", nil, 0, uint32(i)))
+	}
+	mg.WriteString("mn\r\n")
+	bin.Write(binFrame(mc.OpNoop, "", "", nil, 0, 0x99))
+	shapes := []struct{ name, in string }{
+		{"get", "get " + all + "\r\n"},
+		{"gets", "gets " + all + "\r\n"},
+		{"gat", "gat 0 " + all + "\r\n"},
+		{"mg", mg.String()},
+		{"GETKQ", bin.String()},
+	}
+	for _, sh := range shapes {
+		t.Run(sh.name, func(t *testing.T) {
+			t.Parallel()
+			clk := throttle.NewFakeClock(time.Hour)
+			p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1,
+				tail: "[[bucket]]\nname = \"default\"\nhard_limit = 500\n"}, clk)
+			direct := dial(t, p.MC.Addr)
+			for _, k := range keys {
+				if r, err := direct.Set([]byte("default:"+k), bytes.Repeat([]byte("v"), size)); err != nil || r.Status() != mc.StatusSuccess {
+					t.Fatalf("seed memcached: %v %v", r, err)
+				}
+			}
+			if c := p.Engine().Bucket("default").ReadCost().Ceiling(); c != 1 {
+				t.Fatalf("ceiling %d before the reads, want 1 (values written around the proxy)", c)
+			}
+			c, err := net.Dial("tcp", p.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			var bc byteCounter
+			go bc.run(c)
+			if _, err := c.Write([]byte(sh.in)); err != nil {
+				t.Fatal(err)
+			}
+			const perValue = 245 // ceil((key + 1,000,000) / 4096)
+			var elapsed time.Duration
+			for {
+				settledOwing(t, p, &bc)
+				got := int(bc.n.Load() / size) // values delivered (their framing is far below a value)
+				bound := int(500*elapsed/time.Second) + 257 + n
+				if got*perValue > bound {
+					t.Fatalf("after %v of engine time %d values delivered (%d units), over the hard limit's bound %d", elapsed, got, got*perValue, bound)
+				}
+				if got == n {
+					break
+				}
+				if elapsed > 4*time.Second {
+					t.Fatalf("after %v of engine time only %d of %d values delivered", elapsed, got, n)
+				}
+				clk.Advance(50 * time.Millisecond)
+				elapsed += 50 * time.Millisecond
+			}
+			if elapsed < time.Duration(n-1)*perValue*time.Second/500-time.Second/10 {
+				t.Fatalf("all %d values delivered after %v of engine time: faster than 500 units/s", n, elapsed)
+			}
+			if got := p.Engine().Bucket("default").ReadCost().Ceiling(); got != 256 {
+				t.Fatalf("ceiling %d after the surprises, want class 256 (245 units)", got)
+			}
+		})
+	}
+}
+
+// TestRule3ReservedNeighbourBesideSurpriseStorm: a bucket of pipelined
+// 1-unit reads within its reservation (calm: 1,000 units/s and no more,
+// on a [[listener]] of its own; the free pool is noisy's 100) shares the event loop and its upstream
+// connections with a bucket (noisy: hard limit 100/s) that reads, in one
+// multi-get, ten values of 1,000,000 bytes written around the proxy, each
+// a surprise whose excess waits in its slot for 2.4 s of engine time.
+// At every 20 ms of the fake clock calm has had its reservation beyond
+// the burst it had at once (98% of 1,000 units/s), whatever noisy waits for, and noisy no
+// more than its hard limit's bound.
+func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
+	t.Parallel()
+	clk := throttle.NewFakeClock(time.Hour)
+	calmAddr := testmc.FreeAddr(t)
+	p := startProxyClock(t, testConfig{throttle: "capacity = 1100", loops: 1, proxy: `default_bucket = "noisy"`,
+		tail: "[[bucket]]\nname = \"noisy\"\nhard_limit = 100\n[[bucket]]\nname = \"calm\"\nreserved = 1000\nhard_limit = 1000\n" +
+			fmt.Sprintf("[[listener]]\nlisten = %q\nbucket = \"calm\"\n", calmAddr)}, clk)
+	direct := dial(t, p.MC.Addr)
+	var keys []string
+	for i := 0; i < 10; i++ {
+		k := fmt.Sprintf("big%d", i)
+		keys = append(keys, k)
+		if r, err := direct.Set([]byte("noisy:"+k), bytes.Repeat([]byte("v"), 1_000_000)); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("seed memcached: %v %v", r, err)
+		}
+	}
+	calm, err := net.Dial("tcp", calmAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { calm.Close() })
+	if _, err := io.WriteString(calm, "set s 0 0 1 noreply\r\nx\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	var calmHits atomic.Int64
+	go countHits(calm, &calmHits)
+	noisy, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { noisy.Close() })
+	var bc byteCounter
+	go bc.run(noisy)
+	if _, err := io.WriteString(noisy, "get "+strings.Join(keys, " ")+"\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	settledOwing(t, p, &bc)
+	if _, err := io.WriteString(calm, strings.Repeat("mg s v\r\n", 1500)); err != nil {
+		t.Fatal(err)
+	}
+	const step = 20 * time.Millisecond
+	var elapsed time.Duration
+	var burst int64 // what calm had at once: its burst
+	for elapsed < time.Second {
+		settledOwing(t, p, &bc)
+		stable(t, func() uint64 { return uint64(calmHits.Load()) })
+		if elapsed == 0 {
+			burst = calmHits.Load()
+		}
+		got, want := calmHits.Load()-burst, int64(1000*elapsed/time.Second)
+		if got < want*98/100 {
+			t.Fatalf("after %v of engine time calm had %d reads of 1 unit beyond its burst of %d, under 98%% of its reservation's %d", elapsed, got, burst, want)
+		}
+		if n := bc.n.Load() / 1_000_000; int(n)*245 > int(100*elapsed/time.Second)+257+10 {
+			t.Fatalf("after %v of engine time noisy had %d values (%d units) at a hard limit of 100/s", elapsed, n, n*245)
+		}
+		clk.Advance(step)
+		elapsed += step
+	}
+	if bc.n.Load() >= 10*1_000_000 {
+		t.Fatal("noisy had every value within a second at 100 units/s")
+	}
+}
