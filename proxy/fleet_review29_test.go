@@ -149,3 +149,31 @@ func TestFleetReview29BurstyAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetReview29MovesOverTenPercent: the whole load (eight
+// connections) moving between the two instances every 0.3, 0.6 or 0.7 s.
+// Found by the review: a sliding 1 s window holds 1680 units (+12% of
+// 1500) in each (0.3 s: 97.9% delivered, 0.6 s: 95.3%, 0.7 s: 97.4%);
+// 0.35 and 0.4 s give 1635 (+9%), 0.15 s 1530 (+2%). The shares never add
+// up to more than 1500: what passes is the engine's burst on a share that
+// rose while its gauge was idle, twice in one window (docs/fleet.md says
+// +20% is possible in theory below a second; the issue wants +10% at most).
+func TestFleetReview29MovesOverTenPercent(t *testing.T) {
+	t.Skip("issue 29 review: a load moving every 0.3, 0.6 or 0.7 s puts 1680 units (+12% of 1500) in a 1 s window through real instances: two engine bursts on raised shares in one window")
+	t.Parallel()
+	for _, seg := range []time.Duration{300 * time.Millisecond, 600 * time.Millisecond, 700 * time.Millisecond} {
+		t.Run(seg.String(), func(t *testing.T) {
+			t.Parallel()
+			rate, worst := review29Run(t, review29Shape{name: "moving every " + seg.String(), seg: seg, clients: func(k int) [2]int {
+				if k%2 == 0 {
+					return [2]int{0, 8}
+				}
+				return [2]int{8, 0}
+			}})
+			t.Logf("moving every %v: %.1f%% of 1500 delivered, worst 1 s window %.0f (%+.1f%%)", seg, 100*rate/1500, worst, 100*(worst/1500-1))
+			if worst > 1500*1.10 {
+				t.Errorf("moving every %v: %.0f units in a 1 s window, more than 1500 +10%%", seg, worst)
+			}
+		})
+	}
+}
