@@ -30,28 +30,11 @@ func TestFleetLoadThatMoves(t *testing.T) {
 // every every, and checks it delivers at least want of the limit.
 func fleetLoadThatMoves(t *testing.T, every time.Duration, want float64) {
 	const limit = 1500.0
-	f := newFakeFleetTest(t, "[[bucket]]\nname = \"b\"\nhard_limit = 1500\n", "1s")
-	var l fleetClients
+	f, l := startMoveFleet(t)
 	defer l.close(f)
-	for i := range 2 {
-		f.start(i, `default_bucket = "b"`)
-	}
 	l.add(f, 0, 8)
 	f.pass(2 * time.Second) // warm-up
-	var ring [int(time.Second / fleetStep)]float64
-	steps, worst := 0, 0.0
-	f.fake.onStep = func() {
-		if s := f.hardSum("b"); s > int64(limit) {
-			t.Fatalf("at %v the instances enforce hard limits adding up to %d, above the fleet's 1500", f.fake.clock.Now(), s)
-		}
-		now := sum(f.units("b"))
-		i := steps % len(ring)
-		if steps >= len(ring) {
-			worst = max(worst, now-ring[i])
-		}
-		ring[i] = now
-		steps++
-	}
+	worstOf := watchWindows(t, f, "b", int64(limit))
 	u0 := sum(f.units("b"))
 	from := 0
 	for range int(10 * time.Second / every) {
@@ -60,7 +43,7 @@ func fleetLoadThatMoves(t *testing.T, every time.Duration, want float64) {
 		l.add(f, 1-from, 8)
 		from = 1 - from
 	}
-	rate := (sum(f.units("b")) - u0) / 10
+	rate, worst := (sum(f.units("b"))-u0)/10, worstOf()
 	t.Logf("load moving every %v: %.0f units/s (%.1f%% of the limit), worst 1 s window %.0f", every, rate, 100*rate/limit, worst)
 	if rate < limit*want {
 		t.Errorf("load moving every %v: the fleet delivered %.0f units/s, want >= %.0f", every, rate, limit*want)
