@@ -169,12 +169,12 @@ func reviewShapes() []reviewShape {
 	}
 }
 
-// TestSimReview29Shapes runs the review's shapes (hard limit 1500, 1 s
+// TestSimLoadShapes runs load shapes beyond the two of issue 29 (hard limit 1500, 1 s
 // periods): the shares in force never add up to more than the limit
 // (the fluid serves exactly its shares, so no window exceeds it either),
 // and no instance calls the store more than 1+earlyPerPeriod times in an
 // aligned period. The figures are logged for the review.
-func TestSimReview29Shapes(t *testing.T) {
+func TestSimLoadShapes(t *testing.T) {
 	const hard = 1500
 	for _, sh := range reviewShapes() {
 		t.Run(sh.name, func(t *testing.T) {
@@ -200,7 +200,7 @@ func TestSimReview29Shapes(t *testing.T) {
 	}
 }
 
-// TestSimReview29BurstyAlone: a 100 ms on/off load on one instance
+// TestSimBurstyLoadBesideIdleInstance: a 100 ms on/off load on one instance
 // beside an idle one; the load could use half the limit (750 units/s).
 // Found by the review: when the busy instance's last report before the
 // idle one's periodic call released its share (its load was off then, or
@@ -211,8 +211,8 @@ func TestSimReview29Shapes(t *testing.T) {
 // instance's phases 0..950 ms (step 50) and both alignments of the load,
 // the load got 1.2% to 67.5% of the 750 it could use; 25 of the 40 runs
 // under 26% (e.g. phase 300 ms, about sim.add's spread: 67.5% and 1.2%).
-// Through real instances: TestFleetReview29BurstyAlone (proxy).
-func TestSimReview29BurstyAlone(t *testing.T) {
+// Through real instances: TestFleetBurstyLoadBesideIdleInstance (proxy).
+func TestSimBurstyLoadBesideIdleInstance(t *testing.T) {
 	t.Skip("issue 29 review: a 100 ms on/off load beside an idle instance is starved at most phases (1.2%-67.5% of the 750 units/s it could use): the idle instance takes the released share at its periodic call and never calls early to give it back")
 	const hard = 1500
 	for ph := time.Duration(0); ph < time.Second; ph += 50 * time.Millisecond {
