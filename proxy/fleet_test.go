@@ -289,8 +289,12 @@ func TestFleetMetricsReloadAndFlush(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		f.start(i, `default_bucket = "b"`)
 	}
-	testmc.Eventually(t, 2*time.Second, "both instances see each other", func() bool {
-		return f.insts[0].fleet.fl.Grants().Instances() == 2 && f.insts[1].fleet.fl.Grants().Instances() == 2
+	// Seeing each other and holding a grant for b come from different
+	// syncs (real-clock periods): wait for both (a liveness bound).
+	testmc.Eventually(t, 10*time.Second, "both instances see each other and hold a grant for b", func() bool {
+		g0 := f.insts[0].fleet.fl.Grants()
+		bg, ok := g0.Bucket("b")
+		return g0.Instances() == 2 && f.insts[1].fleet.fl.Grants().Instances() == 2 && ok && bg.HardLimit > 0
 	})
 	mfs := fleetMetrics(t, f.insts[0])
 	if v := testmc.SeriesValue(t, mfs, "kvthrottle_fleet_store_up"); v != 1 {
