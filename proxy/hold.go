@@ -236,7 +236,7 @@ func (lp *loop) wakeDue(context.Context) error {
 func (lp *loop) wakeAll(context.Context) error {
 	woken := lp.woken[:0]
 	for s := range lp.sessions {
-		if s.isHeld() || s.pause == waitingFlush {
+		if s.wakeable() {
 			woken = append(woken, s)
 		}
 	}
@@ -248,7 +248,7 @@ func (lp *loop) wakeAll(context.Context) error {
 	})
 	for i, s := range woken {
 		woken[i] = nil
-		if (s.isHeld() || s.pause == waitingFlush) && s.setPause(running) {
+		if s.wakeable() && s.setPause(running) {
 			s.resume()
 		}
 	}

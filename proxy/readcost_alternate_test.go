@@ -4,7 +4,6 @@ package proxy
 // (the 80.6% stop-and-go), through a real proxy and memcached.
 
 import (
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -36,11 +35,7 @@ func TestRule2AlternatingValuesThroughProxy(t *testing.T) {
 	if c := tb.ReadCost().Ceiling(); c != 256 {
 		t.Fatalf("ceiling %d, want 256", c)
 	}
-	c, err := net.Dial("tcp", p.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := rawDial(t, p.Addr)
 	var bc byteCounter
 	go bc.run(c)
 	cycle := strings.Repeat("mg small v\r\n", 63) + "mg big v\r\n"

@@ -122,11 +122,15 @@ func (s *session) isHeld() bool { return s.pause == held || s.pause == heldOnRea
 // outPaused reports whether the session is paused for its output (pause.go).
 func (s *session) outPaused() bool { return s.pause == outputPaused }
 
+// wakeable reports whether the session waits for what wakeAll announces:
+// held by the throttle, or waiting for its bucket's FLUSH.
+func (s *session) wakeable() bool { return s.isHeld() || s.pause == waitingFlush }
+
 // unhold ends a hold, or a wait for a FLUSH, without dispatching (the
 // session closes, or is told to quit); a session paused otherwise is left
 // as it is.
 func (s *session) unhold() {
-	if s.isHeld() || s.pause == waitingFlush {
+	if s.wakeable() {
 		s.setPause(running)
 	}
 }

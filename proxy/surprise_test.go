@@ -129,11 +129,7 @@ func TestRule3SurpriseMultiReadHeldToHardLimit(t *testing.T) {
 			if c := p.Engine().Bucket("default").ReadCost().Ceiling(); c != 1 {
 				t.Fatalf("ceiling %d before the reads, want 1 (values written around the proxy)", c)
 			}
-			c, err := net.Dial("tcp", p.Addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
+			c := rawDial(t, p.Addr)
 			var bc byteCounter
 			go bc.run(c)
 			if _, err := c.Write([]byte(sh.in)); err != nil {
@@ -203,11 +199,7 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 	clk.Advance(time.Second)
 	var calmHits atomic.Int64
 	go countHits(calm, &calmHits)
-	noisy, err := net.Dial("tcp", p.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { noisy.Close() })
+	noisy := rawDial(t, p.Addr)
 	var bc byteCounter
 	go bc.run(noisy)
 	if _, err := io.WriteString(noisy, "get "+strings.Join(keys, " ")+"\r\n"); err != nil {
