@@ -112,6 +112,7 @@ func (f *fleetTest) settleInst(i int) {
 	f.t.Helper()
 	p, want := f.insts[i], len(f.fake.conns[i])
 	deadline := time.Now().Add(30 * time.Second)
+	var poll backoff
 	for {
 		n, why := unsettled(f.t, p)
 		if why == "" && n == want {
@@ -120,7 +121,7 @@ func (f *fleetTest) settleInst(i int) {
 		if time.Now().After(deadline) {
 			f.t.Fatalf("at %v instance %d did not settle with %d connections held (%d held; %s)", f.fake.clock.Now(), i, want, n, why)
 		}
-		time.Sleep(50 * time.Microsecond)
+		poll.wait()
 	}
 }
 
@@ -150,6 +151,7 @@ func (f *fleetTest) step(d time.Duration) {
 		}
 		ff.fclocks[i].Set(now)
 		start := time.Now()
+		var poll backoff
 		for p.fleet.fl.NextTick() <= now {
 			if time.Since(start) > fleetTickPatience {
 				var stacks strings.Builder
@@ -157,7 +159,7 @@ func (f *fleetTest) step(d time.Duration) {
 				f.t.Logf("goroutines:\n%s", stacks.String())
 				f.t.Fatalf("at %v instance %d's fleet tick due at %v has not run in %v", now, i, p.fleet.fl.NextTick(), fleetTickPatience)
 			}
-			time.Sleep(50 * time.Microsecond)
+			poll.wait()
 		}
 		if took := time.Since(start); took > 5*time.Second {
 			f.t.Logf("at %v instance %d's fleet tick took %v of real time (a store call waiting for its timeout?)", now, i, took.Round(time.Millisecond))

@@ -32,6 +32,7 @@ type fakeTime struct {
 func (ft *fakeTime) settle(held int, ready func() bool) {
 	ft.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
+	var poll backoff
 	for {
 		n, why := unsettled(ft.t, ft.p)
 		if why == "" && (n == held || held == anyHeld) && (ready == nil || ready()) {
@@ -43,8 +44,27 @@ func (ft *fakeTime) settle(held int, ready func() bool) {
 			}
 			ft.t.Fatalf("at %v the proxy did not settle with %d sessions held (%d held; %s; clients read every answer: %v)", ft.clock.Now(), held, n, why, ready == nil || ready())
 		}
-		time.Sleep(50 * time.Microsecond)
+		poll.wait()
 	}
+}
+
+// backoff paces a loop that polls for a state the proxy reaches on its
+// own (settled, a tick run): the first polls come 50µs apart, for the
+// common case of a state reached at once, then the pause doubles up to
+// 2ms, so that a wait costs little CPU beside the tests running in
+// parallel (a poll runs a function on every event loop). The zero value
+// is ready to use.
+type backoff struct{ pause time.Duration }
+
+// wait sleeps the next pause.
+func (b *backoff) wait() {
+	switch {
+	case b.pause == 0:
+		b.pause = 50 * time.Microsecond
+	case b.pause < 2*time.Millisecond:
+		b.pause = min(2*b.pause, 2*time.Millisecond)
+	}
+	time.Sleep(b.pause)
 }
 
 // anyHeld, as fakeTime's held, settles with any number of sessions held.
@@ -56,6 +76,7 @@ const anyHeld = -1
 // the clock never runs ahead of clients that are still sending.
 func (ft *fakeTime) stepWhileHeld(d time.Duration, done <-chan struct{}) {
 	ft.t.Helper()
+	var poll backoff
 	for {
 		select {
 		case <-done:
@@ -64,8 +85,9 @@ func (ft *fakeTime) stepWhileHeld(d time.Duration, done <-chan struct{}) {
 		}
 		if held, ok := settled(ft.t, ft.p); ok && held > 0 {
 			ft.step(d, anyHeld, nil)
+			poll = backoff{}
 		} else {
-			time.Sleep(50 * time.Microsecond)
+			poll.wait()
 		}
 	}
 }

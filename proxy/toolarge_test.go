@@ -220,6 +220,7 @@ func TestTooLargeMetaSetBilledOneUnit(t *testing.T) {
 func (ft *fakeTime) discarding(addr net.Addr) int {
 	ft.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
+	var poll backoff
 	for {
 		// Settled first: then no wake-up is due, and a held session stays
 		// as it is until the clock moves.
@@ -236,7 +237,7 @@ func (ft *fakeTime) discarding(addr net.Addr) int {
 		if time.Now().After(deadline) {
 			ft.t.Fatalf("at %v the session did not settle: %d bytes left to drop", ft.clock.Now(), left)
 		}
-		time.Sleep(50 * time.Microsecond)
+		poll.wait()
 	}
 }
 
