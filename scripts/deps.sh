@@ -5,7 +5,7 @@
 # and `make fleet`), nutcracker (twemproxy, the text-protocol proxy `make
 # bench` compares kvthrottle with), and the independent clients the tests
 # drive: memjs (Node.js), dalli (Ruby), pymemcache, python-memcached and
-# pylibmc (Python), php-memcache and php-memcached (PHP); nc and curl for the
+# pylibmc, bmemcached (Python), php-memcache and php-memcached (PHP); nc and curl for the
 # README's tour. Installs
 # Debian's packages when missing and running as root; otherwise says exactly
 # what to install and fails.
@@ -25,6 +25,8 @@ if [ "${1:-}" != "--server-only" ]; then
   # python-memcached and pylibmc: the first-contact tests' text and SASL clients.
   /usr/bin/python3 -c 'import memcache' >/dev/null 2>&1 || missing+=(python3-memcache)
   /usr/bin/python3 -c 'import pylibmc' >/dev/null 2>&1 || missing+=(python3-pylibmc)
+  # python-binary-memcached (bmemcached): a pure-Python binary SASL client.
+  /usr/bin/python3 -c 'import bmemcached' >/dev/null 2>&1 || missing+=(python3-binary-memcached)
   # nc and curl: the README's tour, which internal/docscheck runs.
   command -v nc >/dev/null 2>&1 || missing+=(netcat-openbsd)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
