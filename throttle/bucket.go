@@ -77,8 +77,10 @@ func (b *Bucket) Limits() (reserved, hard Limit) {
 }
 
 // SetLimits changes the bucket's reservation and hard limit at once; both
-// gauges keep their debt (rescaled to the new rates; forgiven by a change
-// to or from Unlimited or 0) and the free pool is
+// gauges keep their debt and what they have banked, in units (a rate that
+// rises does not raise the room at once: it fills to the new burst at the
+// new rate; debt is forgiven by a change to or from Unlimited or 0), and
+// the free pool is
 // recomputed. It fails with ErrInvalidLimit, ErrReservedOverHard, or
 // ErrUnknownBucket after RemoveBucket. Callers should re-try held commands
 // afterwards: their waits may have become shorter.
@@ -96,8 +98,8 @@ func (b *Bucket) SetLimits(reserved, hard Limit) error {
 	now := e.now()
 	n := newBucketLimits(reserved, hard, false)
 	b.lim.Store(n)
-	b.res.rescale(now, &old.res, &n.res)
-	b.hard.rescale(now, &old.hrd, &n.hrd)
+	b.res.rescale(now, e.burst, &old.res, &n.res)
+	b.hard.rescale(now, e.burst, &old.hrd, &n.hrd)
 	e.publishNode(now)
 	return nil
 }

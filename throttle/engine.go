@@ -177,7 +177,10 @@ func (e *Engine) publishNode(now int64) {
 		n.fairLag = fairLimits(pool)
 	}
 	if old := e.node.Swap(n); old != nil {
-		e.pool.rescale(now, &old.pool, &n.pool)
+		// The pool keeps its debt only (burst 0): its room is shared
+		// by every bucket's free-pool admissions, whose own gauges
+		// keep their banks.
+		e.pool.rescale(now, 0, &old.pool, &n.pool)
 	}
 }
 

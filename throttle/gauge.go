@@ -88,12 +88,18 @@ func (g *gauge) add(cost int64) {
 	}
 }
 
-// rescale keeps the units owed when the gauge's rate changes from one
-// finite rate to another. A change to or from a rate without a cost
-// ("unlimited", or 0) forgives the debt instead: there is no rate to keep
-// it at, and left as it is it would be read at the next finite rate as if
-// it had been billed at that one.
-func (g *gauge) rescale(now int64, from, to *rate) {
+// rescale keeps the units owed, and the units banked, when the gauge's
+// rate changes from one finite rate to another; burst is the engine's.
+// Owed: a bill running d past now becomes d*to/from. Banked: a gauge with
+// room for u units at the old rate has room for u at the new one when the
+// rate rises (its room then fills to the new burst at the new rate, not
+// at once), and for at most the new burst's when it falls. So a rate that
+// rises while the gauge is idle (a fleet share moving to the instance a
+// load moves to) admits no more at once than it had banked. A change to or
+// from a rate without a cost ("unlimited", or 0) forgives the debt
+// instead: there is no rate to keep it at, and left as it is it would be
+// read at the next finite rate as if it had been billed at that one.
+func (g *gauge) rescale(now, burst int64, from, to *rate) {
 	if from.cost == to.cost {
 		return
 	}
@@ -104,11 +110,18 @@ func (g *gauge) rescale(now int64, from, to *rate) {
 	f := float64(to.cost) / float64(from.cost)
 	for {
 		old := g.tat.Load()
-		if old <= now {
+		owed := float64(max(old-now, 0))
+		d := owed * f
+		if f < 1 && burst > 0 {
+			// Room of burst-owed at the old rate is (burst-owed)/from
+			// units; at the new rate the same units take (burst-owed)*f.
+			d = float64(burst) - (float64(burst)-owed)*f
+		}
+		if d <= 0 && old <= now {
 			return
 		}
-		d := min(float64(old-now)*f, float64(maxDebt))
-		if g.tat.CompareAndSwap(old, now+int64(d)) {
+		n := now + int64(min(d, float64(maxDebt)))
+		if g.tat.CompareAndSwap(old, n) {
 			return
 		}
 	}

@@ -299,6 +299,45 @@ func TestDebtAndRescale(t *testing.T) {
 	wantHeld(t, a, Blocking, 200*ms)
 }
 
+// A limit raised while the bucket is idle keeps what it had banked: the
+// room fills to the new burst at the new rate, not at once (a fleet share
+// moving to the instance its load moved to admits no second burst). A
+// lowered one keeps its debt and at most its new burst.
+func TestRaisedLimitKeepsItsBank(t *testing.T) {
+	e, clk := newEngine(t, Unlimited, 100*ms)
+	a := addBucket(t, e, "a", 0, 100) // burst: 10 units
+	clk.Advance(time.Second)          // idle: the whole burst banked
+	if err := a.SetLimits(0, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if n := admitAll(a); n != 10 {
+		t.Errorf("raised from 100 to 1000/s while idle: %d admitted at once, want the 10 banked", n)
+	}
+	clk.Advance(time.Second)
+	if n := admitAll(a); n != 100 {
+		t.Errorf("a second later: %d admitted at once, want the new burst of 100", n)
+	}
+	clk.Advance(time.Second)
+	if err := a.SetLimits(0, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := admitAll(a); n != 10 {
+		t.Errorf("lowered from 1000 to 100/s while idle: %d admitted at once, want the new burst of 10", n)
+	}
+}
+
+// admitAll admits 1-unit commands on b until one is held, and returns how
+// many were admitted.
+func admitAll(b *Bucket) int {
+	n := 0
+	for {
+		if d, _ := run(b, nil, Blocking, 1); d == Held {
+			return n
+		}
+		n++
+	}
+}
+
 // A burst lets a gauge run ahead by rate*burst units (plus one command).
 func TestBurst(t *testing.T) {
 	e, clk := newEngine(t, 1000, 50*ms)
