@@ -5,16 +5,19 @@
 package testmc
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -126,18 +129,38 @@ func Start(t testing.TB, extraArgs ...string) *Server {
 }
 
 // startOrFail starts s for the first time and stops it at the end of
-// the test.
+// the test. When another process took its port between PickPort and
+// memcached's bind (tests run in several processes at once), it starts
+// again on new ports, up to three times.
 func startOrFail(t testing.TB, s *Server) {
 	t.Helper()
 	if _, err := exec.LookPath("memcached"); err != nil {
 		t.Fatalf("memcached not found in PATH (make test installs it): %v", err)
 	}
-	s.start(t)
 	t.Cleanup(s.Stop)
+	for try := 1; ; try++ {
+		err := s.start()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, errPortTaken) || try == 3 {
+			t.Fatal(err)
+		}
+		s.Addr = FreeAddr(t)
+		if s.TLSAddr != "" {
+			s.TLSAddr = FreeAddr(t)
+		}
+	}
 }
 
-func (s *Server) start(t testing.TB) {
-	t.Helper()
+// errPortTaken: the port memcached was given answers, but not as this
+// memcached (another process listens there).
+var errPortTaken = errors.New("port taken by another process")
+
+// start runs memcached and waits until it listens on its ports, and
+// that its plaintext port is its own (stats' pid is its process's);
+// on failure the process is stopped.
+func (s *Server) start() error {
 	args := append(s.listenArgs(), "-U", "0", "-m", "64", "-c", "4096", "-t", "2")
 	args = append(args, s.args...)
 	if uid := currentUID(); uid == 0 {
@@ -147,7 +170,7 @@ func (s *Server) start(t testing.TB) {
 	s.cmd = exec.Command("memcached", args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start memcached: %v", err)
+		return fmt.Errorf("start memcached: %w", err)
 	}
 	for _, addr := range []string{s.Addr, s.TLSAddr} {
 		if addr == "" {
@@ -155,7 +178,42 @@ func (s *Server) start(t testing.TB) {
 		}
 		if err := WaitListening(addr, 5*time.Second); err != nil {
 			s.Stop()
-			t.Fatalf("memcached on %s: %v (output: %s)", addr, err, s.log.String())
+			return fmt.Errorf("memcached on %s: %w (output: %s)", addr, err, s.log.String())
+		}
+	}
+	pid, err := statsPid(s.Addr)
+	if err == nil && pid != s.cmd.Process.Pid {
+		err = fmt.Errorf("memcached (pid %d) on %s: %w: it answers as pid %d (output: %s)", s.cmd.Process.Pid, s.Addr, errPortTaken, pid, s.log.String())
+	}
+	if err != nil {
+		s.Stop()
+		return err
+	}
+	return nil
+}
+
+// statsPid asks the memcached at addr for its pid (text stats).
+func statsPid(addr string) (int, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("memcached's pid: %w", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "stats\r\n"); err != nil {
+		return 0, fmt.Errorf("memcached's pid: %w", err)
+	}
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return 0, fmt.Errorf("memcached's pid: %w", err)
+		}
+		if !strings.HasPrefix(line, "STAT ") {
+			return 0, errPortTaken // not memcached's stats, or no pid in them
+		}
+		if v, ok := strings.CutPrefix(line, "STAT pid "); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
 		}
 	}
 }
@@ -197,7 +255,9 @@ func (s *Server) Freeze(t testing.TB) (thaw func()) {
 // Restart starts the server again on the same port after Stop.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	s.start(t)
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // WaitListening waits until addr accepts a TCP connection; after timeout
