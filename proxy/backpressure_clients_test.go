@@ -59,7 +59,7 @@ func frozenBackPressure(t *testing.T, prefix string, want pauseState, cmd func(b
 	thaw()
 	w.wait(t, 20*time.Second)
 	checkInStep(t, c)
-	checkStored(t, p.Addr, prefix, n, valueLen)
+	checkStored(t, p.MC.Addr, "default", prefix, n, valueLen)
 }
 
 // TestTLSHeldWriterBackPressure: the same over TLS, whose records gnet
@@ -81,7 +81,7 @@ func TestTLSHeldWriterBackPressure(t *testing.T) {
 	s.p.Engine().Bucket("default").SetLimits(0, -1)
 	w.wait(t, 20*time.Second)
 	checkInStep(t, c)
-	checkStored(t, s.p.Addr, "tls", n, valueLen)
+	checkStored(t, s.p.MC.Addr, "default", "tls", n, valueLen)
 }
 
 // pymemcacheWriter writes argv[2] keys py0.. with values as bpValue
@@ -182,5 +182,5 @@ func TestPymemcacheHeldBackPressure(t *testing.T) {
 		t.Errorf("%d commands admitted, want %d", got, n+1)
 	}
 	b.SetLimits(0, -1)
-	checkStored(t, p.Addr, "py", n, valueLen)
+	checkStored(t, p.MC.Addr, "default", "py", n, valueLen)
 }

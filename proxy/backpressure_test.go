@@ -69,7 +69,7 @@ func TestHeldWriterBackPressure(t *testing.T) {
 	}
 	checkInStep(t, w.c)
 	b.SetLimits(0, -1)
-	checkStored(t, p.Addr, "bp", n, valueLen)
+	checkStored(t, p.MC.Addr, "default", "bp", n, valueLen)
 }
 
 // TestHeldWriterDrainsItsResponse: a client asks for a 1 MB value, does
@@ -161,5 +161,5 @@ func TestHeldWriterDrainsItsResponse(t *testing.T) {
 	clock.Advance(time.Minute) // the held set's wake-up time
 	w.wait(t, 20*time.Second)
 	checkInStep(t, c)
-	checkStored(t, p.Addr, "dr", n-1, valueLen)
+	checkStored(t, p.MC.Addr, "default", "dr", n-1, valueLen)
 }
