@@ -5,12 +5,10 @@
 package testmc
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -153,12 +151,12 @@ func startOrFail(t testing.TB, s *Server) {
 	}
 }
 
-// errPortTaken: the port memcached was given answers, but not as this
-// memcached (another process listens there).
+// errPortTaken: the port memcached was given accepts connections, but
+// another process listens there.
 var errPortTaken = errors.New("port taken by another process")
 
 // start runs memcached and waits until it listens on its ports, and
-// that its plaintext port is its own (stats' pid is its process's);
+// that its plaintext port is its own (listensOn);
 // on failure the process is stopped.
 func (s *Server) start() error {
 	args := append(s.listenArgs(), "-U", "0", "-m", "64", "-c", "4096", "-t", "2")
@@ -181,41 +179,54 @@ func (s *Server) start() error {
 			return fmt.Errorf("memcached on %s: %w (output: %s)", addr, err, s.log.String())
 		}
 	}
-	pid, err := statsPid(s.Addr)
-	if err == nil && pid != s.cmd.Process.Pid {
-		err = fmt.Errorf("memcached (pid %d) on %s: %w: it answers as pid %d (output: %s)", s.cmd.Process.Pid, s.Addr, errPortTaken, pid, s.log.String())
-	}
-	if err != nil {
+	pid := s.cmd.Process.Pid
+	if own, err := listensOn(pid, s.Addr); err == nil && !own {
 		s.Stop()
-		return err
+		return fmt.Errorf("memcached (pid %d) on %s: %w (output: %s)", pid, s.Addr, errPortTaken, s.log.String())
 	}
 	return nil
 }
 
-// statsPid asks the memcached at addr for its pid (text stats).
-func statsPid(addr string) (int, error) {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+// listensOn reports whether process pid has a socket listening on addr
+// (127.0.0.1:port): the kernel's table of TCP sockets (/proc/net/tcp)
+// names the listener's inode, and the process's descriptors
+// (/proc/PID/fd) name the inodes of its sockets. An error: it cannot
+// tell (no /proc).
+func listensOn(pid int, addr string) (bool, error) {
+	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return 0, fmt.Errorf("memcached's pid: %w", err)
+		return false, err
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.WriteString(c, "stats\r\n"); err != nil {
-		return 0, fmt.Errorf("memcached's pid: %w", err)
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return false, err
 	}
-	r := bufio.NewReader(c)
-	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return 0, fmt.Errorf("memcached's pid: %w", err)
-		}
-		if !strings.HasPrefix(line, "STAT ") {
-			return 0, errPortTaken // not memcached's stats, or no pid in them
-		}
-		if v, ok := strings.CutPrefix(line, "STAT pid "); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
+	table, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return false, err
+	}
+	local := fmt.Sprintf("0100007F:%04X", p)
+	var inode string
+	for _, line := range strings.Split(string(table), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 9 && f[1] == local && f[3] == "0A" { // 0A: LISTEN
+			inode = f[9]
+			break
 		}
 	}
+	if inode == "" {
+		return false, nil
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return false, err
+	}
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && l == "socket:["+inode+"]" {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // Stop kills the server and waits for it to exit. It is safe to call twice.
