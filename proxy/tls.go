@@ -72,6 +72,7 @@ type handshakeConn struct {
 	cpu     chan struct{}
 	ctx     context.Context // the handshake's: waiting for a slot ends with it
 	spoke   *atomic.Bool    // set once the client has sent something; nil: not recorded
+	step    func()          // called after each step: bytes read, a turn of computing ended; nil: none
 	holding bool            // a slot is held
 	done    bool            // released: no more slots
 }
@@ -93,6 +94,14 @@ func (c *handshakeConn) yield() {
 	if c.holding {
 		<-c.cpu
 		c.holding = false
+		c.stepped()
+	}
+}
+
+// stepped records a step of the handshake (see step).
+func (c *handshakeConn) stepped() {
+	if c.step != nil {
+		c.step()
 	}
 }
 
@@ -111,6 +120,9 @@ func (c *handshakeConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 && c.spoke != nil {
 		c.spoke.Store(true) // before waiting for a cpu slot: it shows the client, not our queue
+	}
+	if n > 0 {
+		c.stepped()
 	}
 	c.acquire()
 	return n, err
@@ -369,13 +381,18 @@ func (f *tlsFront) acceptLoop() {
 
 // hsEntry is a handshake in progress, as its source's list holds it.
 type hsEntry struct {
-	src     string
-	ctx     context.Context // ends the handshake: its timeout, shutdown, or eviction
-	cancel  context.CancelFunc
-	start   time.Duration // when it took its slot (a reading of the engine's clock)
-	hello   atomic.Bool   // the client has sent something (its hello, as a rule)
-	evicted atomic.Bool   // ended by the front to make room, not by the client
-	conn    net.Conn      // the client's connection (nil in unit tests)
+	src    string
+	ctx    context.Context // ends the handshake: its timeout, shutdown, or eviction
+	cancel context.CancelFunc
+	start  time.Duration // when it took its slot (a reading of the engine's clock)
+	hello  atomic.Bool   // the client has sent something (its hello, as a rule)
+	// stepped is the engine clock's reading at its latest step (bytes
+	// from the client read, or a turn of computing ended; 0: none): a
+	// source whose handshakes step is not stalled (tlspark.go), however
+	// long they queue for the cpu slots on a busy machine.
+	stepped atomic.Int64
+	evicted atomic.Bool // ended by the front to make room, not by the client
+	conn    net.Conn    // the client's connection (nil in unit tests)
 }
 
 // spoke reports whether e's client has sent anything: its hello seen by
@@ -592,7 +609,8 @@ var testHookTLSVerified atomic.Pointer[func()]
 func (f *tlsFront) handshake(c net.Conn, e *hsEntry) {
 	defer f.wg.Done()
 	h := &tlsHandshake{f: f, e: e}
-	hc := &handshakeConn{Conn: c, cpu: f.cpu, ctx: e.ctx, spoke: &e.hello}
+	hc := &handshakeConn{Conn: c, cpu: f.cpu, ctx: e.ctx, spoke: &e.hello,
+		step: func() { e.stepped.Store(int64(f.srv.throttle.Now())) }}
 	rec := &tlsRecords{raw: hc}
 	tc := tls.Server(rec, &tls.Config{GetConfigForClient: h.configForClient})
 	err := tc.HandshakeContext(e.ctx)

@@ -39,9 +39,12 @@ import (
 //     connection whose client has sent its hello (hasSpoken): silent
 //     connections cannot keep a pool from the same address waiting;
 //   - a source none of whose handshakes has ended (completed, failed, or
-//     been ended for a waiting client) for tlsParkPatience (silent
-//     connections only, a flood of slow handshakes) has its parked
-//     connections closed, as the bound closed them before;
+//     been ended for a waiting client) or stepped (hsEntry.stepped: read
+//     from its client, or ended a turn of computing) for tlsParkPatience
+//     (silent connections only, a flood of slow handshakes) has its
+//     parked connections closed, as the bound closed them before; a
+//     healthy pool whose handshakes queue for the cpu slots on a busy
+//     machine steps, and waits;
 //   - at most tlsMaxParkedPerSource per source and tlsMaxParked in all wait,
 //     each at most tlsHandshakeTimeout from its accept.
 const (
@@ -265,6 +268,9 @@ func (f *tlsFront) sweepParked() {
 	for src, ps := range f.parked {
 		if f.evictSilentLocked(src, ps, now) {
 			ps.progress = now // the queue moves: the slots go to clients that spoke
+		}
+		for _, e := range f.active[src] {
+			ps.progress = max(ps.progress, time.Duration(e.stepped.Load()))
 		}
 		stalled := now-ps.progress >= tlsParkPatience
 		kept := ps.conns[:0]

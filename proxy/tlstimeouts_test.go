@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"net"
 	"slices"
 	"testing"
@@ -92,5 +93,59 @@ func TestTLSParkPatience(t *testing.T) {
 	}
 	if n := handshakesInProgress(s.p.Server); n != tlsMaxHandshakesPerSource {
 		t.Errorf("%d handshakes in progress, want the %d silent ones (their timeout is not the sweep's)", n, tlsMaxHandshakesPerSource)
+	}
+}
+
+// TestTLSParkedPoolWaitsWhileHandshakesStep: on a busy machine a pool's
+// handshakes queue for the cpu slots, and none may end within
+// tlsParkPatience; as long as they step (a turn of computing ended, bytes
+// read from the client) the source is not stalled and its parked
+// connections wait. Swept at each reading: one handshake stepping every
+// sweep keeps them; a patience without a step closes them.
+func TestTLSParkedPoolWaitsWhileHandshakesStep(t *testing.T) {
+	t.Parallel()
+	s, clock := startTLSProxyClock(t)
+	f := s.p.tls
+	server, client := net.Pipe()
+	defer client.Close()
+	e := &hsEntry{src: "pool"}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	defer e.cancel()
+	f.mu.Lock()
+	f.active["pool"] = append(f.active["pool"], e)
+	f.parked["pool"] = &parkedSrc{conns: []parkedConn{{c: server, at: clock.Now()}}, progress: clock.Now()}
+	f.nParked++
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.active, "pool")
+		f.mu.Unlock()
+	}()
+	parked := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if ps := f.parked["pool"]; ps != nil {
+			return len(ps.conns)
+		}
+		return 0
+	}
+	for range 3 * tlsParkPatience / tlsParkSweep { // three patiences, stepping
+		clock.Advance(tlsParkSweep)
+		e.stepped.Store(int64(clock.Now()))
+		f.sweepParked()
+		if parked() != 1 {
+			t.Fatalf("at %v, a handshake of the source stepping at every sweep: its parked connection was closed", clock.Now())
+		}
+	}
+	last := clock.Now()
+	clock.Advance(tlsParkPatience - 1)
+	f.sweepParked()
+	if parked() != 1 {
+		t.Fatalf("%v after the last step: the parked connection was closed before tlsParkPatience", clock.Now()-last)
+	}
+	clock.Advance(1)
+	f.sweepParked()
+	if parked() != 0 {
+		t.Fatalf("tlsParkPatience after the last step: the parked connection still waits")
 	}
 }
