@@ -2,6 +2,7 @@ package bucketcfg
 
 import (
 	"crypto/rand"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"sync"
@@ -70,6 +71,20 @@ func (u *User) String() string { return u.Name }
 
 // GoString returns the user name only, so that %#v never prints the hash.
 func (u *User) GoString() string { return fmt.Sprintf("bucketcfg.User{Name: %q}", u.Name) }
+
+// SamePasswordHash reports whether u and v have the same password_hash (a
+// nil User has none, as a User without one): a password that fails
+// against one fails against the other.
+func (u *User) SamePasswordHash(v *User) bool {
+	var a, b []byte
+	if u != nil {
+		a = u.passwordHash
+	}
+	if v != nil {
+		b = v.passwordHash
+	}
+	return subtle.ConstantTimeCompare(a, b) == 1
+}
 
 // DefaultHashCost is the bcrypt cost used by [HashPassword].
 //

@@ -87,6 +87,13 @@ func (s *session) saslAuth(r *request) {
 		s.refuseAuthNow(r, binary.StatusAuthError, "PLAIN authzid must be empty or equal to the user name; acting as another user is not supported")
 		return
 	}
+	s.plainLogin(r, user, pass)
+}
+
+// plainLogin handles a well-formed PLAIN login of user with password pass
+// (see saslAuth). Credentials that failed a check not long ago are refused
+// without one (authbad.go).
+func (s *session) plainLogin(r *request, user, pass string) {
 	srv := s.lp.srv
 	ten := srv.ten.Load()
 	if p := ten.cfg.Proxy.PlainAuth; !s.plainAllowed(p) {
@@ -96,6 +103,11 @@ func (s *session) saslAuth(r *request) {
 	addr := authSource(s.remote)
 	src := authPair(addr, user)
 	now := srv.throttle.Now()
+	who := ten.cfg.User(user)
+	if srv.flights.wrong(user, pass, who, now) {
+		s.refuseWrong(s.offLoop(r), user, src, addr, now)
+		return
+	}
 	penalised := srv.authQ.penalised(src, addr, now)
 	// A user with no failure here may use the cache while only its
 	// address is penalised (authdecoy.go); a miss then closes the cache to
@@ -113,9 +125,14 @@ func (s *session) saslAuth(r *request) {
 		}
 	}
 	c := s.offLoop(r)
-	j := &authJob{user: user, pass: pass, addr: addr, decoy: isDecoy(ten.cfg, user)}
+	j := &authJob{user: user, pass: pass, addr: addr, decoy: isDecoy(ten.cfg, user), who: who, at: now}
 	push := func(j *authJob) bool { return srv.authQ.push(src, j, now) }
-	if !c.handOff(func() bool { return srv.flights.join(c, j, src, penalised, push) }) {
+	res := joinFull
+	if !c.handOff(func() bool { res = srv.flights.join(c, j, src, penalised, push); return res == joined }) {
+		if res == joinWrong { // known wrong since the check above
+			s.refuseWrong(c, user, src, addr, now)
+			return
+		}
 		s.refuseAuth(c, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
 		return
 	}
@@ -124,17 +141,22 @@ func (s *session) saslAuth(r *request) {
 
 // checkAuth runs one queued password check on the auth worker, against
 // the configuration in force when it starts, and answers every login
-// waiting for it; wrong credentials are reported to refused first (see
-// authQueue.start), so the penalty is in force by the answer. Credentials
+// waiting for it; wrong credentials are remembered (authbad.go) and
+// reported to refused first (see authQueue.start), so the penalty is in
+// force by the answer and later logins presenting them find them known. Credentials
 // verified meanwhile (by another check, or before a penalty made their
 // login wait its turn) cost no bcrypt. While the proxy drains, queued
 // checks are answered Etmpfail without bcrypt.
 func (srv *Server) checkAuth(j *authJob, refused func()) {
 	var u *bucketcfg.User
 	err := errAuthUnavailable
+	fail := func() {
+		srv.flights.failed(j, srv.throttle.Now())
+		refused()
+	}
 	if !srv.draining.Load() {
 		j.cfg = srv.ten.Load().cfg
-		if srv.decoyCheck(j, refused) {
+		if srv.decoyCheck(j, fail) {
 			return
 		}
 		if u = srv.authCache.Lookup(j.cfg, j.user, j.pass); u != nil {
@@ -150,7 +172,7 @@ func (srv *Server) checkAuth(j *authJob, refused func()) {
 		}
 	}
 	if errors.Is(err, bucketcfg.ErrAuthFailed) {
-		refused()
+		fail()
 	}
 	srv.authAnswer(j, u, err)
 }

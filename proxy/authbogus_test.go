@@ -30,7 +30,7 @@ func authBogusFlood(t *testing.T, cached bool) {
 	}
 	var floods []*flood
 	for i := range 20 {
-		floods = append(floods, startFlood(p.Addr, 1, fmt.Sprintf("u%d", i), "wrong-pw"))
+		floods = append(floods, startFlood(p.Addr, 1, fmt.Sprintf("u%d", i), "wrong-pw-%d"))
 	}
 	stats := func() (failures int64) {
 		for _, f := range floods {

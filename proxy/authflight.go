@@ -40,8 +40,9 @@ const maxPenalisedWaiters = 64
 type authFlights struct {
 	key [32]byte
 
-	mu sync.Mutex
-	m  map[[sha256.Size]byte][]*authFlight
+	mu  sync.Mutex
+	m   map[[sha256.Size]byte][]*authFlight
+	bad failedCreds // credentials whose check failed (authbad.go)
 }
 
 // authFlight is one password check and the logins (SASL AUTHs, on any
@@ -51,7 +52,19 @@ type authFlight struct {
 	src       string // the source (authPair) whose turn the check takes
 	penalised bool   // src was under a failure penalty when the check was queued
 	calls     []*offLoopCall
+	// waiting is len(calls), for the queue to read without f.mu: its
+	// worker serves a source's flight with the most logins first.
+	waiting atomic.Int32
 }
+
+// joinResult is what became of a login that join was given.
+type joinResult uint8
+
+const (
+	joined    joinResult = iota // it waits for a check's answer
+	joinFull                    // not taken: a bound (the queue's, maxPenalisedWaiters)
+	joinWrong                   // not taken: its credentials are known wrong (authbad.go)
+)
 
 func newAuthFlights() *authFlights {
 	f := &authFlights{m: make(map[[sha256.Size]byte][]*authFlight)}
@@ -78,13 +91,18 @@ func (f *authFlights) credKey(user, pass string) [sha256.Size]byte {
 // from source src: an existing flight of src, or, when penalised is false
 // (src is not under a failure penalty), of any source that was not either
 // (its check does not wait for a penalty); otherwise a new flight whose
-// check push queues (j). It reports false when c was not
-// taken: push refused the check (a bound of the queue), or
-// maxPenalisedWaiters wait already for src's check.
-func (f *authFlights) join(c *offLoopCall, j *authJob, src string, penalised bool, push func(*authJob) bool) bool {
+// check push queues (j). c is not taken (joinFull) when push refused the
+// check (a bound of the queue) or maxPenalisedWaiters wait already for
+// src's check, nor (joinWrong) when the credentials failed a check of
+// j.who (the user as configured at the login, j.at) not long ago.
+func (f *authFlights) join(c *offLoopCall, j *authJob, src string, penalised bool, push func(*authJob) bool) joinResult {
 	cred := f.credKey(j.user, j.pass)
+	j.cred = cred
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.bad.has(cred, j.who, j.at) {
+		return joinWrong
+	}
 	var fl *authFlight
 	for _, x := range f.m[cred] {
 		if x.src == src {
@@ -97,18 +115,20 @@ func (f *authFlights) join(c *offLoopCall, j *authJob, src string, penalised boo
 	}
 	if fl != nil {
 		if penalised && len(fl.calls) >= maxPenalisedWaiters {
-			return false
+			return joinFull
 		}
 		fl.calls = append(fl.calls, c)
-		return true
+		fl.waiting.Store(int32(len(fl.calls)))
+		return joined
 	}
 	fl = &authFlight{cred: cred, src: src, penalised: penalised, calls: []*offLoopCall{c}}
+	fl.waiting.Store(1)
 	j.flight = fl
 	if !push(j) {
-		return false
+		return joinFull
 	}
 	f.m[cred] = append(f.m[cred], fl)
-	return true
+	return joined
 }
 
 // finish ends fl, whose check has been answered (or dropped), and returns
@@ -130,6 +150,7 @@ func (f *authFlights) finish(fl *authFlight) []*offLoopCall {
 	}
 	calls := fl.calls
 	fl.calls = nil
+	fl.waiting.Store(0)
 	return calls
 }
 

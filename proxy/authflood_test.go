@@ -19,7 +19,10 @@ import (
 )
 
 // flood runs n connections looping SASL PLAIN with a wrong password,
-// reconnecting whenever the proxy closes one, until stop is called.
+// reconnecting whenever the proxy closes one, until stop is called. A
+// password with a %d verb is a format: each attempt fills in a new number,
+// so that every attempt is a new guess (a repeated wrong password is known
+// wrong and costs no check: authbad.go).
 type flood struct {
 	stopping atomic.Bool
 	wg       sync.WaitGroup
@@ -34,11 +37,13 @@ type flood struct {
 
 func startFlood(addr string, n int, user, password string) *flood {
 	f := &flood{conns: map[*mcclient.Client]bool{}}
-	req := mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: []byte("\x00" + user + "\x00" + password)}
+	distinct := strings.Contains(password, "%d")
+	var seq atomic.Int64
 	for i := 0; i < n; i++ {
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
+			req := mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: []byte("\x00" + user + "\x00" + password)}
 			for !f.stopping.Load() {
 				c, err := mcclient.Dial(addr)
 				if err != nil {
@@ -51,6 +56,9 @@ func startFlood(addr string, n int, user, password string) *flood {
 				for !f.stopping.Load() {
 					f.waitRunning()
 					f.sent.Add(1)
+					if distinct {
+						req.Value = fmt.Appendf(req.Value[:0], "\x00%s\x00"+password, user, seq.Add(1))
+					}
 					r, err := c.Do(req)
 					if err != nil {
 						f.closes.Add(1)
@@ -358,7 +366,7 @@ func authFlood(t testing.TB) authFloodResult {
 		return ds
 	}
 
-	f := startFloodProc(t, p.Addr, 100, "bob", "wrong-pw")
+	f := startFloodProc(t, p.Addr, 100, "bob", "wrong-pw-%d")
 	eventually(t, 30*time.Second, "the flood to be refused", func() bool {
 		st := f.stats()
 		return st.authErrors >= 1 && st.tmpfails >= 1

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,11 +38,13 @@ func TestPlainPenaltyIsFailedCheckTimesShare(t *testing.T) {
 	clock := throttle.NewFakeClock(0)
 	p := startProxyClock(t, testConfig{tail: tenantTail(t)}, clock)
 	p.fixedBcrypt.Store(int64(20 * time.Millisecond))
-	fail := func() time.Duration {
+	guesses := 0
+	fail := func() time.Duration { // a new wrong password each time (a repeated one is known wrong: authbad.go)
 		t.Helper()
 		rc := dialFrom(t, p.Addr, "127.0.0.1")
 		at := clock.Now()
-		plainAuth(rc, "bob", "wrong")
+		guesses++
+		plainAuth(rc, "bob", fmt.Sprintf("wrong-%d", guesses))
 		if st := readAnswer(t, rc, "wrong password"); st != mc.StatusAuthError {
 			t.Fatalf("wrong password: %s", st)
 		}

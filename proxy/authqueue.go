@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/sha256"
 	"net/netip"
 	"sync"
 	"time"
@@ -20,8 +21,10 @@ import (
 const (
 	// maxQueuedAuth bounds the checks waiting, all sources together.
 	maxQueuedAuth = 64
-	// maxQueuedAuthPerSource bounds one source's (see authPair): distinct
-	// credentials of one user from one address.
+	// maxQueuedAuthPerSource bounds the checks of one source (see
+	// authPair: distinct credentials of one user from one address) that
+	// count towards its address's and the total bound; more wait apart,
+	// up to maxWaitingAuthPerSource (authwait.go).
 	maxQueuedAuthPerSource = 8
 	// maxQueuedAuthPerAddr bounds one address's (see authSource), all its
 	// users together, so that one address cannot fill the queue by
@@ -71,15 +74,25 @@ type authJob struct {
 	// took, set by the check, is how long its bcrypt run took (0: none
 	// ran), which its failure is charged.
 	took time.Duration
+	// cred is its flight key (set by authFlights.join); who, the user as
+	// configured when the login came (nil: none), at the engine's reading
+	// then: a credential known wrong for who is not queued (authbad.go).
+	cred [sha256.Size]byte
+	who  *bucketcfg.User
+	at   time.Duration
+	// over: queued past its source's first maxQueuedAuthPerSource, it
+	// counts towards neither its address's nor the total bound (authwait.go).
+	over bool
 }
 
 // authQueue holds the password checks waiting for the Server's one auth
 // worker, so that bcrypt never takes more than one core, nor runs on an
 // event loop. Checks are grouped by source and served round robin between
-// sources, FIFO within one, so one source's checks delay another's by at
-// most one bcrypt run each; a source may have maxQueuedAuthPerSource
-// waiting, all sources together maxQueuedAuth, and a source whose checks
-// fail is served at most 1/failedAuthShare of the time. A connection has at
+// sources (within one, the check most logins wait for first, then the
+// oldest: authwait.go), so one source's checks delay another's by at most
+// one bcrypt run each; a source counts at most maxQueuedAuthPerSource
+// waiting towards the bounds, all sources together maxQueuedAuth, and a
+// source whose checks fail is served at most 1/failedAuthShare of the time. A connection has at
 // most one check waiting (its session dispatches nothing meanwhile). Safe
 // for concurrent use.
 //
@@ -92,7 +105,8 @@ type authQueue struct {
 	sources map[string]*authSrc
 	addrs   map[string]*authAddr // addresses with checks queued or users under penalty
 	order   []*authSrc           // sources with waiting checks, next served first
-	n       int                  // waiting checks
+	n       int                  // waiting checks, but those over (authJob.over) and decoys
+	over    int                  // waiting checks over their source's first maxQueuedAuthPerSource
 	hurry   bool                 // the proxy drains: penalties no longer apply
 	stopped bool
 	wake    chan struct{}
@@ -104,6 +118,7 @@ type authSrc struct {
 	key       string
 	addr      string // its address ("": none)
 	jobs      []*authJob
+	over      int // jobs over its first maxQueuedAuthPerSource (authJob.over)
 	notBefore time.Duration
 	// noCache: until then, a login of this source uses the password cache
 	// only when it is not penalised (see fresh).
@@ -148,16 +163,7 @@ func (q *authQueue) addrNotBefore(nb time.Duration, addr string) time.Duration {
 // password cache nor join another source's check at once: a correct
 // guess would otherwise be told apart from a wrong one without waiting.
 func (q *authQueue) penalised(src, addr string, now time.Duration) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.hurry || q.stopped {
-		return false
-	}
-	var nb time.Duration
-	if as := q.sources[src]; as != nil {
-		nb = as.notBefore
-	}
-	return now < q.addrNotBefore(nb, addr)
+	return now < q.turn(src, addr)
 }
 
 // authSource is the queue's fairness key for a client address ("ip:port"):
@@ -180,14 +186,16 @@ func authSource(remote string) string {
 }
 
 // push queues j for source src; false when a bound is reached or the
-// worker has stopped (j is then not queued).
+// worker has stopped (j is then not queued). Past src's first
+// maxQueuedAuthPerSource checks, j waits over them (authwait.go).
 func (q *authQueue) push(src string, j *authJob, now time.Duration) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.stopped || (!j.decoy && q.n >= maxQueuedAuth) {
+	as := q.sources[src]
+	over := as != nil && len(as.jobs)-as.over >= maxQueuedAuthPerSource
+	if q.stopped || (over && !q.overRoom(as, j)) || (!over && !j.decoy && q.n >= maxQueuedAuth) {
 		return false
 	}
-	as := q.sources[src]
 	if as == nil {
 		if len(q.sources) >= maxAuthSources {
 			q.forget(now)
@@ -198,14 +206,11 @@ func (q *authQueue) push(src string, j *authJob, now time.Duration) bool {
 		as = &authSrc{key: src}
 		q.sources[src] = as
 	}
-	if len(as.jobs) >= maxQueuedAuthPerSource {
-		return false
-	}
 	as.decoy = j.decoy
 	if j.addr != "" {
 		as.addr = j.addr
 	}
-	if j.addr != "" && !j.decoy {
+	if !over && j.addr != "" && !j.decoy {
 		a := q.addr(j.addr)
 		if a.n >= maxQueuedAuthPerAddr {
 			return false
@@ -217,7 +222,12 @@ func (q *authQueue) push(src string, j *authJob, now time.Duration) bool {
 	}
 	j.src = as
 	as.jobs = append(as.jobs, j)
-	if !j.decoy {
+	switch {
+	case over:
+		j.over = true
+		as.over++
+		q.over++
+	case !j.decoy:
 		q.n++
 	}
 	select {
@@ -288,8 +298,9 @@ func (q *authQueue) userFailed(addr, key string, nb, now time.Duration) {
 	}
 }
 
-// pop takes the next check: the oldest of the first source in round-robin
-// order that may be served at now. When checks wait but none may start
+// pop takes the next check: of the first source in round-robin order that
+// may be served at now, the one most logins wait for, the oldest of those
+// (authwait.go). When checks wait but none may start
 // yet, it returns nil and how long until one may; nil and 0 when none
 // waits.
 func (q *authQueue) pop(now time.Duration) (*authJob, time.Duration) {
@@ -304,9 +315,7 @@ func (q *authQueue) pop(now time.Duration) (*authJob, time.Duration) {
 			continue
 		}
 		q.order = append(q.order[:i], q.order[i+1:]...)
-		j := as.jobs[0]
-		as.jobs[0] = nil
-		as.jobs = as.jobs[1:]
+		j := q.take(as)
 		if len(as.jobs) > 0 {
 			q.order = append(q.order, as) // its next check waits for the others'
 		} else {
@@ -315,18 +324,7 @@ func (q *authQueue) pop(now time.Duration) (*authJob, time.Duration) {
 				delete(q.sources, as.key) // failed brings it back if need be
 			}
 		}
-		if j.decoy {
-			return j, 0
-		}
-		q.n--
-		if a := q.addrs[j.addr]; a != nil && j.addr != "" {
-			if a.n--; a.n == 0 {
-				a.prune(now)
-				if len(a.failing) == 0 && now >= a.notBefore {
-					delete(q.addrs, j.addr)
-				}
-			}
-		}
+		q.uncount(j, now)
 		return j, 0
 	}
 	return nil, wait
@@ -438,7 +436,7 @@ func (q *authQueue) start(check func(j *authJob, refused func()), drop func(*aut
 		for _, as := range q.order {
 			left = append(left, as.jobs...)
 		}
-		q.order, q.sources, q.addrs, q.n = nil, nil, nil, 0
+		q.order, q.sources, q.addrs, q.n, q.over = nil, nil, nil, 0, 0
 		q.mu.Unlock()
 		for _, j := range left {
 			drop(j)

@@ -48,18 +48,24 @@ func TestAuthQueueRoundRobin(t *testing.T) {
 	}
 }
 
-// One source cannot fill the queue; all sources together are bounded too.
+// One source cannot fill the queue: it counts maxQueuedAuthPerSource
+// checks in the bounds, and waits at most maxWaitingAuthPerSource; all
+// sources together are bounded too.
 func TestAuthQueueBounds(t *testing.T) {
 	t.Parallel()
 	q := newAuthQueue(throttle.NewFakeClock(0))
 	now := time.Minute
-	for i := 0; i < maxQueuedAuthPerSource; i++ {
+	for i := 0; i < maxWaitingAuthPerSource; i++ {
 		if !q.push("attacker", jobFor("x"), now) {
 			t.Fatalf("check %d of one source refused", i+1)
 		}
 	}
 	if q.push("attacker", jobFor("x"), now) {
-		t.Fatal("a source queued more than maxQueuedAuthPerSource checks")
+		t.Fatal("a source queued more than maxWaitingAuthPerSource checks")
+	}
+	if q.n != maxQueuedAuthPerSource || q.over != maxWaitingAuthPerSource-maxQueuedAuthPerSource {
+		t.Fatalf("one source counts %d checks in the bounds, %d over; want %d and %d",
+			q.n, q.over, maxQueuedAuthPerSource, maxWaitingAuthPerSource-maxQueuedAuthPerSource)
 	}
 	if !q.push("someone else", jobFor("y"), now) {
 		t.Fatal("another source refused while one source is at its bound")

@@ -2,81 +2,190 @@ package proxy
 
 import (
 	"fmt"
-	"sync"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	mc "github.com/kvthrottle/kvthrottle/proto/binary"
+	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
-// TestWrongPasswordFloodSparesSameUserPool: from 127.0.0.1, 8 connections
-// keep sending wrong PLAIN passwords for the pool user (someone who knows the
-// application's user name, behind the same NAT or on the same host), and
-// its own pool of 32 connections then logs in from the same address
-// with the right password, the cache cold (bcrypt at its default cost).
-// Issue 27 point 2 asks that the credentials that failed be penalised, not
-// the address's correct ones: every login of the pool should succeed
-// (within auth_timeout). docs/operations.md keys the penalty on the user
-// and address, which makes this a choice to revisit, not a regression.
-//
-// Seen on main (issue 27 review): 0 of 32 succeed. The penalty is kept per
-// user and address, and its bound of 8 distinct credentials waiting per
-// user and address is filled by the flood's distinct wrong passwords, so
-// the right one is refused at once with Etmpfail ("too many
-// authentications in progress; retry"). With pylibmc through the built
-// proxy: 0 of 64 beside 8 flooding connections, 0 of 32 beside 4, 32 of 32
-// (in 5 s) beside 1.
-func TestWrongPasswordFloodSparesSameUserPool(t *testing.T) {
-	t.Skip("issue 27 review: a wrong-password flood for a user from an address refuses that user's correct logins from the address (0 of 32 beside 8 flooding connections)")
-	const pool, flooders = 32, 8
-	p := startProxy(t, testConfig{tail: poolTail(t)})
-	stop := make(chan struct{})
-	var refused atomic.Int64
-	var fw sync.WaitGroup
-	var seq atomic.Int64
-	for range flooders {
-		fw.Add(1)
-		go func() {
-			defer fw.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				rc := dialFrom(t, p.Addr, "127.0.0.1")
-				_ = rc.c.SetDeadline(time.Now().Add(20 * time.Second))
-				for {
-					good, err := tryPlain(rc, poolUser, fmt.Sprintf("wrong-%d", seq.Add(1)))
-					if err != nil || good {
-						break
-					}
-					refused.Add(1)
-				}
-			}
-		}()
+// Wrong passwords for a user from an address beside that user's own pool
+// from the same address (issue 27 point 2: "penalise the credentials that
+// failed, not the address's correct ones"), on the engine's fake clock with
+// every bcrypt run counted as sameUserBcrypt: a failed check then costs
+// the user at the address a penalty of sameUserPenalty (2 s).
+const (
+	sameUserBcrypt  = 50 * time.Millisecond
+	sameUserPenalty = min(sameUserBcrypt*(failedAuthShare-1), maxFailedAuthPenalty)
+)
+
+// queuedChecks is how many checks source src has queued, and how many of
+// them wait over its first maxQueuedAuthPerSource (authwait.go).
+func queuedChecks(p *testProxy, src string) (n, over int) {
+	q := p.authQ
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if as := q.sources[src]; as != nil {
+		return len(as.jobs), as.over
 	}
-	defer func() { close(stop); fw.Wait() }()
-	eventually(t, 10*time.Second, "the flood to be refused", func() bool {
-		return refused.Load() >= 1
+	return 0, 0
+}
+
+// waitingOn is how many logins wait for a check of user's password pass.
+func waitingOn(p *testProxy, user, pass string) int {
+	f := p.flights
+	cred := f.credKey(user, pass)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, fl := range f.m[cred] {
+		n += len(fl.calls)
+	}
+	return n
+}
+
+// sendPool opens n connections from 127.0.0.1 and sends the pool user's
+// login on each, without reading the answers.
+func sendPool(t *testing.T, addr string, n int) []*rawConn {
+	conns := make([]*rawConn, n)
+	for i := range conns {
+		conns[i] = dialFrom(t, addr, "127.0.0.1")
+		_ = conns[i].c.SetDeadline(time.Now().Add(20 * time.Second))
+		plainAuth(conns[i], poolUser, poolPass)
+	}
+	return conns
+}
+
+// readPool reads the answer of each pool connection: all must succeed.
+func readPool(t *testing.T, conns []*rawConn, when string) {
+	t.Helper()
+	ok := 0
+	for i, rc := range conns {
+		if st := readAnswer(t, rc, fmt.Sprintf("pool login %d %s", i, when)); st == mc.StatusSuccess {
+			ok++
+		}
+	}
+	if ok != len(conns) {
+		t.Fatalf("%s: %d of %d pool logins succeeded, want all", when, ok, len(conns))
+	}
+}
+
+// poolAtPenaltyEnd checks that the pool logins sent on conns at 0, after a
+// failure at 0, still wait at sameUserPenalty-1 and all log in at
+// sameUserPenalty, the clock standing there.
+func poolAtPenaltyEnd(t *testing.T, p *testProxy, clock *throttle.FakeClock, conns []*rawConn) {
+	t.Helper()
+	clock.Advance(sameUserPenalty - 1)
+	if w := waitingOn(p, poolUser, poolPass); w != len(conns) {
+		t.Fatalf("before the penalty ends, %d pool logins wait, want %d", w, len(conns))
+	}
+	clock.Advance(1)
+	// The check runs now (bcrypt, slow under the race detector on a
+	// loaded machine); the clock stands still meanwhile.
+	eventually(t, 60*time.Second, "the pool's check to be answered", func() bool {
+		return waitingOn(p, poolUser, poolPass) == 0
 	})
-	time.Sleep(3 * time.Second) // as long as an application takes to notice and restart its pool
-	var ok atomic.Int64
-	var wg sync.WaitGroup
-	for range pool {
-		rc := dialFrom(t, p.Addr, "127.0.0.1")
-		_ = rc.c.SetDeadline(time.Now().Add(15 * time.Second))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if good, err := tryPlain(rc, poolUser, poolPass); good {
-				ok.Add(1)
-			} else if err != nil {
-				t.Logf("the pool user's login: %v", err)
-			}
-		}()
+	readPool(t, conns, "at the end of the penalty")
+	if now := clock.Now(); now != sameUserPenalty {
+		t.Fatalf("the pool logged in at %v, want %v", now, sameUserPenalty)
 	}
-	wg.Wait()
-	if got := ok.Load(); got != pool {
-		t.Errorf("beside a flood of wrong passwords for %s: %d of %d of its correct logins succeeded, want all", poolUser, got, pool)
+}
+
+// TestWrongPasswordFloodSparesSameUserPool: from 127.0.0.1, 8 connections
+// send guess after guess (each a new wrong password) for the pool user,
+// whose cold pool of 32 then logs in from the same address with the right
+// password. The first guess fails at 0: the user at the address waits
+// until sameUserPenalty for its next check, and each flooding connection
+// has a guess queued for that turn, filling the source's
+// maxQueuedAuthPerSource. The pool's login waits over them (one check
+// for its 32 connections) and, the check most logins wait for, is served
+// first at that turn: all 32 log in at exactly sameUserPenalty on the
+// engine's clock, not after the queued guesses (each one more penalty).
+// The flood stays paced: its next guess fails at that turn too, and the
+// one after waits for a second penalty. Before the fix, the pool got
+// Etmpfail at once (0 of 32): the source's bound was full of guesses.
+func TestWrongPasswordFloodSparesSameUserPool(t *testing.T) {
+	const pool, flooders = 32, 8
+	clock := throttle.NewFakeClock(0)
+	p := startProxyClock(t, testConfig{tail: poolTail(t)}, clock)
+	p.fixedBcrypt.Store(int64(sameUserBcrypt))
+	flood := startAttemptFlood(t, p.Addr, flooders, func(rc *rawConn, seq int64) (mc.Status, error) {
+		st, _, err := rawExchange(rc, mc.OpSASLAuth, "PLAIN", fmt.Sprintf("\x00%s\x00wrong-%d", poolUser, seq))
+		return st, err
+	})
+	src := authPair("127.0.0.1", poolUser)
+	eventually(t, 10*time.Second, "one guess to fail and one of each flooding connection to be queued", func() bool {
+		n, _ := queuedChecks(p, src)
+		return flood.refused.Load() == 1 && n == flooders
+	})
+	armedAt(t, clock, sameUserPenalty) // the worker waits for the source's turn
+
+	conns := sendPool(t, p.Addr, pool)
+	eventually(t, 10*time.Second, "the pool's logins to wait for one check, over the guesses", func() bool {
+		n, over := queuedChecks(p, src)
+		return waitingOn(p, poolUser, poolPass) == pool && n == flooders+1 && over == 1
+	})
+	stillArmed(t, clock, sameUserPenalty)
+	poolAtPenaltyEnd(t, p, clock, conns)
+	eventually(t, 10*time.Second, "the flood's next guess to fail and the one after to wait for the next penalty", func() bool {
+		return authCount(p.Server, "PLAIN", "failure") == 2 && slices.Contains(clock.Armed(), 2*sameUserPenalty)
+	})
+}
+
+// TestWrongPasswordRotationSparesSameUserPool: the password rotation case.
+// From 127.0.0.1, 8 connections keep sending the pool user's old password
+// (an old instance's pool retrying), and the user's pool of 32 with the new
+// one comes from the same address. The old password runs bcrypt once: it
+// fails at 0, and the pool, cold, waits for that one failure's penalty and
+// logs in at exactly sameUserPenalty. The old password, known wrong, is
+// then refused again and again (the flood's connections are closed at
+// their fifth refusal and reconnect) without another check and without a
+// new penalty: a second pool logs in at once, with the clock standing
+// still. Before the fix, each repeat was a bcrypt run and a new penalty,
+// and the pool waited behind them.
+func TestWrongPasswordRotationSparesSameUserPool(t *testing.T) {
+	const pool, flooders = 32, 8
+	var checks atomic.Int64
+	testHookAuthAnswered = func() { checks.Add(1) }
+	t.Cleanup(func() { testHookAuthAnswered = nil })
+	clock := throttle.NewFakeClock(0)
+	p := startProxyClock(t, testConfig{tail: poolTail(t)}, clock)
+	p.fixedBcrypt.Store(int64(sameUserBcrypt))
+	flood := startAttemptFlood(t, p.Addr, flooders, func(rc *rawConn, _ int64) (mc.Status, error) {
+		st, _, err := rawExchange(rc, mc.OpSASLAuth, "PLAIN", "\x00"+poolUser+"\x00old-pw")
+		return st, err
+	})
+	eventually(t, 10*time.Second, "the old password to fail", func() bool { return flood.refused.Load() >= 1 })
+
+	conns := sendPool(t, p.Addr, pool)
+	eventually(t, 10*time.Second, "the pool's logins to wait for one check", func() bool {
+		return waitingOn(p, poolUser, poolPass) == pool
+	})
+	poolAtPenaltyEnd(t, p, clock, conns)
+
+	// The flood goes on: every connection is refused five times and
+	// replaced, twice over.
+	const repeats = 2 * maxAuthFailures * flooders
+	refusedBefore := flood.refused.Load()
+	for deadline := time.Now().Add(30 * time.Second); flood.refused.Load() < refusedBefore+repeats; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the old password was refused %d times in 30 s, want %d", flood.refused.Load()-refusedBefore, repeats)
+		}
+		clock.Advance(10 * time.Millisecond)
+		time.Sleep(200 * time.Microsecond)
+	}
+	if n := checks.Load(); n != 2 {
+		t.Errorf("%d password checks ran, want 2 (the old password's one and the pool's)", n)
+	}
+	if got, refused := authCount(p.Server, "PLAIN", "failure"), flood.refused.Load(); got < uint64(refused) {
+		t.Errorf("%d failures counted for %d refusals of the wrong password", got, refused)
+	}
+
+	at := clock.Now()
+	readPool(t, sendPool(t, p.Addr, pool), "beside the old password's flood")
+	if now := clock.Now(); now != at {
+		t.Errorf("the second pool logged in at %v, want %v (at once)", now, at)
 	}
 }

@@ -46,6 +46,20 @@ type wrongFlood struct {
 }
 
 func startWrongFlood(t *testing.T, addr string, n int, useSCRAM bool) *wrongFlood {
+	return startAttemptFlood(t, addr, n, func(rc *rawConn, seq int64) (mc.Status, error) {
+		pw := fmt.Sprintf("wrong-%d", seq)
+		if useSCRAM {
+			return scramStatus(rc, "SCRAM-SHA256", "carol", pw)
+		}
+		st, _, err := rawExchange(rc, mc.OpSASLAuth, "PLAIN", "\x00bob\x00"+pw)
+		return st, err
+	})
+}
+
+// startAttemptFlood runs n connections from 127.0.0.1, each calling try (its
+// seq-th attempt of the whole flood: 1, 2, ...) until the proxy closes it
+// (then another connection takes its place) or the flood is stopped.
+func startAttemptFlood(t *testing.T, addr string, n int, try func(rc *rawConn, seq int64) (mc.Status, error)) *wrongFlood {
 	f := &wrongFlood{stop: make(chan struct{}), conns: map[net.Conn]bool{}}
 	var seq atomic.Int64
 	for range n {
@@ -68,14 +82,7 @@ func startWrongFlood(t *testing.T, addr string, n int, useSCRAM bool) *wrongFloo
 				f.mu.Unlock()
 				rc := &rawConn{t: t, c: c, r: bufio.NewReader(c)}
 				for f.running() {
-					pw := fmt.Sprintf("wrong-%d", seq.Add(1))
-					var st mc.Status
-					var err error
-					if useSCRAM {
-						st, err = scramStatus(rc, "SCRAM-SHA256", "carol", pw)
-					} else {
-						st, _, err = rawExchange(rc, mc.OpSASLAuth, "PLAIN", "\x00bob\x00"+pw)
-					}
+					st, err := try(rc, seq.Add(1))
 					if err != nil {
 						break
 					}

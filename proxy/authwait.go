@@ -1,0 +1,115 @@
+package proxy
+
+import (
+	"slices"
+	"time"
+)
+
+// A correct login is not refused because its source (its user at its
+// address) has maxQueuedAuthPerSource other credentials queued, such as a
+// flood of guesses at that user from a shared address: past those, a
+// source's checks wait "over" them, up to maxWaitingAuthPerSource (and
+// maxWaitingAuth for all sources), and are refused with Etmpfail only
+// past that. Checks over count towards neither their address's bound
+// (maxQueuedAuthPerAddr) nor the total (maxQueuedAuth): each source counts
+// its first maxQueuedAuthPerSource there, as before; when one of those is
+// served, its oldest check over takes its place in the counts. An unknown
+// user's checks (decoys) never wait over.
+//
+// When the worker serves a source, it takes the check most logins wait
+// for (authFlight.waiting), the oldest of those: a pool presenting one
+// password over many connections goes before guesses presenting one each,
+// so it waits at most for the source's next turn. The source's penalty
+// pacing is unchanged: it is served once per turn, whichever check.
+const (
+	// maxWaitingAuthPerSource bounds one source's checks, over or not.
+	maxWaitingAuthPerSource = 64
+	// maxWaitingAuth bounds the checks over, all sources together.
+	maxWaitingAuth = 1024
+)
+
+// turn is the earliest reading at which a check of source src (an
+// authPair) from addr may start: the end of its penalty, or of its
+// address's; 0 while the proxy drains.
+func (q *authQueue) turn(src, addr string) time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.hurry || q.stopped {
+		return 0
+	}
+	var nb time.Duration
+	if as := q.sources[src]; as != nil {
+		nb = as.notBefore
+	}
+	return q.addrNotBefore(nb, addr)
+}
+
+// overRoom reports whether j may wait over source as's first
+// maxQueuedAuthPerSource checks. Under q.mu.
+func (q *authQueue) overRoom(as *authSrc, j *authJob) bool {
+	return !j.decoy && len(as.jobs) < maxWaitingAuthPerSource && q.over < maxWaitingAuth
+}
+
+// waiters is how many logins wait for j's answer (1 without a flight).
+func (j *authJob) waiters() int32 {
+	if j.flight == nil {
+		return 1
+	}
+	return j.flight.waiting.Load()
+}
+
+// take removes and returns the check of as to serve next: the one most
+// logins wait for, the oldest of those. When it was counted in the bounds
+// and as has checks over, the oldest of those is counted in its place.
+// Under q.mu; as has a check.
+func (q *authQueue) take(as *authSrc) *authJob {
+	k, most := 0, int32(-1)
+	for i, j := range as.jobs {
+		if w := j.waiters(); w > most {
+			k, most = i, w
+		}
+	}
+	j := as.jobs[k]
+	as.jobs = slices.Delete(as.jobs, k, k+1)
+	if j.over {
+		as.over--
+		q.over--
+		return j
+	}
+	if as.over == 0 {
+		return j
+	}
+	for _, p := range as.jobs {
+		if p.over {
+			p.over = false
+			as.over--
+			q.over--
+			q.n++
+			if p.addr != "" {
+				q.addr(p.addr).n++
+			}
+			break
+		}
+	}
+	return j
+}
+
+// uncount takes j, just served, out of the bounds it counted in: the
+// total and its address's (forgotten once it has nothing left to
+// remember). Under q.mu.
+func (q *authQueue) uncount(j *authJob, now time.Duration) {
+	if j.decoy || j.over {
+		return
+	}
+	q.n--
+	a := q.addrs[j.addr]
+	if a == nil || j.addr == "" {
+		return
+	}
+	if a.n--; a.n == 0 {
+		a.prune(now)
+		if len(a.failing) == 0 && now >= a.notBefore {
+			delete(q.addrs, j.addr)
+		}
+	}
+}
