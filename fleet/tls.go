@@ -83,24 +83,47 @@ func (st storeTLS) apply(cfg *tls.Config) error {
 
 // explainTLS adds to a failed TLS handshake with the store what to check:
 // the store's certificate did not verify, or the store asked for a client
-// certificate this instance does not have. Other errors are returned as
-// they are.
+// certificate this instance does not have. Other errors, and errors it
+// has explained already (a dial's, returned again by a load), are
+// returned as they are.
 func explainTLS(err error) error {
+	var done *tlsExplained
+	if errors.As(err, &done) {
+		return err
+	}
+	if hint := tlsHint(err); hint != "" {
+		return &tlsExplained{err: err, hint: hint}
+	}
+	return err
+}
+
+// tlsExplained is an error with explainTLS's hint.
+type tlsExplained struct {
+	err  error
+	hint string
+}
+
+func (e *tlsExplained) Error() string { return e.err.Error() + " (" + e.hint + ")" }
+func (e *tlsExplained) Unwrap() error { return e.err }
+
+// tlsHint is what to check for a failed TLS handshake with the store, or
+// "".
+func tlsHint(err error) string {
 	var verify *tls.CertificateVerificationError
 	var unknown x509.UnknownAuthorityError
 	var host x509.HostnameError
 	switch {
 	case errors.As(err, &unknown):
-		return fmt.Errorf("%w (the store's certificate is not signed by a CA of redis_url's %s, or of the system's roots when it names none)", err, paramCAFile)
+		return "the store's certificate is not signed by a CA of redis_url's " + paramCAFile + ", or of the system's roots when it names none"
 	case errors.As(err, &host):
-		return fmt.Errorf("%w (the store's certificate does not name the host of redis_url)", err)
+		return "the store's certificate does not name the host of redis_url"
 	case errors.As(err, &verify):
-		return fmt.Errorf("%w (the store's certificate was refused)", err)
+		return "the store's certificate was refused"
 	}
 	// The alert a server sends when it wants a client certificate
 	// (TLS 1.3 sends it after the handshake: the first read fails).
 	if msg := err.Error(); strings.Contains(msg, "tls: certificate required") || strings.Contains(msg, "tls: bad certificate") {
-		return fmt.Errorf("%w (the store wants a client certificate: redis_url's %s and %s)", err, paramCertFile, paramKeyFile)
+		return "the store wants a client certificate: redis_url's " + paramCertFile + " and " + paramKeyFile
 	}
-	return err
+	return ""
 }
