@@ -443,9 +443,11 @@ func (rc *rawConn) send(op mc.Opcode, extras, key, value []byte) {
 	}
 }
 
-// read reads one response: its status and value.
+// read reads one response: its status and value. Its deadline, 30 s, is
+// a liveness bound: an answer behind a real bcrypt run, under race and
+// beside a CPU hog, took over 5 s (TestPenaltyInForceByTheRefusal).
 func (rc *rawConn) read() (mc.Status, []byte, error) {
-	_ = rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = rc.c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	hdr := make([]byte, mc.HeaderLen)
 	if _, err := io.ReadFull(rc.r, hdr); err != nil {
 		return 0, nil, err
