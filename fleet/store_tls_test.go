@@ -2,9 +2,11 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,6 +56,15 @@ func TestStoreTLS(t *testing.T) {
 		{"plaintext to the TLS port", "redis://" + r.TLSAddr + "/0", "fleet: load state:"},
 	} {
 		err := load(c.url)
+		for try := 0; try < 3 && err != nil && errors.Is(err, syscall.ECONNRESET); try++ {
+			// Without a client certificate, TLS 1.3 completes the
+			// handshake and the server's alert follows; a loaded machine
+			// may have the server close before the command is written,
+			// and the write's reset carries no alert to explain (a gap
+			// of the hint, noted in issue 29): ask again.
+			t.Logf("%s: %v; again", c.what, err)
+			err = load(c.url)
+		}
 		t.Logf("%s: %v", c.what, err)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Load: %v, want an error with %q", c.what, err, c.want)
