@@ -126,18 +126,32 @@ func (s *session) plainLogin(r *request, user, pass string) {
 	}
 	c := s.offLoop(r)
 	j := &authJob{user: user, pass: pass, addr: addr, decoy: isDecoy(ten.cfg, user), who: who, at: now}
-	push := func(j *authJob) bool { return srv.authQ.push(src, j, now) }
+	var displaced *authJob
+	push := func(j *authJob) (ok bool) { ok, displaced = srv.authQ.admit(src, j, now); return ok }
 	res := joinFull
-	if !c.handOff(func() bool { res = srv.flights.join(c, j, src, penalised, push); return res == joined }) {
+	handed := c.handOff(func() bool { res = srv.flights.join(c, j, src, penalised, push); return res == joined })
+	if displaced != nil {
+		srv.authAnswerLogins(displaced, nil, errAuthDisplaced)
+	}
+	if !handed {
 		if res == joinWrong { // known wrong since the check above
 			s.refuseWrong(c, user, src, addr, now)
 			return
 		}
-		s.refuseAuth(c, user, binary.StatusEtmpfail, "too many authentications in progress; retry")
+		s.refuseAuth(c, user, binary.StatusEtmpfail, authBusyReason)
 		return
 	}
 	s.checking = true
+	s.penalised = penalised
 }
+
+// authBusyReason is the reason given with Etmpfail when a login's check
+// cannot wait.
+const authBusyReason = "too many authentications in progress; retry"
+
+// errAuthDisplaced is a check taken out of its full queue for a newer one
+// (authQueue.admit): its logins get Etmpfail.
+var errAuthDisplaced = errors.New(authBusyReason)
 
 // checkAuth runs one queued password check on the auth worker, against
 // the configuration in force when it starts, and answers every login
@@ -194,14 +208,21 @@ func (srv *Server) dropAuth(j *authJob) { srv.authAnswer(j, nil, errAuthUnavaila
 // authAnswer hands a check's result back to the loop of each login that
 // waited for it.
 func (srv *Server) authAnswer(j *authJob, u *bucketcfg.User, err error) {
+	srv.authAnswerLogins(j, u, err)
+	if testHookAuthAnswered != nil {
+		testHookAuthAnswered()
+	}
+}
+
+// authAnswerLogins hands u and err back to the logins waiting for j, as
+// authAnswer does without reporting a check answered: a displaced check
+// (errAuthDisplaced) is answered so, without running.
+func (srv *Server) authAnswerLogins(j *authJob, u *bucketcfg.User, err error) {
 	if j.flight == nil {
 		return
 	}
 	for _, c := range srv.flights.finish(j.flight) {
 		c.back(func() { c.s.authDone(c, j, u, err) })
-	}
-	if testHookAuthAnswered != nil {
-		testHookAuthAnswered()
 	}
 }
 
@@ -223,10 +244,12 @@ func parsePlain(v []byte) (authz, user, pass string, ok bool) {
 // login c waited for it; on the loop, outside dispatch (offLoopCall.back).
 func (s *session) authDone(c *offLoopCall, j *authJob, u *bucketcfg.User, err error) {
 	name := j.user
-	s.checking = false
+	s.checking, s.penalised = false, false
 	switch {
 	case errors.Is(err, errAuthUnavailable):
 		s.refuseAuth(c, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")
+	case errors.Is(err, errAuthDisplaced):
+		s.refuseAuth(c, name, binary.StatusEtmpfail, authBusyReason)
 	case err != nil:
 		// A decoy's answer comes as late as a bcrypt run's (authdecoy.go).
 		s.refuseAuthAfter(c, name, binary.StatusAuthError, authFailedReason, j.charge)

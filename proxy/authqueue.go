@@ -191,6 +191,11 @@ func authSource(remote string) string {
 func (q *authQueue) push(src string, j *authJob, now time.Duration) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.pushLocked(src, j, now)
+}
+
+// pushLocked is push under q.mu.
+func (q *authQueue) pushLocked(src string, j *authJob, now time.Duration) bool {
 	as := q.sources[src]
 	over := as != nil && len(as.jobs)-as.over >= maxQueuedAuthPerSource
 	if q.stopped || (over && !q.overRoom(as, j)) || (!over && !j.decoy && q.n >= maxQueuedAuth) {

@@ -9,8 +9,10 @@ import (
 // address) has maxQueuedAuthPerSource other credentials queued, such as a
 // flood of guesses at that user from a shared address: past those, a
 // source's checks wait "over" them, up to maxWaitingAuthPerSource (and
-// maxWaitingAuth for all sources), and are refused with Etmpfail only
-// past that. Checks over count towards neither their address's bound
+// maxWaitingAuth for all sources); a login whose source has
+// maxWaitingAuthPerSource checks displaces their oldest that one login
+// waits for (admit), and is refused with Etmpfail only when there is none,
+// or past maxWaitingAuth. Checks over count towards neither their address's bound
 // (maxQueuedAuthPerAddr) nor the total (maxQueuedAuth): each source counts
 // its first maxQueuedAuthPerSource there, as before; when one of those is
 // served, its oldest check over takes its place in the counts. An unknown
@@ -19,8 +21,10 @@ import (
 // When the worker serves a source, it takes the check most logins wait
 // for (authFlight.waiting), the oldest of those: a pool presenting one
 // password over many connections goes before guesses presenting one each,
-// so it waits at most for the source's next turn. The source's penalty
-// pacing is unchanged: it is served once per turn, whichever check.
+// so it waits at most for the source's next turn, unless a guess waited
+// on by more connections than the pool comes at each turn (the documented
+// limit: the two look alike). The source's penalty pacing is unchanged:
+// it is served once per turn, whichever check.
 const (
 	// maxWaitingAuthPerSource bounds one source's checks, over or not.
 	maxWaitingAuthPerSource = 64
@@ -44,6 +48,21 @@ func (q *authQueue) turn(src, addr string) time.Duration {
 	return q.addrNotBefore(nb, addr)
 }
 
+// admit is push for a login's check: when src's checks fill
+// maxWaitingAuthPerSource, their oldest that one login waits for is
+// displaced to make room (displace) and returned, for its login to be
+// refused Etmpfail as a check that came too late would have been. A flood
+// of guesses, one per connection, thus cannot keep a pool (or any check
+// with two logins waiting) out, and the guesses' own order is kept.
+func (q *authQueue) admit(src string, j *authJob, now time.Duration) (ok bool, displaced *authJob) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if as := q.sources[src]; as != nil && !j.decoy && !q.stopped && len(as.jobs) >= maxWaitingAuthPerSource {
+		displaced = q.displace(as, now)
+	}
+	return q.pushLocked(src, j, now), displaced
+}
+
 // overRoom reports whether j may wait over source as's first
 // maxQueuedAuthPerSource checks. Under q.mu.
 func (q *authQueue) overRoom(as *authSrc, j *authJob) bool {
@@ -59,9 +78,7 @@ func (j *authJob) waiters() int32 {
 }
 
 // take removes and returns the check of as to serve next: the one most
-// logins wait for, the oldest of those. When it was counted in the bounds
-// and as has checks over, the oldest of those is counted in its place.
-// Under q.mu; as has a check.
+// logins wait for, the oldest of those. Under q.mu; as has a check.
 func (q *authQueue) take(as *authSrc) *authJob {
 	k, most := 0, int32(-1)
 	for i, j := range as.jobs {
@@ -69,6 +86,13 @@ func (q *authQueue) take(as *authSrc) *authJob {
 			k, most = i, w
 		}
 	}
+	return q.remove(as, k)
+}
+
+// remove takes check k out of as's queue and returns it. When it was
+// counted in the bounds and as has checks over, the oldest of those is
+// counted in its place. Under q.mu.
+func (q *authQueue) remove(as *authSrc, k int) *authJob {
 	j := as.jobs[k]
 	as.jobs = slices.Delete(as.jobs, k, k+1)
 	if j.over {
@@ -92,6 +116,21 @@ func (q *authQueue) take(as *authSrc) *authJob {
 		}
 	}
 	return j
+}
+
+// displace makes room in as, whose checks fill maxWaitingAuthPerSource,
+// for a new one: it takes out and returns its oldest check that one
+// login waits for (a guess, in a flood of them), to be refused Etmpfail;
+// nil when every check has more. Under q.mu.
+func (q *authQueue) displace(as *authSrc, now time.Duration) *authJob {
+	for k, j := range as.jobs {
+		if j.waiters() == 1 && !j.decoy {
+			q.remove(as, k)
+			q.uncount(j, now)
+			return j
+		}
+	}
+	return nil
 }
 
 // uncount takes j, just served, out of the bounds it counted in: the

@@ -209,10 +209,14 @@ func (lp *loop) closeSession(s *session) {
 // attacker whose connections each send a frame cannot push out, ahead of
 // them all, a client whose first frame is still on its way. Sessions whose
 // password is being checked, or that are closing, are not candidates
-// (rank 0).
+// (rank 0), but for those whose user at their address is under a failure
+// penalty: they wait their turn, which guesses at that user from that
+// address could otherwise make them hold the address's whole share of
+// connections for (a penalised check may have 64 logins waiting), and
+// rank as any other.
 func evictRank(s *session) int {
 	switch {
-	case s.checking || s.quitting || s.closed:
+	case s.quitting || s.closed || (s.checking && !s.penalised):
 		return 0
 	case s.authFails > 0:
 		return 3

@@ -166,7 +166,7 @@ func (s *session) scramStep(r *request) {
 	src := authPair(addr, name)
 	wait, ok := srv.authQ.scramTurnFrom(src, addr, srv.throttle.Now())
 	if !ok {
-		s.refuseAuth(c, name, binary.StatusEtmpfail, "too many authentications in progress; retry")
+		s.refuseAuth(c, name, binary.StatusEtmpfail, authBusyReason)
 		return
 	}
 	final := string(r.value) // r aliases the input buffer
