@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"sync"
 	"testing"
 	"time"
 
@@ -127,4 +128,39 @@ func TestLargeReaderNotStarvedBySmallReaders(t *testing.T) {
 	if v := viewLane(t, p, second); v.laneReads != 0 || v.waiting != 0 || v.laneWait {
 		t.Fatalf("after every answer: lane has %d reads in flight, %d waiting (second reader waits: %v); want 0, 0", v.laneReads, v.waiting, v.laneWait)
 	}
+}
+
+// TestLaneTakesBackReaderThatCaughtUp: a session paused because its client
+// does not read its responses holds no turn in its lane's line (or gives
+// it up: loop.resumePaused), so that it does not hold up the bucket's
+// other sessions. Once its client has read, it takes a place in line
+// again, though those sessions keep the line from ever emptying. Before,
+// it waited for good: with two sessions of the bucket streaming 1 MB
+// reads, a third that had paused that way never had another read
+// dispatched (seen as TestTenantBoundsItsNeighboursWait failing under
+// load: one reader 7 answers in 30 s, the others 9,000).
+func TestLaneTakesBackReaderThatCaughtUp(t *testing.T) {
+	p, _ := startWithBigValue(t)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		r := dial(t, p.Addr)
+		r.Timeout = time.Minute
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pipelineGets(t, r, "big", 100, stop, func(time.Time) {})
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	const n = 40 // far more than the sockets hold: the proxy pauses it
+	slow := dial(t, p.Addr)
+	slow.Timeout = time.Minute
+	sendGets(t, slow, "big", n)
+	eventually(t, time.Minute, "the slow reader to be paused, out of the line", func() bool {
+		v := viewLane(t, p, slow)
+		return v.paused && !v.laneWait && v.waiting > 0
+	})
+	readGets(t, slow, "the reader that caught up", n, 1000*1000)
 }

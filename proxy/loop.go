@@ -186,15 +186,19 @@ func (lp *loop) resumePaused() {
 				s.resume()
 			}
 		default:
-			if s.laneWait {
-				if s.flightRoom() {
-					// Its lane has room but it cannot go on (its client
-					// does not read): it must not hold up the bucket's
-					// other sessions, which wait behind it.
-					s.leaveLaneWait()
-				} else {
-					s.ln.full = lp.pass // later waiters of its lane keep their turn behind it
-				}
+			switch {
+			case s.laneWait && s.flightRoom():
+				// Its lane has room but it cannot go on (its client
+				// does not read): it must not hold up the bucket's
+				// other sessions, which wait behind it.
+				s.leaveLaneWait()
+			case s.laneWait:
+				s.ln.full = lp.pass // later waiters of its lane keep their turn behind it
+			case s.outputRoom():
+				// Its client has read, and only the lane stops it: back
+				// in line, or the bucket's other sessions, waiting in
+				// turn, would keep the lane from it for good.
+				s.joinLaneLine()
 			}
 			kept = append(kept, s)
 		}

@@ -71,7 +71,14 @@ func (s *session) mustPause(r *request) bool {
 // resumes the session at most once (loop.resumePaused), and a client
 // pipelining more reads than fit keeps as many in flight as fit.
 func (s *session) canResume() bool {
-	return s.pending() <= maxPending/2 && s.unsent() <= maxUnsentOutput/2 && s.readRoom(maxResponseBytes) && s.flightRoom()
+	return s.outputRoom() && s.flightRoom()
+}
+
+// outputRoom reports whether an output-paused session's client has read
+// enough of its responses to go on: its commands pending, its response
+// bytes unsent, and room for one more read under maxResponseBytes.
+func (s *session) outputRoom() bool {
+	return s.pending() <= maxPending/2 && s.unsent() <= maxUnsentOutput/2 && s.readRoom(maxResponseBytes)
 }
 
 // overCap closes the connection when its response bytes pass the hard cap;

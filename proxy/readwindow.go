@@ -133,6 +133,12 @@ func (s *session) waitForLane(r *request) {
 	if s.laneWait || s.bkt == nil || !isRead(r.op) || s.flightRoom() {
 		return
 	}
+	s.joinLaneLine()
+}
+
+// joinLaneLine takes the session, paused, a place in its bucket's lane's
+// line (s.bkt not nil, not in line yet).
+func (s *session) joinLaneLine() {
 	s.laneWait = true
 	l := s.lane()
 	l.waiting++

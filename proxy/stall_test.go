@@ -196,14 +196,23 @@ func TestTenantBoundsItsNeighboursWait(t *testing.T) {
 	}
 	defer func() { close(stop); wg.Wait() }()
 	// Each of them, not one: they take turns at the tenant's share.
-	eventually(t, 30*time.Second, "every reader to be streaming", func() bool {
+	counts := func() (c [readers]int64, all bool) {
+		all = true
 		for i := range got {
-			if got[i].Load() < 10 {
-				return false
-			}
+			c[i] = got[i].Load()
+			all = all && c[i] >= 10
 		}
-		return true
-	})
+		return c, all
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c, all := counts()
+		if all {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s the readers have %v answers; want 10 each", c)
+		}
+	}
 	// Sampled on the loop while they stream: the tenant's reads in flight,
 	// over all its connections, never expect more than maxReadsInFlight
 	// (one more may have been dispatched as the first of a batch).
