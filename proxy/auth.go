@@ -128,8 +128,8 @@ func (s *session) plainLogin(r *request, user, pass string) {
 	j := &authJob{user: user, pass: pass, addr: addr, decoy: isDecoy(ten.cfg, user), who: who, at: now}
 	var displaced *authJob
 	push := func(j *authJob) (ok bool) { ok, displaced = srv.authQ.admit(src, j, now); return ok }
-	res := joinFull
-	handed := c.handOff(func() bool { res = srv.flights.join(c, j, src, penalised, push); return res == joined })
+	res, fl := joinFull, (*authFlight)(nil)
+	handed := c.handOff(func() bool { res, fl = srv.flights.join(c, j, src, penalised, push); return res == joined })
 	if displaced != nil {
 		srv.authAnswerLogins(displaced, nil, errAuthDisplaced)
 	}
@@ -143,6 +143,36 @@ func (s *session) plainLogin(r *request, user, pass string) {
 	}
 	s.checking = true
 	s.penalised = penalised
+	s.check = checkWait{fl, c}
+}
+
+// checkWait is the password check a session's login waits for (its
+// flight) and the login's call in it.
+type checkWait struct {
+	fl *authFlight
+	c  *offLoopCall
+}
+
+// leaveCheck takes the login of a session that has closed out of the
+// check it waits for, if any (authFlights.leave), ending its call there:
+// a connection gone counts as waiting no more, and a check no login waits
+// for is withdrawn from the queue, not run. On the loop, from close.
+func (s *session) leaveCheck() {
+	w := s.check
+	if w.fl == nil {
+		return
+	}
+	s.check = checkWait{}
+	srv := s.lp.srv
+	found, empty := srv.flights.leave(w.fl, w.c)
+	if !found {
+		return // the answer is on its way: back ends the call
+	}
+	w.c.answer(nil)
+	srv.jobs.done() // what back would have done
+	if empty {
+		srv.authQ.withdraw(w.fl.job, srv.throttle.Now())
+	}
 }
 
 // authBusyReason is the reason given with Etmpfail when a login's check
@@ -244,7 +274,7 @@ func parsePlain(v []byte) (authz, user, pass string, ok bool) {
 // login c waited for it; on the loop, outside dispatch (offLoopCall.back).
 func (s *session) authDone(c *offLoopCall, j *authJob, u *bucketcfg.User, err error) {
 	name := j.user
-	s.checking, s.penalised = false, false
+	s.checking, s.penalised, s.check = false, false, checkWait{}
 	switch {
 	case errors.Is(err, errAuthUnavailable):
 		s.refuseAuth(c, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")

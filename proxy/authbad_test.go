@@ -30,7 +30,7 @@ func TestFailedCredsRemembered(t *testing.T) {
 	fail := func(user, pass string) {
 		t.Helper()
 		j := &authJob{user: user, pass: pass, who: cfg.User(user), at: at}
-		if f.join(&offLoopCall{}, j, "A/"+user, false, push) != joined {
+		if joinResultOf(f.join(&offLoopCall{}, j, "A/"+user, false, push)) != joined {
 			t.Fatalf("%s's first try not queued", user)
 		}
 		j.cfg = cfg
@@ -42,7 +42,7 @@ func TestFailedCredsRemembered(t *testing.T) {
 		t.Fatal("the failed password is not known wrong, or another one is")
 	}
 	again := &authJob{user: "bob", pass: "guess", who: bob, at: at}
-	if r := f.join(&offLoopCall{}, again, "B/bob", false, push); r != joinWrong {
+	if r := joinResultOf(f.join(&offLoopCall{}, again, "B/bob", false, push)); r != joinWrong {
 		t.Fatalf("join of a known wrong password: %v, want joinWrong", r)
 	}
 	if f.wrong("bob", "guess", alice, at) || f.wrong("bob", "guess", bob, at) {

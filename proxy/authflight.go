@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -55,6 +56,7 @@ type authFlight struct {
 	// waiting is len(calls), for the queue to read without f.mu: its
 	// worker serves a source's flight with the most logins first.
 	waiting atomic.Int32
+	job     *authJob // its check, as queued
 }
 
 // joinResult is what became of a login that join was given.
@@ -94,14 +96,15 @@ func (f *authFlights) credKey(user, pass string) [sha256.Size]byte {
 // check push queues (j). c is not taken (joinFull) when push refused the
 // check (a bound of the queue) or maxPenalisedWaiters wait already for
 // src's check, nor (joinWrong) when the credentials failed a check of
-// j.who (the user as configured at the login, j.at) not long ago.
-func (f *authFlights) join(c *offLoopCall, j *authJob, src string, penalised bool, push func(*authJob) bool) joinResult {
+// j.who (the user as configured at the login, j.at) not long ago. With
+// joined, it returns the flight c waits on.
+func (f *authFlights) join(c *offLoopCall, j *authJob, src string, penalised bool, push func(*authJob) bool) (joinResult, *authFlight) {
 	cred := f.credKey(j.user, j.pass)
 	j.cred = cred
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.bad.has(cred, j.who, j.at) {
-		return joinWrong
+		return joinWrong, nil
 	}
 	var fl *authFlight
 	for _, x := range f.m[cred] {
@@ -115,20 +118,20 @@ func (f *authFlights) join(c *offLoopCall, j *authJob, src string, penalised boo
 	}
 	if fl != nil {
 		if penalised && len(fl.calls) >= maxPenalisedWaiters {
-			return joinFull
+			return joinFull, nil
 		}
 		fl.calls = append(fl.calls, c)
 		fl.waiting.Store(int32(len(fl.calls)))
-		return joined
+		return joined, fl
 	}
-	fl = &authFlight{cred: cred, src: src, penalised: penalised, calls: []*offLoopCall{c}}
+	fl = &authFlight{cred: cred, src: src, penalised: penalised, calls: []*offLoopCall{c}, job: j}
 	fl.waiting.Store(1)
 	j.flight = fl
 	if !push(j) {
-		return joinFull
+		return joinFull, nil
 	}
 	f.m[cred] = append(f.m[cred], fl)
-	return joined
+	return joined, fl
 }
 
 // finish ends fl, whose check has been answered (or dropped), and returns
@@ -136,6 +139,36 @@ func (f *authFlights) join(c *offLoopCall, j *authJob, src string, penalised boo
 func (f *authFlights) finish(fl *authFlight) []*offLoopCall {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.forget(fl)
+	calls := fl.calls
+	fl.calls = nil
+	fl.waiting.Store(0)
+	return calls
+}
+
+// leave takes c, a login whose connection has closed, out of fl: it no
+// longer counts among the logins waiting (nor in the order in which a
+// source's checks are served). found is false when c no longer waits
+// (fl's answer is on its way to it); empty, when no login is left: fl is
+// ended, and its check is for nobody (the caller withdraws it).
+func (f *authFlights) leave(fl *authFlight, c *offLoopCall) (found, empty bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := slices.Index(fl.calls, c)
+	if i < 0 {
+		return false, false
+	}
+	fl.calls = slices.Delete(fl.calls, i, i+1)
+	fl.waiting.Store(int32(len(fl.calls)))
+	if len(fl.calls) > 0 {
+		return true, false
+	}
+	f.forget(fl)
+	return true, true
+}
+
+// forget takes fl out of the flights logins may join. Under f.mu.
+func (f *authFlights) forget(fl *authFlight) {
 	list := f.m[fl.cred]
 	for i, x := range list {
 		if x == fl {
@@ -148,10 +181,6 @@ func (f *authFlights) finish(fl *authFlight) []*offLoopCall {
 	} else {
 		f.m[fl.cred] = list
 	}
-	calls := fl.calls
-	fl.calls = nil
-	fl.waiting.Store(0)
-	return calls
 }
 
 // Authentication mechanisms and results, as counted in

@@ -8,28 +8,37 @@ import (
 // A correct login is not refused because its source (its user at its
 // address) has maxQueuedAuthPerSource other credentials queued, such as a
 // flood of guesses at that user from a shared address: past those, a
-// source's checks wait "over" them, up to maxWaitingAuthPerSource (and
-// maxWaitingAuth for all sources); a login whose source has
-// maxWaitingAuthPerSource checks displaces their oldest that one login
-// waits for (admit), and is refused with Etmpfail only when there is none,
-// or past maxWaitingAuth. Checks over count towards neither their address's bound
-// (maxQueuedAuthPerAddr) nor the total (maxQueuedAuth): each source counts
-// its first maxQueuedAuthPerSource there, as before; when one of those is
-// served, its oldest check over takes its place in the counts. An unknown
-// user's checks (decoys) never wait over.
+// source's checks wait "over" them. Checks over count towards neither
+// their address's bound (maxQueuedAuthPerAddr) nor the total
+// (maxQueuedAuth): each source counts its first maxQueuedAuthPerSource
+// there, as before; when one of those is served, its oldest check over
+// takes its place in the counts. An unknown user's checks (decoys) never
+// wait over.
+//
+// What bounds the checks over is the connections waiting for them: a
+// login whose connection closes leaves its check (authFlights.leave), and
+// a check no login waits for is withdrawn, never run (withdraw). The
+// unauthenticated connections of an address are bounded
+// (unauthSourceLimit) and closed at auth_timeout, so its guesses cannot
+// fill a source's maxWaitingAuthPerSource with connections it can hold;
+// should they (a larger max_connections), a new login displaces the
+// oldest check one login waits for (admit), and is refused with Etmpfail
+// only when there is none, or past maxWaitingAuth.
 //
 // When the worker serves a source, it takes the check most logins wait
 // for (authFlight.waiting), the oldest of those: a pool presenting one
 // password over many connections goes before guesses presenting one each,
-// so it waits at most for the source's next turn, unless a guess waited
-// on by more connections than the pool comes at each turn (the documented
-// limit: the two look alike). The source's penalty pacing is unchanged:
-// it is served once per turn, whichever check.
+// so it waits at most for the source's next turn, unless a guess that
+// more connections than the pool's wait on comes at each turn (the
+// documented limit: the two look alike). The source's penalty pacing is
+// unchanged: it is served once per turn, whichever check.
 const (
-	// maxWaitingAuthPerSource bounds one source's checks, over or not.
-	maxWaitingAuthPerSource = 64
+	// maxWaitingAuthPerSource bounds one source's checks, over or not:
+	// more than one address holds connections at the default
+	// max_connections (2 x 1125).
+	maxWaitingAuthPerSource = 4096
 	// maxWaitingAuth bounds the checks over, all sources together.
-	maxWaitingAuth = 1024
+	maxWaitingAuth = 16384
 )
 
 // turn is the earliest reading at which a check of source src (an
@@ -61,6 +70,34 @@ func (q *authQueue) admit(src string, j *authJob, now time.Duration) (ok bool, d
 		displaced = q.displace(as, now)
 	}
 	return q.pushLocked(src, j, now), displaced
+}
+
+// withdraw takes j out of the queue, unless the worker has taken it: no
+// login waits for its answer any more (authFlights.leave). A check
+// withdrawn never runs, so it costs its source nothing.
+func (q *authQueue) withdraw(j *authJob, now time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	as := j.src
+	if as == nil || q.stopped {
+		return
+	}
+	k := slices.Index(as.jobs, j)
+	if k < 0 {
+		return
+	}
+	q.remove(as, k)
+	q.uncount(j, now)
+	if len(as.jobs) > 0 {
+		return
+	}
+	as.jobs = nil
+	if i := slices.Index(q.order, as); i >= 0 {
+		q.order = slices.Delete(q.order, i, i+1)
+	}
+	if now >= as.notBefore && now >= as.noCache && q.sources[as.key] == as {
+		delete(q.sources, as.key)
+	}
 }
 
 // overRoom reports whether j may wait over source as's first

@@ -200,31 +200,43 @@ func (lp *loop) closeSession(s *session) {
 }
 
 // evictRank orders eviction candidates among the unauthenticated: a
-// connection already refused goes first, then one that has sent nothing
-// for silentGrace since it opened, then any other; the oldest within a
-// rank. A client on its way in sends its first frame (HELLO, SASL) within
-// a round trip of opening, so connections opened and left silent, as a
-// flood of them is, are closed before it even when they come from the same
-// address; a connection just opened is not ranked silent yet, so that an
-// attacker whose connections each send a frame cannot push out, ahead of
-// them all, a client whose first frame is still on its way. Sessions whose
-// password is being checked, or that are closing, are not candidates
-// (rank 0), but for those whose user at their address is under a failure
-// penalty: they wait their turn, which guesses at that user from that
-// address could otherwise make them hold the address's whole share of
-// connections for (a penalised check may have 64 logins waiting), and
-// rank as any other.
+// connection already refused goes first (rankRefused), then one that has
+// sent nothing for silentGrace since it opened (rankSilent), then any
+// other (rankOther), and last one waiting for a password check of its
+// user at its address under a failure penalty (rankPenalised); the oldest
+// within a rank. A client on its way in sends its first frame (HELLO,
+// SASL) within a round trip of opening, so connections opened and left
+// silent, as a flood of them is, are closed before it even when they come
+// from the same address; a connection just opened is not ranked silent
+// yet, so that an attacker whose connections each send a frame cannot push
+// out, ahead of them all, a client whose first frame is still on its way.
+// A login waiting its turn under a penalty is closed only for another
+// such: its check may wait seconds, and one guess on 64 connections must
+// not hold the address's share meanwhile, but connections that merely
+// send a frame must not close a pool waiting for its turn either. Other
+// sessions whose password is being checked, or that are closing, are not
+// candidates (rank 0).
 func evictRank(s *session) int {
 	switch {
 	case s.quitting || s.closed || (s.checking && !s.penalised):
 		return 0
+	case s.checking:
+		return rankPenalised
 	case s.authFails > 0:
-		return 3
+		return rankRefused
 	case !s.framed && s.lp.now-s.openedAt >= silentGrace:
-		return 2
+		return rankSilent
 	}
-	return 1
+	return rankOther
 }
+
+// The eviction ranks (evictRank): the highest goes first.
+const (
+	rankPenalised = 1 + iota
+	rankOther
+	rankSilent
+	rankRefused
+)
 
 // silentGrace is how long a new connection may stay silent before it
 // ranks among the silent for eviction: many round trips, even across
@@ -281,7 +293,7 @@ func (lp *loop) evictCandidate(src string, n int) *session {
 		}
 		if r > best {
 			victim, best = s, r
-			if r == 3 {
+			if r == rankRefused {
 				break
 			}
 		}

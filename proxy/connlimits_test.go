@@ -93,13 +93,13 @@ func TestSilentConnectionsGoFirst(t *testing.T) {
 	last := silent[len(silent)-1]
 	clock.Advance(silentGrace - 1)
 	tickLoops(t, p)
-	if r := rankOf(t, p, last); r != 1 {
-		t.Fatalf("a nanosecond before silentGrace: eviction rank %d, want 1 (not silent yet)", r)
+	if r := rankOf(t, p, last); r != rankOther {
+		t.Fatalf("a nanosecond before silentGrace: eviction rank %d, want rankOther (not silent yet)", r)
 	}
 	clock.Advance(1)
 	tickLoops(t, p)
-	if r := rankOf(t, p, last); r != 2 {
-		t.Fatalf("at silentGrace: eviction rank %d, want 2 (silent)", r)
+	if r := rankOf(t, p, last); r != rankSilent {
+		t.Fatalf("at silentGrace: eviction rank %d, want rankSilent", r)
 	}
 	for range limit - 1 { // each pushes out one of the silent ones
 		dialSrc()

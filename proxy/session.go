@@ -71,6 +71,7 @@ type session struct {
 	tlsUser     *bucketcfg.User // the user its verified client certificate names (tls.go); nil: none
 	checking    bool            // waitingOffLoop for its password check (queued for or on the auth worker)
 	penalised   bool            // checking while its user at its address is under a failure penalty: evictable (evictRank)
+	check       checkWait       // while checking: the check its login waits for (auth.go)
 	src         string          // authSource of the client, set while it counts as unauthenticated, and after a failed SASL AUTH
 	overTLS     bool            // the connection came through the TLS listener (tls.go), which sets it before the first byte
 	scram       *scramConv      // a SCRAM conversation between SASL AUTH and STEP (scram.go); nil: none
@@ -411,6 +412,7 @@ func (s *session) close() {
 	}
 	s.q, s.qh = nil, 0
 	s.out = nil
+	s.leaveCheck()
 }
 
 // asRefusal returns err's *codecReply, or nil. Apart from the decode loop
