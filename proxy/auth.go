@@ -104,8 +104,8 @@ func (s *session) plainLogin(r *request, user, pass string) {
 	src := authPair(addr, user)
 	now := srv.throttle.Now()
 	who := ten.cfg.User(user)
-	if srv.flights.wrong(user, pass, who, now) {
-		s.refuseWrong(s.offLoop(r), user, src, addr, now)
+	if bad, by := srv.flights.wrong(user, pass, who, now); bad {
+		s.refuseWrong(s.offLoop(r), user, src, addr, by, now)
 		return
 	}
 	penalised := srv.authQ.penalised(src, addr, now)
@@ -135,7 +135,7 @@ func (s *session) plainLogin(r *request, user, pass string) {
 	}
 	if !handed {
 		if res == joinWrong { // known wrong since the check above
-			s.refuseWrong(c, user, src, addr, now)
+			s.refuseWrong(c, user, src, addr, "", now)
 			return
 		}
 		s.refuseAuth(c, user, binary.StatusEtmpfail, authBusyReason)

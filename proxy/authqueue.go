@@ -371,6 +371,18 @@ func (q *authQueue) failed(src *authSrc, took time.Duration, end time.Duration) 
 	}
 }
 
+// failedWithout records a failure of source src (of address addr) that ran
+// no check, as a failed check that took took and ended at end (see
+// failed); with maxAuthSources remembered and none to forget, nothing.
+func (q *authQueue) failedWithout(src, addr string, took, end time.Duration) {
+	q.mu.Lock()
+	as := q.source(src, addr, q.clock.Now())
+	q.mu.Unlock()
+	if as != nil {
+		q.failed(as, took, end)
+	}
+}
+
 // refused records that check j was refused (failed): it took j.took of
 // the worker and ended now or, for a decoy, is charged as the bcrypt run
 // it stands for, ending j.charge from now.

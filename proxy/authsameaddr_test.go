@@ -288,3 +288,48 @@ func TestPenalisedPoolWaitersOutlastOtherConnections(t *testing.T) {
 		return runtime.NumGoroutine() <= base+2
 	})
 }
+
+// TestKnownWrongElsewherePenalisesItsSource: a password whose check failed
+// for a login from one address is refused without a check from another,
+// answered a bcrypt run's time later as a check would be, and puts that
+// other address's user under the penalty the check's failure would have:
+// its next, new guess waits until then. A guesser thus cannot tell, from
+// the pace of its guesses, that someone else tried that password (an old
+// one, after a rotation). From the address whose check failed, the same
+// password again adds no penalty: old instances retrying slow nobody.
+func TestKnownWrongElsewherePenalisesItsSource(t *testing.T) {
+	var checks atomic.Int64
+	testHookAuthAnswered = func() { checks.Add(1) }
+	t.Cleanup(func() { testHookAuthAnswered = nil })
+	p, clock := startGuessProxy(t, testConfig{proxy: `plain_auth = "anywhere"`, tail: poolTail(t)})
+	first, other := authPair("127.0.0.2", poolUser), authPair("127.0.0.3", poolUser)
+
+	old := dialFrom(t, p.Addr, "127.0.0.2")
+	plainAuth(old, poolUser, "old")
+	if st := readAnswer(t, old, "the old password's check"); st != mc.StatusAuthError {
+		t.Fatalf("the old password: %v, want AuthError", st)
+	}
+	eventually(t, livenessWait, "the check to be counted", func() bool { return checks.Load() == 1 })
+	if got := p.authQ.turn(first, "127.0.0.2"); got != sameUserPenalty {
+		t.Fatalf("the first address's next check at %v, want %v", got, sameUserPenalty)
+	}
+	plainAuth(dialFrom(t, p.Addr, "127.0.0.2"), poolUser, "old") // retried where it failed
+	elsewhere := dialFrom(t, p.Addr, "127.0.0.3")
+	plainAuth(elsewhere, poolUser, "old")
+	// Answered one bcrypt run from now (elsewhere), and at the first
+	// address's next turn plus one (the retry).
+	armedAt(t, clock, sameUserBcrypt, sameUserPenalty+sameUserBcrypt)
+	clock.Advance(sameUserBcrypt)
+	if st := readAnswer(t, elsewhere, "the old password elsewhere"); st != mc.StatusAuthError {
+		t.Fatalf("the old password elsewhere: %v, want AuthError", st)
+	}
+	if got, want := p.authQ.turn(other, "127.0.0.3"), sameUserBcrypt+sameUserPenalty; got != want {
+		t.Fatalf("elsewhere, the next check at %v, want %v: the penalty of a failed check", got, want)
+	}
+	if got := p.authQ.turn(first, "127.0.0.2"); got != sameUserPenalty {
+		t.Fatalf("the retry moved its address's next check to %v, want %v", got, sameUserPenalty)
+	}
+	if n := checks.Load(); n != 1 {
+		t.Fatalf("%d checks ran, want 1", n)
+	}
+}
