@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
@@ -331,5 +332,88 @@ func TestKnownWrongElsewherePenalisesItsSource(t *testing.T) {
 	}
 	if n := checks.Load(); n != 1 {
 		t.Fatalf("%d checks ran, want 1", n)
+	}
+}
+
+// TestClosedWaitingLoginsLeaveNoCheckNorJob: logins waiting on a
+// penalised user at an address leave their checks when their connections
+// close, however many (here 2000 distinct guesses, one connection each,
+// closed at once): every check is withdrawn, the queue's counts return to
+// zero, and the off-loop job count a graceful shutdown waits for returns
+// to zero without the clock moving (no check ran, none waits for a turn).
+func TestClosedWaitingLoginsLeaveNoCheckNorJob(t *testing.T) {
+	const n = 2000
+	p, _ := startGuessProxy(t, testConfig{tail: poolTail(t)})
+	src := authPair("127.0.0.1", poolUser)
+	failFirstGuess(t, p)
+	var conns []*rawConn
+	for i := range n {
+		conns = append(conns, sendGuess(t, p.Addr, fmt.Sprintf("guess-%d", i+1), 1)...)
+	}
+	eventually(t, livenessWait, "the guesses to wait", func() bool { k, _ := queuedChecks(p, src); return k == n })
+	closeAll(conns)
+	eventually(t, livenessWait, "the closed guesses to be withdrawn", func() bool {
+		q := p.authQ
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		as := q.sources[src]
+		return (as == nil || len(as.jobs) == 0) && q.n == 0 && q.over == 0
+	})
+	done := make(chan struct{})
+	go func() { p.jobs.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(livenessWait):
+		t.Fatal("the off-loop job count never returned to zero: a graceful shutdown would hang")
+	}
+}
+
+// TestPenalisedPoolWaitersOutlastTheirAddressPastTheScan: a login waiting
+// its turn under a penalty is closed to admit a new connection of its
+// address only when all the address's other unauthenticated connections
+// wait that way too (docs/operations.md, "Password guessing"; evictRank).
+// That holds however many unauthenticated connections of other addresses
+// are older than the pool: here 250 connections of 127.0.0.2, then the
+// cold pool of 32 from 127.0.0.1 waiting on its penalised user, then
+// connections of 127.0.0.1 that merely send a NOOP, up to the address's
+// share and 40 past it. The pool must all log in at its turn.
+func TestPenalisedPoolWaitersOutlastTheirAddressPastTheScan(t *testing.T) {
+	const pool, maxConns, others = 32, 2000, 250
+	p, clock := startGuessProxy(t, testConfig{proxy: fmt.Sprintf("default_bucket = \"\"\nmax_connections = %d", maxConns),
+		tail: poolTail(t), loops: 1})
+	limit := unauthSourceLimit(int(unauthLimit(maxConns)))
+
+	failFirstGuess(t, p)
+	for range others {
+		rc := dialFrom(t, p.Addr, "127.0.0.2")
+		rc.send(mc.OpNoop, nil, nil, nil)
+		if st := readAnswer(t, rc, "noop of 127.0.0.2"); st != mc.StatusSuccess {
+			t.Fatalf("noop: %v", st)
+		}
+	}
+	conns := sendPool(t, p.Addr, pool)
+	eventually(t, livenessWait, "the pool's logins to wait", func() bool {
+		return waitingOn(p, poolUser, poolPass) == pool
+	})
+	for range limit + 40 {
+		rc := dialFrom(t, p.Addr, "127.0.0.1")
+		rc.send(mc.OpNoop, nil, nil, nil)
+		if st := readAnswer(t, rc, "noop of 127.0.0.1"); st != mc.StatusSuccess {
+			t.Fatalf("noop: %v", st)
+		}
+	}
+	clock.Advance(sameUserPenalty)
+	ok, closed := 0, 0
+	for _, rc := range conns {
+		switch st, _, err := rc.read(); {
+		case err != nil:
+			closed++
+		case st == mc.StatusSuccess:
+			ok++
+		}
+	}
+	if ok != pool {
+		t.Fatalf("beside %d older connections of 127.0.0.2 and %d of its own address: %d of %d pool logins succeeded, %d connections closed",
+			others, limit+40, ok, pool, closed)
 	}
 }

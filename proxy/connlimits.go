@@ -278,10 +278,13 @@ func (lp *loop) evictUnauth() bool {
 // evictCandidate returns the best-ranked candidate, the oldest within a
 // rank, or nil: among the oldest n candidates of the loop when src is "",
 // or among src's sessions within the loop's oldest n unauthenticated ones.
+// For src, a login waiting its turn under a penalty is taken only when no
+// other session of src is a candidate, however far down the list: past
+// the n, the scan goes on while it has found no better.
 func (lp *loop) evictCandidate(src string, n int) *session {
 	var victim *session
 	best := 0
-	for s := lp.unauth.head; s != nil && n > 0; s = s.links[listUnauth].next {
+	for s := lp.unauth.head; s != nil && (n > 0 || src != "" && best <= rankPenalised); s = s.links[listUnauth].next {
 		r := evictRank(s)
 		if src != "" {
 			n--
