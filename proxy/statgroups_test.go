@@ -110,12 +110,14 @@ func debianPython(t *testing.T, module, pkg string) string {
 	return ""
 }
 
-// pyMemcacheStats asks python-memcached (socket_timeout 1 s: a stats read
-// waiting for a missing END times out and marks the server dead, so the
-// get after it fails) for one stats group, then sets and gets a key.
+// pyMemcacheStats asks python-memcached (socket_timeout 10 s: a stats
+// read waiting for a missing END times out and marks the server dead, so
+// the set and get after it fail; a timeout of 1 s marked it dead under a
+// loaded machine's slowness alone) for one stats group, then sets and
+// gets a key.
 const pyMemcacheStats = `
 import sys, memcache
-mc = memcache.Client([sys.argv[1]], socket_timeout=1, dead_retry=30)
+mc = memcache.Client([sys.argv[1]], socket_timeout=10, dead_retry=30)
 try:
     print(repr([d for _, d in mc.get_stats(sys.argv[2])]))
 except Exception as e:
@@ -154,11 +156,11 @@ func TestPythonMemcachedStatsGroups(t *testing.T) {
 	}
 }
 
-// phpMemcacheStats asks php-memcache (timeout 1 s) for one stats group,
+// phpMemcacheStats asks php-memcache (timeout 10 s) for one stats group,
 // with getStats and getExtendedStats, then sets and gets a key.
 const phpMemcacheStats = `
 $m = new Memcache();
-$m->addServer($argv[1], (int)$argv[2], false, 1, 1);
+$m->addServer($argv[1], (int)$argv[2], false, 1, 10);
 var_export($m->getStats($argv[3])); echo "\n";
 var_export(array_values($m->getExtendedStats($argv[3]))); echo "\n";
 var_export($m->set('phpk', 'phpv')); echo "\n";
