@@ -127,7 +127,7 @@ func OpenStore(rawURL, name string) (*Store, error) {
 	q := u.Query()
 	// The caller bounds every call with a context deadline; go-redis's own
 	// retries would only make a late reply later.
-	const retries, dial, pool = -1, 2 * time.Second, 4
+	const retries, pool = -1, 4
 	switch {
 	case q.Has("master_name"):
 		opts, err := redis.ParseFailoverURL(rawURL)
@@ -137,8 +137,8 @@ func OpenStore(rawURL, name string) (*Store, error) {
 		if err := tlsFiles.apply(opts.TLSConfig); err != nil {
 			return nil, err
 		}
-		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
-		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: opts.TLSConfig}))
+		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dialTimeout(q, opts.DialTimeout), pool, true
+		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: opts.DialTimeout, TLSConfig: opts.TLSConfig}))
 		fc := redis.NewFailoverClient(opts)
 		fc.AddHook(readOnlyHook{tries: pool + 1})
 		return newStore(fc, name), nil
@@ -150,8 +150,8 @@ func OpenStore(rawURL, name string) (*Store, error) {
 		if err := tlsFiles.apply(opts.TLSConfig); err != nil {
 			return nil, err
 		}
-		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
-		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: dial, TLSConfig: opts.TLSConfig}))
+		opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dialTimeout(q, opts.DialTimeout), pool, true
+		opts.Dialer = softDial(redis.NewDialer(&redis.Options{DialTimeout: opts.DialTimeout, TLSConfig: opts.TLSConfig}))
 		cc := redis.NewClusterClient(opts)
 		cc.AddHook(&slotMapHook{cc: cc})
 		return newStore(cc, name), nil
@@ -163,11 +163,24 @@ func OpenStore(rawURL, name string) (*Store, error) {
 	if err := tlsFiles.apply(opts.TLSConfig); err != nil {
 		return nil, err
 	}
-	opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dial, pool, true
+	opts.MaxRetries, opts.DialTimeout, opts.PoolSize, opts.ContextTimeoutEnabled = retries, dialTimeout(q, opts.DialTimeout), pool, true
 	opts.Dialer = softDial(redis.NewDialer(opts))
 	rc := redis.NewClient(opts)
 	rc.AddHook(readOnlyHook{tries: pool + 1})
 	return newStore(rc, name), nil
+}
+
+// defaultDialTimeout bounds a connection to the store when redis_url
+// names no dial_timeout.
+const defaultDialTimeout = 2 * time.Second
+
+// dialTimeout is the dial_timeout redis_url's query q names (parsed, as
+// go-redis parsed it), or defaultDialTimeout.
+func dialTimeout(q url.Values, parsed time.Duration) time.Duration {
+	if q.Has("dial_timeout") && parsed > 0 {
+		return parsed
+	}
+	return defaultDialTimeout
 }
 
 func newStore(rdb redis.UniversalClient, name string) *Store {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/kvthrottle/kvthrottle/internal/testcerts"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
@@ -124,5 +126,34 @@ func writeFile(t *testing.T, path string, data []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// redis_url's dial_timeout bounds the connection to the store (the test
+// above asks for 20 s beside a CPU hog); without it, defaultDialTimeout.
+func TestStoreDialTimeout(t *testing.T) {
+	for _, c := range []struct {
+		url  string
+		want time.Duration
+	}{
+		{"redis://127.0.0.1:1/0", defaultDialTimeout},
+		{"redis://127.0.0.1:1/0?dial_timeout=20s", 20 * time.Second},
+		{"redis://127.0.0.1:1?addr=127.0.0.1:2&dial_timeout=20s", 20 * time.Second},
+	} {
+		st, err := OpenStore(c.url, "t")
+		if err != nil {
+			t.Fatalf("OpenStore(%s): %v", c.url, err)
+		}
+		var got time.Duration
+		switch rdb := st.rdb.(type) {
+		case *redis.Client:
+			got = rdb.Options().DialTimeout
+		case *redis.ClusterClient:
+			got = rdb.Options().DialTimeout
+		}
+		st.Close()
+		if got != c.want {
+			t.Errorf("%s: dial timeout %v, want %v", c.url, got, c.want)
+		}
 	}
 }

@@ -140,7 +140,15 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 		t.Fatal(err)
 	}
 	checkPauseMoves(t, srv)
-	return &testProxy{Server: srv, Addr: listen, MC: m, Upstream: cfg.Upstream.Servers[0], StatePath: statePath, stop: testmc.Serve(t, srv)}
+	p := &testProxy{Server: srv, Addr: listen, MC: m, Upstream: cfg.Upstream.Servers[0], StatePath: statePath, stop: testmc.Serve(t, srv)}
+	if fc, ok := tc.clock.(*throttle.FakeClock); ok {
+		// Runs before the stop Serve registered: what waits on the
+		// engine's clock (a refusal's delay, a check's turn) comes due,
+		// so that the proxy's drain does not wait its deadline out for
+		// timers a test left standing.
+		t.Cleanup(func() { fc.Advance(time.Hour) })
+	}
+	return p
 }
 
 // startProxyClock is startProxy with the throttle engine reading clock, so

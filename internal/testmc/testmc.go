@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -50,7 +51,7 @@ func PickPort() (int, error) {
 		port := pickLow + rand.IntN(pickHigh-pickLow+1)
 		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
 			l.Close()
-			if claim(port) {
+			if claim(port) && claimAcross(port) {
 				return port, nil
 			}
 		}
@@ -83,6 +84,39 @@ func claim(port int) bool {
 	picked.ports[port] = struct{}{}
 	return true
 }
+
+// claimAcross records port in a directory the test processes of this
+// machine share, and reports false if another process claimed it less
+// than claimLife ago: make test runs several test processes at once, and
+// two of them drawing the same port between one's pick and its bind made
+// the later bind fail. A claim only has to outlive that moment (the port
+// is bound, or given up, by then). Without the directory, it claims.
+func claimAcross(port int) bool {
+	dir := filepath.Join(os.TempDir(), "kvthrottle-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true
+	}
+	name := filepath.Join(dir, strconv.Itoa(port))
+	for range 2 {
+		f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o666)
+		if err == nil {
+			f.Close()
+			return true
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return true
+		}
+		if st, err := os.Stat(name); err != nil || time.Since(st.ModTime()) < claimLife {
+			return false
+		}
+		_ = os.Remove(name) // stale: claim it anew
+	}
+	return false
+}
+
+// claimLife is how long a port claimed by claimAcross stays another
+// process's: far longer than a pick takes to become a bind.
+const claimLife = time.Minute
 
 // picked is the ports PickPort has returned.
 var picked = struct {
