@@ -141,17 +141,22 @@ func (s *session) plainLogin(r *request, user, pass string) {
 		s.refuseAuth(c, user, binary.StatusEtmpfail, authBusyReason)
 		return
 	}
-	s.checking = true
-	s.penalised = penalised
-	s.check = checkWait{fl, c}
+	s.check = checkWait{fl: fl, c: c, penalised: penalised}
 }
 
 // checkWait is the password check a session's login waits for (its
-// flight) and the login's call in it.
+// flight), the login's call in it, and whether the login's user at its
+// address was under a failure penalty (the session may then be evicted:
+// evictRank).
 type checkWait struct {
-	fl *authFlight
-	c  *offLoopCall
+	fl        *authFlight
+	c         *offLoopCall
+	penalised bool
 }
+
+// checking reports whether the session waits for a password check
+// (waitingOffLoop, the check queued for or on the auth worker).
+func (s *session) checking() bool { return s.check.fl != nil }
 
 // leaveCheck takes the login of a session that has closed out of the
 // check it waits for, if any (authFlights.leave), ending its call there:
@@ -274,7 +279,7 @@ func parsePlain(v []byte) (authz, user, pass string, ok bool) {
 // login c waited for it; on the loop, outside dispatch (offLoopCall.back).
 func (s *session) authDone(c *offLoopCall, j *authJob, u *bucketcfg.User, err error) {
 	name := j.user
-	s.checking, s.penalised, s.check = false, false, checkWait{}
+	s.check = checkWait{}
 	switch {
 	case errors.Is(err, errAuthUnavailable):
 		s.refuseAuth(c, name, binary.StatusEtmpfail, "authentication unavailable: the proxy is stopping")

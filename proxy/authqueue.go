@@ -324,15 +324,22 @@ func (q *authQueue) pop(now time.Duration) (*authJob, time.Duration) {
 		if len(as.jobs) > 0 {
 			q.order = append(q.order, as) // its next check waits for the others'
 		} else {
-			as.jobs = nil
-			if now >= as.notBefore && now >= as.noCache {
-				delete(q.sources, as.key) // failed brings it back if need be
-			}
+			q.emptied(as, now)
 		}
 		q.uncount(j, now)
 		return j, 0
 	}
 	return nil, wait
+}
+
+// emptied forgets as, out of q.order with no check left, once nothing of
+// it is left to remember at now (failed brings it back if need be). Under
+// q.mu.
+func (q *authQueue) emptied(as *authSrc, now time.Duration) {
+	as.jobs = nil
+	if now >= as.notBefore && now >= as.noCache && q.sources[as.key] == as {
+		delete(q.sources, as.key)
+	}
 }
 
 // drain makes the worker take every queued check at once, penalties or

@@ -91,13 +91,10 @@ func (q *authQueue) withdraw(j *authJob, now time.Duration) {
 	if len(as.jobs) > 0 {
 		return
 	}
-	as.jobs = nil
 	if i := slices.Index(q.order, as); i >= 0 {
 		q.order = slices.Delete(q.order, i, i+1)
 	}
-	if now >= as.notBefore && now >= as.noCache && q.sources[as.key] == as {
-		delete(q.sources, as.key)
-	}
+	q.emptied(as, now)
 }
 
 // overRoom reports whether j may wait over source as's first

@@ -218,9 +218,9 @@ func (lp *loop) closeSession(s *session) {
 // candidates (rank 0).
 func evictRank(s *session) int {
 	switch {
-	case s.quitting || s.closed || (s.checking && !s.penalised):
+	case s.quitting || s.closed || (s.checking() && !s.check.penalised):
 		return 0
-	case s.checking:
+	case s.checking():
 		return rankPenalised
 	case s.authFails > 0:
 		return rankRefused

@@ -69,9 +69,7 @@ type session struct {
 
 	user        *bucketcfg.User // nil until SASL succeeds
 	tlsUser     *bucketcfg.User // the user its verified client certificate names (tls.go); nil: none
-	checking    bool            // waitingOffLoop for its password check (queued for or on the auth worker)
-	penalised   bool            // checking while its user at its address is under a failure penalty: evictable (evictRank)
-	check       checkWait       // while checking: the check its login waits for (auth.go)
+	check       checkWait       // the password check its login waits for (auth.go); zero: none
 	src         string          // authSource of the client, set while it counts as unauthenticated, and after a failed SASL AUTH
 	overTLS     bool            // the connection came through the TLS listener (tls.go), which sets it before the first byte
 	scram       *scramConv      // a SCRAM conversation between SASL AUTH and STEP (scram.go); nil: none

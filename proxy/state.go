@@ -18,7 +18,7 @@ package proxy
 //   - laneWait, a place in the line for its bucket's lane (lane.go): taken
 //     when it pauses for want of room for a read, kept across its pause
 //     and the resumption until that read is dispatched;
-//   - checking, what a waitingOffLoop session waits for: its password
+//   - checking(), what a waitingOffLoop session waits for: its password
 //     check, queued for or running on the auth worker (evictRank spares
 //     it).
 type pauseState uint8
