@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run fleet test test-passes test-race test-race-proxy-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-upstream-tls deps vet bench fuzz clean
+.PHONY: all build run fleet test test-passes test-race test-race-proxy-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-norace-proxy test-upstream-tls deps vet bench fuzz clean
 
 all: build
 
@@ -35,18 +35,25 @@ fleet: build
 
 ## test: install what the tests need, then at once (make -j: the suite
 ## mostly waits on sockets and timers, so its parts overlap well on two
-## cores): vet, gofmt and staticcheck (vet); every test with -race
-## (test-race: the proxy's serial tests in two processes, its parallel ones in a third, the
-## other packages in a fourth); the tests that skip or
-## shorten under -race again without it, in full (test-norace); and, with
-## TLS between the proxy and memcached (memcached -Z) and without -race,
-## the proxy tests whose traffic TLS changes (test-upstream-tls): the
-## upstream wire (framing across records, partial reads, reconnects,
-## pipelines, large values, real clients), not the throttle's arithmetic.
-## the fleet tests against real Redis Cluster and Sentinel processes
-## (test-fleet-failover; the fleet rate tests run on fake clocks). Then,
-## alone and without the race detector (it distorts latencies), the TLS
-## handshake flood (proxy/tlsflood_test.go).
+## cores):
+##   vet: gofmt, go vet and staticcheck;
+##   test-race: every test with -race (the proxy's serial tests in two
+##     processes, its parallel ones in a third, the other packages in a
+##     fourth);
+##   test-norace: the packages whose tests skip or shorten under -race,
+##     again without it, in full;
+##   test-norace-proxy: without -race, the proxy's fair-sharing and fleet
+##     rate tests over their full windows (under -race they measure
+##     shorter ones: the race detector's time grows with every fake step);
+##   test-upstream-tls: with TLS between the proxy and memcached
+##     (memcached -Z) and without -race, the proxy tests whose traffic TLS
+##     changes: the upstream wire (framing across records, partial reads,
+##     reconnects, pipelines, large values, real clients), not the
+##     throttle's arithmetic;
+##   test-fleet-failover: the fleet tests against real Redis Cluster and
+##     Sentinel processes (the instances on fake clocks).
+## Then, alone and without the race detector (it distorts latencies), the
+## TLS handshake flood (proxy/tlsflood_test.go).
 ## TESTJSON=DIR: each pass writes `go test -json` to DIR/PASS.json instead
 ## of its usual output (scripts/flake.sh, scripts/testtimes.sh).
 FLEET_FAILOVER_TESTS := ^TestFleet(ClusterFailover|SentinelFailover|ClusterDown|SlotMigration|ClusterDemotedPrimary|DemotedPrimary)$$
@@ -55,18 +62,21 @@ UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCro
 # (testmc.SkipUnderRace, testmc.UnderRace: simulations on one goroutine at a
 # time, bcrypt at its real cost); internal/docscheck checks the list.
 NORACE_PKGS := ./bucketcfg ./cmd/kvthrottle ./fleet ./throttle
+# The proxy tests that shorten under -race and are not in
+# UPSTREAM_TLS_TESTS: test-norace-proxy runs them in full.
+PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent))$$
 # gotest NAME,ARGS: go test ARGS, or with TESTJSON its -json to $(TESTJSON)/NAME.json.
 gotest = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )$(GO) test $(2)$(if $(TESTJSON), -json > $(TESTJSON)/$(1).json)
 # The proxy's race pass runs in three processes at once, from one test
 # binary (PROXY_RACE_BIN): the tests that call t.Parallel() first thing
 # (PROXY_PARALLEL), and the others, which Go runs one at a time, split by
-# name in two halves (PROXY_SERIAL_A: names from A to M). The serial ones
+# name in two halves (PROXY_SERIAL_A: names from A to O). The serial ones
 # run one at a time within their process, so a test hook (a package
 # variable) they set reaches no other test; in one process they were the
 # longest pass (300 s, much of it waiting on sockets, children and
 # memcached, not on the CPU).
 PROXY_PARALLEL := $(shell scripts/paralleltests.sh proxy)
-PROXY_SERIAL_A := ^(Test|Fuzz|Example)[A-M]
+PROXY_SERIAL_A := ^(Test|Fuzz|Example)[A-O]
 PROXY_RACE_BIN := $(CURDIR)/bin/test/proxy.race.test
 # runbin NAME,ARGS: PROXY_RACE_BIN ARGS in ./proxy (as go test runs it),
 # or with TESTJSON through test2json to $(TESTJSON)/NAME.json.
@@ -76,10 +86,11 @@ test: deps
 	@$(MAKE) --no-print-directory WITH_VET=vet test-passes
 
 ## test-passes: make test without installing anything or vet (what
-## scripts/flake.sh runs).
+## scripts/flake.sh runs). Every pass starts at once: -j12 is more than
+## their ten jobs (a pass left waiting for a slot ends last).
 test-passes:
 	@$(MAKE) --no-print-directory test-race-proxy-bin
-	@$(MAKE) --no-print-directory -j8 PROXY_RACE_BIN_BUILT=1 $(WITH_VET) test-race test-norace test-upstream-tls test-fleet-failover
+	@$(MAKE) --no-print-directory -j12 PROXY_RACE_BIN_BUILT=1 $(WITH_VET) test-race test-norace test-norace-proxy test-upstream-tls test-fleet-failover
 	$(call gotest,tls-flood,-count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy)
 
 ## test-race: every test with -race but the failovers: the proxy's in three
@@ -115,6 +126,9 @@ test-race-packages:
 
 test-norace:
 	$(call gotest,norace,-count=1 -timeout 10m $(NORACE_PKGS))
+
+test-norace-proxy:
+	$(call gotest,norace-proxy,-count=1 -parallel 4 -timeout 10m -run '$(PROXY_NORACE_TESTS)' ./proxy)
 
 test-upstream-tls:
 	KVTHROTTLE_TEST_UPSTREAM_TLS=1 $(call gotest,upstream-tls,-count=1 -parallel 4 -timeout 10m -run '$(UPSTREAM_TLS_TESTS)' ./proxy)

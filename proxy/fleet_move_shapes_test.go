@@ -3,6 +3,8 @@ package proxy
 import (
 	"testing"
 	"time"
+
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 // The outside review of issue 29's load that moves, through two real
@@ -29,11 +31,12 @@ func startMoveFleet(t *testing.T) (*fleetTest, *fleetClients) {
 	return f, &fleetClients{}
 }
 
-// runMoveShape runs a shape for 10 s after a 2 s warm-up on its first
-// segment, and returns the fleet's mean rate and its worst sliding 1 s
-// window. It fails the test when the hard limits in force ever add up to
-// more than 1500 or a client sees an error.
-func runMoveShape(t *testing.T, sh moveShape) (rate, worst float64) {
+// runMoveShape runs a shape for span (10 s; under -race 4 s, see
+// moveSpan) after a 2 s warm-up on its first segment, and returns the
+// fleet's mean rate and its worst sliding 1 s window. It fails the test
+// when the hard limits in force ever add up to more than 1500 or a client
+// sees an error.
+func runMoveShape(t *testing.T, sh moveShape, span time.Duration) (rate, worst float64) {
 	const limit = 1500.0
 	f, l := startMoveFleet(t)
 	defer l.close(f)
@@ -52,16 +55,22 @@ func runMoveShape(t *testing.T, sh moveShape) (rate, worst float64) {
 	f.pass(2 * time.Second)
 	worstOf := watchWindows(t, f, "b", int64(limit))
 	u0 := sum(f.units("b"))
-	for k := range int(10 * time.Second / sh.seg) {
+	for k := range int(span / sh.seg) {
 		set(sh.clients(k))
 		f.pass(sh.seg)
 	}
-	rate, worst = (sum(f.units("b"))-u0)/10, worstOf()
+	rate, worst = (sum(f.units("b"))-u0)/span.Seconds(), worstOf()
 	if n := l.errs.Load(); n != 0 {
 		t.Errorf("%d client errors", n)
 	}
 	return rate, worst
 }
+
+// moveSpan is how long the moving-load tests measure under -race: 4 s,
+// where the race detector's time grows with every fake step; every
+// sliding 1 s window and the clamp are checked there as over 10 s, and
+// make test runs them again without -race over 10 s (PROXY_NORACE_TESTS).
+const moveSpan = 4 * time.Second
 
 // watchWindows makes each step of f check that the hard limits the
 // instances enforce for bucket add up to at most limit, and track the
@@ -91,6 +100,7 @@ func watchWindows(t *testing.T, f *fleetTest, bucket string, limit int64) func()
 // second) is reported.
 func TestFleetLoadShapes(t *testing.T) {
 	t.Parallel()
+	span := testmc.UnderRace(10*time.Second, moveSpan)
 	for _, sh := range []moveShape{
 		{name: "moving every 0.25s", seg: 250 * time.Millisecond, clients: func(k int) [2]int {
 			if k%2 == 0 {
@@ -107,7 +117,7 @@ func TestFleetLoadShapes(t *testing.T) {
 	} {
 		t.Run(sh.name, func(t *testing.T) {
 			t.Parallel()
-			rate, worst := runMoveShape(t, sh)
+			rate, worst := runMoveShape(t, sh, span)
 			t.Logf("%s: %.0f units/s (%.1f%% of 1500), worst 1 s window %.0f (%+.1f%%)", sh.name, rate, 100*rate/1500, worst, 100*(worst/1500-1))
 			if worst > 1500*1.10 {
 				t.Errorf("%s: %.0f units in a 1 s window, more than 1500 +10%%", sh.name, worst)
@@ -142,7 +152,7 @@ func TestFleetBurstyLoadBesideIdleInstance(t *testing.T) {
 	t.Skip("issue 29 review: a 100 ms on/off load alone gets 108 units/s (7.2% of hard limit 1500, 14% of the 750 it could use): an idle instance takes the unasked share at its periodic call and never releases it early")
 	t.Parallel()
 	for shift := range 2 {
-		rate, worst := runMoveShape(t, onOffAlone(shift))
+		rate, worst := runMoveShape(t, onOffAlone(shift), 10*time.Second)
 		t.Logf("100ms on-off alone (shift %d): %.0f units/s (%.1f%% of 1500), worst 1 s window %.0f", shift, rate, 100*rate/1500, worst)
 		if rate < 750*0.5 {
 			t.Errorf("100ms on-off alone (shift %d): %.0f units/s, less than half of the 750 it could use", shift, rate)
@@ -160,6 +170,7 @@ func TestFleetBurstyLoadBesideIdleInstance(t *testing.T) {
 // +20% is possible in theory below a second; the issue wants +10% at most).
 func TestFleetFastMovesWithinTenPercent(t *testing.T) {
 	t.Parallel()
+	span := testmc.UnderRace(10*time.Second, moveSpan)
 	for _, seg := range []time.Duration{300 * time.Millisecond, 600 * time.Millisecond, 700 * time.Millisecond} {
 		t.Run(seg.String(), func(t *testing.T) {
 			t.Parallel()
@@ -168,7 +179,7 @@ func TestFleetFastMovesWithinTenPercent(t *testing.T) {
 					return [2]int{0, 8}
 				}
 				return [2]int{8, 0}
-			}})
+			}}, span)
 			t.Logf("moving every %v: %.1f%% of 1500 delivered, worst 1 s window %.0f (%+.1f%%)", seg, 100*rate/1500, worst, 100*(worst/1500-1))
 			if worst > 1500*1.10 {
 				t.Errorf("moving every %v: %.0f units in a 1 s window, more than 1500 +10%%", seg, worst)

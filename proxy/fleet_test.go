@@ -17,8 +17,9 @@ import (
 // in this process, saturating clients. Rates are measured from the
 // engines' own unit counters, sampled once a second.
 
-// checkWindow checks a 10 s window of a limit: the total within +-5%, each
-// second at most +10%; it returns each instance's part of the total.
+// checkWindow checks a window of a limit (the contract's is 10 s, DESIGN.md
+// section 10; see raceWindow): the total within +-5%, each second at most
+// +10%; it returns each instance's part of the total.
 func checkWindow(t *testing.T, what string, secs [][]float64, limit float64) []float64 {
 	t.Helper()
 	total := 0.0
@@ -71,18 +72,25 @@ func TestFleetHardLimitFollowsTheLoad(t *testing.T) {
 	for i, n := range []int{6, 3, 1} {
 		l.add(f, i, n)
 	}
+	win := testmc.UnderRace(10, raceWindow)
 	f.seconds(3, "b") // warm-up
-	parts := checkWindow(t, "before the flip", f.seconds(10, "b")["b"], 3000)
+	parts := checkWindow(t, "before the flip", f.seconds(win, "b")["b"], 3000)
 	checkSplit(t, "before the flip", parts, []float64{0.6, 0.3, 0.1})
 	l.remove(f, 0, 5)
 	l.add(f, 2, 5)
-	secs := f.seconds(10, "b")["b"]
+	secs := f.seconds(win, "b")["b"]
 	checkWindow(t, "after the flip", secs, 3000)
 	checkSplit(t, "2 periods after the flip", partsOf(secs[2:]), []float64{0.1, 0.3, 0.6})
 	if n := l.errs.Load(); n != 0 {
 		t.Errorf("%d client errors", n)
 	}
 }
+
+// raceWindow is the window, in seconds, of the fleet rate tests under
+// -race, which stands for the contract's 10 s there: the same steps and
+// checks, in less than half the race detector's time. make test runs the
+// tests again without -race with 10 s windows (PROXY_NORACE_TESTS).
+const raceWindow = 4
 
 // checkSplit: each instance's part within 7 points of the clients' split
 // (closed-loop clients share an instance's rate, and the demand each
@@ -118,6 +126,7 @@ func TestFleetCapacityAndReservation(t *testing.T) {
 	f.pass(time.Second) // a period: every instance has the capacity
 	l.add(f, 0, 4)
 	l.add(f, 1, 4)
+	win := testmc.UnderRace(10, raceWindow)
 	f.seconds(3) // warm-up: every instance has synced since the change
 	f.fake.onStep = func() {
 		var sum int64
@@ -139,16 +148,16 @@ func TestFleetCapacityAndReservation(t *testing.T) {
 		}
 		return out
 	}
-	checkWindow(t, "capacity 4000, x and y", both(f.seconds(10, "x", "y")), 4000)
+	checkWindow(t, "capacity 4000, x and y", both(f.seconds(win, "x", "y")), 4000)
 
 	fleetAdmin(t, f.insts[1], mc.OpSetBucketThrottleProperties, "r", `{"reserved": 1000}`)
 	f.pass(time.Second) // a period: every instance has the reservation
 	l.add(f, 2, 2)
 	f.seconds(3)
-	secs := f.seconds(10, "x", "y", "r")
+	secs := f.seconds(win, "x", "y", "r")
 	rate := 0.0
 	for _, s := range secs["r"] {
-		rate += sum(s) / 10
+		rate += sum(s) / float64(win)
 	}
 	t.Logf("reserved bucket r: %.0f units/s (reservation 1000)", rate)
 	if rate < 1000*0.95 {
@@ -156,7 +165,7 @@ func TestFleetCapacityAndReservation(t *testing.T) {
 	}
 	total := rate
 	for _, s := range both(secs) {
-		total += sum(s) / 10
+		total += sum(s) / float64(win)
 	}
 	t.Logf("the node: %.0f units/s (capacity 4000)", total)
 	if total > 4000*1.05 {
@@ -259,8 +268,9 @@ func TestFleetStoreLoss(t *testing.T) {
 		}
 	}
 	f.redis.Restart(t)
-	f.seconds(1, "b") // 2 periods
-	checkWindow(t, "store restarted empty", f.seconds(5, "b")["b"], 3000)
+	f.seconds(1, "b")             // 2 periods
+	win := testmc.UnderRace(5, 3) // seconds; see raceWindow
+	checkWindow(t, "store restarted empty", f.seconds(win, "b")["b"], 3000)
 
 	if n := l.errs.Load(); n != 0 {
 		t.Errorf("%d client errors", n)
@@ -271,7 +281,7 @@ func TestFleetStoreLoss(t *testing.T) {
 	f.insts[0].stop(t)
 	f.insts[0] = nil
 	f.seconds(2, "b") // lease (1.25 periods) + a period
-	checkWindow(t, "instance 0 gone", f.seconds(5, "b")["b"], 3000)
+	checkWindow(t, "instance 0 gone", f.seconds(win, "b")["b"], 3000)
 }
 
 var _ = context.Background
@@ -462,11 +472,12 @@ func TestFleetFairPool(t *testing.T) {
 	l.add(f, 1, 4)
 	l.add(f, 2, 2)
 	f.seconds(3, "x")
-	secs := f.seconds(10, "x", "y")
+	win := testmc.UnderRace(10, raceWindow)
+	secs := f.seconds(win, "x", "y")
 	var nx, ny float64
 	for k := range secs["x"] {
-		nx += sum(secs["x"][k]) / 10
-		ny += sum(secs["y"][k]) / 10
+		nx += sum(secs["x"][k]) / float64(win)
+		ny += sum(secs["y"][k]) / float64(win)
 	}
 	t.Logf("x (weight 1, clients on two instances) %.0f units/s, y (weight 2, one instance) %.0f units/s", nx, ny)
 	if math.Abs(nx-1000) > 50 || math.Abs(ny-2000) > 100 {

@@ -68,8 +68,8 @@ func raceScaled(t *testing.T) map[string][]string {
 
 // A test that skips or shortens under -race runs in full in make test's
 // pass without it: its package is in NORACE_PKGS, or it is a proxy test of
-// the upstream-TLS pass (UPSTREAM_TLS_TESTS, run without -race). Otherwise
-// make test would never run what it skips.
+// the upstream-TLS pass (UPSTREAM_TLS_TESTS, run without -race) or of
+// PROXY_NORACE_TESTS. Otherwise make test would never run what it skips.
 func TestRaceScaledTestsRunWithoutRace(t *testing.T) {
 	makefile := readRepo(t, "Makefile")
 	norace := map[string]bool{}
@@ -77,6 +77,7 @@ func TestRaceScaledTestsRunWithoutRace(t *testing.T) {
 		norace[filepath.Clean(p)] = true
 	}
 	upstreamTLS := regexp.MustCompile(makeVar(t, makefile, "UPSTREAM_TLS_TESTS"))
+	proxyNorace := regexp.MustCompile(makeVar(t, makefile, "PROXY_NORACE_TESTS"))
 	found := raceScaled(t)
 	if len(found) == 0 {
 		t.Fatal("no test calls testmc.SkipUnderRace or testmc.UnderRace: the check found nothing to check")
@@ -92,8 +93,8 @@ func TestRaceScaledTestsRunWithoutRace(t *testing.T) {
 			continue
 		}
 		for _, fn := range funcs {
-			if rel != "proxy" || !upstreamTLS.MatchString(fn) {
-				t.Errorf("%s: %s skips or shortens under -race, but make test runs it only with -race: add ./%s to the Makefile's NORACE_PKGS", path, fn, rel)
+			if rel != "proxy" || !upstreamTLS.MatchString(fn) && !proxyNorace.MatchString(fn) {
+				t.Errorf("%s: %s skips or shortens under -race, but make test runs it only with -race: add ./%s to the Makefile's NORACE_PKGS (a proxy test: to PROXY_NORACE_TESTS)", path, fn, rel)
 			}
 		}
 	}

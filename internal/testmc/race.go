@@ -20,8 +20,8 @@ func SkipUnderRace(t testing.TB) {
 // -race too) where the full count costs the race detector minutes. The
 // caller states why the smaller count still covers what -race looks for;
 // make test runs the full count without -race (the package is in
-// NORACE_PKGS, or for ./proxy the test is one of UPSTREAM_TLS_TESTS;
-// internal/docscheck checks both).
+// NORACE_PKGS, or for ./proxy the test is one of UPSTREAM_TLS_TESTS or
+// PROXY_NORACE_TESTS; internal/docscheck checks it).
 func UnderRace[T any](full, race T) T {
 	if RaceEnabled {
 		return race
