@@ -130,12 +130,14 @@ func TestPlainDecoyAnsweredAsLateAsBcrypt(t *testing.T) {
 func TestPenaltyInForceByTheRefusal(t *testing.T) {
 	clock := throttle.NewFakeClock(0)
 	var armed atomic.Bool // stop the worker after its next answer
+	var answered atomic.Int64
 	entered, unblock := make(chan struct{}), make(chan struct{})
 	testHookAuthAnswered = func() {
 		if armed.CompareAndSwap(true, false) {
 			close(entered)
 			<-unblock
 		}
+		answered.Add(1)
 	}
 	t.Cleanup(func() { testHookAuthAnswered = nil })
 	p := startProxyClock(t, testConfig{tail: tenantTail(t)}, clock)
@@ -143,6 +145,10 @@ func TestPenaltyInForceByTheRefusal(t *testing.T) {
 	p.fixedBcrypt.Store(int64(20 * time.Millisecond))
 	login(t, p.Addr, "bob").Close() // bob's password cached
 	armedAt(t, clock)
+	// The worker hands a check's answer over before it calls the hook:
+	// arming before it is through the hook of bob's check would stop it
+	// there, and the next check would never run.
+	eventually(t, 10*time.Second, "bob's check through the hook", func() bool { return answered.Load() == 1 })
 
 	armed.Store(true)
 	rc := dialFrom(t, p.Addr, "127.0.0.1")
