@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run fleet test test-passes test-race test-race-proxy-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-norace-proxy test-upstream-tls deps vet bench fuzz clean
+.PHONY: all build run fleet test test-passes test-race test-proxy-bins test-proxy-race-bin test-proxy-norace-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-norace-proxy test-upstream-tls deps vet bench fuzz clean
 
 all: build
 
@@ -78,9 +78,13 @@ gotest = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )$(GO) test $(2)$(if $(TESTJSO
 PROXY_PARALLEL := $(shell scripts/paralleltests.sh proxy)
 PROXY_SERIAL_A := ^(Test|Fuzz|Example)[A-O]
 PROXY_RACE_BIN := $(CURDIR)/bin/test/proxy.race.test
-# runbin NAME,ARGS: PROXY_RACE_BIN ARGS in ./proxy (as go test runs it),
-# or with TESTJSON through test2json to $(TESTJSON)/NAME.json.
-runbin = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )cd proxy && $(if $(TESTJSON),$(GO) tool test2json -p github.com/kvthrottle/kvthrottle/proxy -t $(PROXY_RACE_BIN) -test.v=test2json,$(PROXY_RACE_BIN)) -test.count=1 -test.parallel=4 -test.timeout=20m $(2)$(if $(TESTJSON), > $(abspath $(TESTJSON))/$(1).json)
+# The proxy's test binary without -race: the upstream-TLS pass, the full
+# rate tests and the TLS handshake flood run it (one build, not three).
+PROXY_BIN := $(CURDIR)/bin/test/proxy.test
+# runbin NAME,BIN,ARGS[,ENV]: the proxy test binary BIN with ARGS in ./proxy
+# (as go test runs it), its environment with ENV (VAR=value ...), or with
+# TESTJSON through test2json to $(TESTJSON)/NAME.json.
+runbin = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )cd proxy && $(4) $(if $(TESTJSON),$(GO) tool test2json -p github.com/kvthrottle/kvthrottle/proxy -t $(2) -test.v=test2json,$(2)) -test.count=1 -test.parallel=4 -test.timeout=20m $(3)$(if $(TESTJSON), > $(abspath $(TESTJSON))/$(1).json)
 
 test: deps
 	@$(MAKE) --no-print-directory WITH_VET=vet test-passes
@@ -89,37 +93,44 @@ test: deps
 ## scripts/flake.sh runs). Every pass starts at once: -j12 is more than
 ## their ten jobs (a pass left waiting for a slot ends last).
 test-passes:
-	@$(MAKE) --no-print-directory test-race-proxy-bin
-	@$(MAKE) --no-print-directory -j12 PROXY_RACE_BIN_BUILT=1 $(WITH_VET) test-race test-norace test-norace-proxy test-upstream-tls test-fleet-failover
-	$(call gotest,tls-flood,-count=1 -timeout 5m -run '^TestTLSHandshakeFlood$$' ./proxy)
+	@$(MAKE) --no-print-directory test-proxy-bins
+	@$(MAKE) --no-print-directory -j12 PROXY_BINS_BUILT=1 $(WITH_VET) test-race test-norace test-norace-proxy test-upstream-tls test-fleet-failover
+	$(call runbin,tls-flood,$(PROXY_BIN),-test.run '^TestTLSHandshakeFlood$$')
 
 ## test-race: every test with -race but the failovers: the proxy's in three
 ## processes (see PROXY_PARALLEL), every other package's in a fourth.
 test-race: test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages
 
-# test-passes builds PROXY_RACE_BIN before anything else, with both cores:
-# the four passes that run it are the longest, so the suite ends soonest
-# when they start first (PROXY_RACE_BIN_BUILT=1 then skips this recipe).
-test-race-proxy-bin:
+# test-passes builds the proxy's two test binaries before anything else,
+# one on each core: the passes that run them are the longest, so the suite
+# ends soonest when they start first, and two passes building one binary
+# at once would each compile it (PROXY_BINS_BUILT=1 then skips this).
+test-proxy-bins:
 	@mkdir -p $(dir $(PROXY_RACE_BIN))
-	$(if $(PROXY_RACE_BIN_BUILT),@true,$(GO) test -race -c -o $(PROXY_RACE_BIN) ./proxy)
+	$(if $(PROXY_BINS_BUILT),@true,@$(MAKE) --no-print-directory -j2 test-proxy-race-bin test-proxy-norace-bin)
 
-test-race-proxy-serial: test-race-proxy-bin
-	$(call runbin,race-proxy-serial,-test.run '$(PROXY_SERIAL_A)' -test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
+test-proxy-race-bin:
+	$(GO) test -race -c -o $(PROXY_RACE_BIN) ./proxy
 
-test-race-proxy-serial2: test-race-proxy-bin
-	$(call runbin,race-proxy-serial2,-test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)|$(PROXY_SERIAL_A)')
+test-proxy-norace-bin:
+	$(GO) test -c -o $(PROXY_BIN) ./proxy
 
-test-race-proxy-parallel: test-race-proxy-bin
-	$(call runbin,race-proxy-parallel,-test.run '$(PROXY_PARALLEL)' -test.skip '$(FLEET_FAILOVER_TESTS)')
+test-race-proxy-serial: test-proxy-bins
+	$(call runbin,race-proxy-serial,$(PROXY_RACE_BIN),-test.run '$(PROXY_SERIAL_A)' -test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
+
+test-race-proxy-serial2: test-proxy-bins
+	$(call runbin,race-proxy-serial2,$(PROXY_RACE_BIN),-test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)|$(PROXY_SERIAL_A)')
+
+test-race-proxy-parallel: test-proxy-bins
+	$(call runbin,race-proxy-parallel,$(PROXY_RACE_BIN),-test.run '$(PROXY_PARALLEL)' -test.skip '$(FLEET_FAILOVER_TESTS)')
 
 # The real Redis Cluster and Sentinel failovers, and the other ways the
 # store moves (proxy/fleet_cluster_replies_test.go): mostly waiting on Redis,
 # so they overlap the other passes; the instances run on fake clocks and
 # the figures are asserted exactly (the real-clock ones are
 # BenchmarkFleetFailover's).
-test-fleet-failover: test-race-proxy-bin
-	$(call runbin,fleet-failover,-test.run '$(FLEET_FAILOVER_TESTS)')
+test-fleet-failover: test-proxy-bins
+	$(call runbin,fleet-failover,$(PROXY_RACE_BIN),-test.run '$(FLEET_FAILOVER_TESTS)')
 
 test-race-packages:
 	$(call gotest,race,-race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/proxy$$'))
@@ -127,11 +138,11 @@ test-race-packages:
 test-norace:
 	$(call gotest,norace,-count=1 -timeout 10m $(NORACE_PKGS))
 
-test-norace-proxy:
-	$(call gotest,norace-proxy,-count=1 -parallel 4 -timeout 10m -run '$(PROXY_NORACE_TESTS)' ./proxy)
+test-norace-proxy: test-proxy-bins
+	$(call runbin,norace-proxy,$(PROXY_BIN),-test.run '$(PROXY_NORACE_TESTS)')
 
-test-upstream-tls:
-	KVTHROTTLE_TEST_UPSTREAM_TLS=1 $(call gotest,upstream-tls,-count=1 -parallel 4 -timeout 10m -run '$(UPSTREAM_TLS_TESTS)' ./proxy)
+test-upstream-tls: test-proxy-bins
+	$(call runbin,upstream-tls,$(PROXY_BIN),-test.run '$(UPSTREAM_TLS_TESTS)',KVTHROTTLE_TEST_UPSTREAM_TLS=1)
 
 ## vet: gofmt, go vet and staticcheck (its default checks).
 vet:
