@@ -40,8 +40,8 @@ fleet: build
 ##   test-race: every test with -race (the proxy's serial tests in two
 ##     processes, its parallel ones in a third, the other packages in a
 ##     fourth);
-##   test-norace: the packages whose tests skip or shorten under -race,
-##     again without it, in full;
+##   test-norace: the tests of NORACE_PKGS that skip or shorten under
+##     -race (NORACE_TESTS), again without it, in full;
 ##   test-norace-proxy: without -race, the proxy's fair-sharing and fleet
 ##     rate tests over their full windows (under -race they measure
 ##     shorter ones: the race detector's time grows with every fake step);
@@ -62,6 +62,9 @@ UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCro
 # (testmc.SkipUnderRace, testmc.UnderRace: simulations on one goroutine at a
 # time, bcrypt at its real cost); internal/docscheck checks the list.
 NORACE_PKGS := ./bucketcfg ./cmd/kvthrottle ./fleet ./throttle
+# Of those packages, the tests that skip or shorten under -race: the pass
+# without it runs these alone (the others ran in full under -race).
+NORACE_TESTS := ^(TestLoadValidFixture|TestHashPassword|TestHashPasswordAndVersion|TestFair.*|TestSim.*|TestLeaseAccuracy|TestFIFOSimulated|TestHardLimitMixedSizes|TestBlockingReachesHardLimitWithMixedSizes|TestShareWeight|TestFIFOConcurrentForgivenessForgivesOne)$$
 # The proxy tests that shorten under -race and are not in
 # UPSTREAM_TLS_TESTS: test-norace-proxy runs them in full.
 PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent))$$
@@ -136,7 +139,7 @@ test-race-packages:
 	$(call gotest,race,-race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/proxy$$'))
 
 test-norace:
-	$(call gotest,norace,-count=1 -timeout 10m $(NORACE_PKGS))
+	$(call gotest,norace,-count=1 -timeout 10m -run '$(NORACE_TESTS)' $(NORACE_PKGS))
 
 test-norace-proxy: test-proxy-bins
 	$(call runbin,norace-proxy,$(PROXY_BIN),-test.run '$(PROXY_NORACE_TESTS)')

@@ -104,3 +104,89 @@ func TestRaceScaledTestsRunWithoutRace(t *testing.T) {
 		}
 	}
 }
+
+// raceScaledTests returns the tests of the package in dir (relative to the
+// repository) that skip or shorten under -race: they call
+// testmc.SkipUnderRace or testmc.UnderRace, or call a function of the
+// package's test files that does, at any depth.
+func raceScaledTests(t *testing.T, dir string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(repoRoot, dir, "*_test.go"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("%s: no test files (%v)", dir, err)
+	}
+	calls := map[string]map[string]bool{} // function -> the names it calls
+	scaled := map[string]bool{}
+	fset := token.NewFileSet()
+	for _, path := range files {
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, decl := range f.Decls {
+			fn, ok := decl.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			name := fn.Name.Name
+			calls[name] = map[string]bool{}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				switch fun := call.Fun.(type) {
+				case *ast.Ident:
+					calls[name][fun.Name] = true
+				case *ast.SelectorExpr:
+					if id, ok := fun.X.(*ast.Ident); ok && id.Name == "testmc" && (fun.Sel.Name == "SkipUnderRace" || fun.Sel.Name == "UnderRace") {
+						scaled[name] = true
+					}
+					calls[name][fun.Sel.Name] = true // a method of the package's
+				case *ast.IndexExpr: // a generic function
+					if sel, ok := fun.X.(*ast.SelectorExpr); ok && sel.Sel.Name == "UnderRace" {
+						scaled[name] = true
+					}
+				}
+				return true
+			})
+		}
+	}
+	for changed := true; changed; {
+		changed = false
+		for fn, callees := range calls {
+			for c := range callees {
+				if scaled[c] && !scaled[fn] {
+					scaled[fn], changed = true, true
+				}
+			}
+		}
+	}
+	var tests []string
+	for fn := range scaled {
+		if strings.HasPrefix(fn, "Test") {
+			tests = append(tests, fn)
+		}
+	}
+	return tests
+}
+
+// The pass without -race (test-norace) runs, of NORACE_PKGS, only the
+// tests NORACE_TESTS names: every test that skips or shortens under -race
+// must be one of them (the others ran in full under -race already).
+func TestNoraceTestsListsEveryRaceScaledTest(t *testing.T) {
+	makefile := readRepo(t, "Makefile")
+	list := regexp.MustCompile(makeVar(t, makefile, "NORACE_TESTS"))
+	n := 0
+	for _, p := range strings.Fields(makeVar(t, makefile, "NORACE_PKGS")) {
+		for _, name := range raceScaledTests(t, filepath.Clean(p)) {
+			n++
+			if !list.MatchString(name) {
+				t.Errorf("%s: %s skips or shortens under -race, but the Makefile's NORACE_TESTS does not name it: make test never runs it in full", p, name)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no test of NORACE_PKGS skips or shortens under -race: the check found nothing to check")
+	}
+}
