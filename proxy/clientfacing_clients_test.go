@@ -120,9 +120,14 @@ const gomemcacheModule = "github.com/bradfitz/gomemcache@v0.0.0-20260422231931-4
 // closes at once, then set/get/add/replace/cas/incr/touch/delete/get_many
 // and their errors) against the proxy, a text client of its default
 // bucket. The suite is fetched by the Go module proxy and copied, with its
-// fixed address localhost:11211 changed to the proxy's: nothing else of
-// it is touched. The other tests of the suite start memcached themselves
-// and are not run.
+// fixed address localhost:11211 changed to the proxy's, and its touch
+// check left out: that one sets items to expire in 2 s of memcached's
+// one-second clock, sleeps 1 s of real time and touches, so on a loaded
+// machine the item can be gone first (1 of 10 runs of the suite beside
+// make test's other passes; the same against memcached alone). Touch
+// through the proxy is checked against memcached by TestTextDifferential
+// and TestTextTranslationMatchesMemcached. Nothing else of it is touched.
+// The other tests of the suite start memcached themselves and are not run.
 //
 // Not in parallel with other tests: the suite's touch test checks an item
 // stays alive across memcached's one-second clock (it failed once beside
@@ -160,6 +165,11 @@ func TestGomemcacheSuite(t *testing.T) {
 		t.Fatal("gomemcache's test no longer names localhost:11211; update this test")
 	}
 	src = addr.ReplaceAll(src, []byte(`const localhostTCPAddr = "`+p.Addr+`"`))
+	touch := regexp.MustCompile(`(?m)^\ttestTouchWithClient\(t, c\)$`)
+	if !touch.Match(src) {
+		t.Fatal("gomemcache's test no longer calls testTouchWithClient(t, c); update this test")
+	}
+	src = touch.ReplaceAll(src, []byte("\t// testTouchWithClient: left out (see TestGomemcacheSuite)"))
 	if err := os.Chmod(testFile, 0o644); err != nil {
 		t.Fatal(err)
 	}
