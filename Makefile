@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run fleet test test-passes test-race test-proxy-bins test-proxy-race-bin test-proxy-norace-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-norace-proxy test-upstream-tls deps vet bench fuzz clean
+.PHONY: all build run fleet test test-passes test-race test-proxy-bins test-proxy-race-bin test-proxy-norace-bin test-kvthrottle-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-norace-proxy test-upstream-tls deps vet bench fuzz clean
 
 all: build
 
@@ -84,6 +84,9 @@ PROXY_RACE_BIN := $(CURDIR)/bin/test/proxy.race.test
 # The proxy's test binary without -race: the upstream-TLS pass, the full
 # rate tests and the TLS handshake flood run it (one build, not three).
 PROXY_BIN := $(CURDIR)/bin/test/proxy.test
+# The kvthrottle binary the tests that run it as a process use
+# (testmc.KvthrottleBin), built with the test binaries.
+export KVTHROTTLE_TEST_BIN := $(CURDIR)/bin/test/kvthrottle
 # runbin NAME,BIN,ARGS[,ENV]: the proxy test binary BIN with ARGS in ./proxy
 # (as go test runs it), its environment with ENV (VAR=value ...), or with
 # TESTJSON through test2json to $(TESTJSON)/NAME.json.
@@ -104,13 +107,17 @@ test-passes:
 ## processes (see PROXY_PARALLEL), every other package's in a fourth.
 test-race: test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages
 
-# test-passes builds the proxy's two test binaries before anything else,
-# one on each core: the passes that run them are the longest, so the suite
-# ends soonest when they start first, and two passes building one binary
-# at once would each compile it (PROXY_BINS_BUILT=1 then skips this).
+# test-passes builds the proxy's two test binaries and KVTHROTTLE_TEST_BIN
+# before anything else, at once: the passes that run the proxy's are the
+# longest, so the suite ends soonest when they start first, and two passes
+# building one binary at once would each compile it (PROXY_BINS_BUILT=1
+# then skips this).
 test-proxy-bins:
 	@mkdir -p $(dir $(PROXY_RACE_BIN))
-	$(if $(PROXY_BINS_BUILT),@true,@$(MAKE) --no-print-directory -j2 test-proxy-race-bin test-proxy-norace-bin)
+	$(if $(PROXY_BINS_BUILT),@true,@$(MAKE) --no-print-directory -j3 test-proxy-race-bin test-proxy-norace-bin test-kvthrottle-bin)
+
+test-kvthrottle-bin:
+	$(GO) build -o $(KVTHROTTLE_TEST_BIN) ./cmd/kvthrottle
 
 test-proxy-race-bin:
 	$(GO) test -race -c -o $(PROXY_RACE_BIN) ./proxy
@@ -135,10 +142,10 @@ test-race-proxy-parallel: test-proxy-bins
 test-fleet-failover: test-proxy-bins
 	$(call runbin,fleet-failover,$(PROXY_RACE_BIN),-test.run '$(FLEET_FAILOVER_TESTS)')
 
-test-race-packages:
+test-race-packages: test-proxy-bins
 	$(call gotest,race,-race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/proxy$$'))
 
-test-norace:
+test-norace: test-proxy-bins
 	$(call gotest,norace,-count=1 -timeout 10m -run '$(NORACE_TESTS)' $(NORACE_PKGS))
 
 test-norace-proxy: test-proxy-bins

@@ -17,15 +17,11 @@ import (
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
-// buildBinary builds kvthrottle once per test binary run.
+// buildBinary returns the kvthrottle binary of this tree
+// (testmc.KvthrottleBin).
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kvthrottle")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
+	return testmc.KvthrottleBin(t, ".", t.TempDir())
 }
 
 func writeConfig(t *testing.T, dir, body string) string {

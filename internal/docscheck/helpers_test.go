@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 )
 
 // repoRoot is the repository, relative to this package's directory (where
@@ -14,10 +16,9 @@ import (
 const repoRoot = "../.."
 
 var (
-	binDir   string
-	binOnce  sync.Once
-	binPath  string
-	binError error
+	binDir  string
+	binOnce sync.Once
+	binPath string
 
 	checkerOnce sync.Once
 	checker     *Checker
@@ -36,19 +37,15 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// kvthrottleBin builds bin/kvthrottle from this tree once per test binary
-// and returns its path.
+// kvthrottleBin returns the kvthrottle binary of this tree
+// (testmc.KvthrottleBin), built once per test binary.
 func kvthrottleBin(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
-		binPath = filepath.Join(binDir, "kvthrottle")
-		out, err := exec.Command("go", "build", "-o", binPath, "../../cmd/kvthrottle").CombinedOutput()
-		if err != nil {
-			binError = fmt.Errorf("go build ./cmd/kvthrottle: %v\n%s", err, out)
-		}
+		binPath = testmc.KvthrottleBin(t, "../../cmd/kvthrottle", binDir)
 	})
-	if binError != nil {
-		t.Fatal(binError)
+	if binPath == "" {
+		t.Fatal("no kvthrottle binary: its build failed in an earlier test")
 	}
 	return binPath
 }
