@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/kvthrottle/kvthrottle/proto/binary"
-	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
 // raiseCeiling raises the ceiling of bucket b (throttle.ReadCost) to cover
@@ -23,9 +22,7 @@ func (s *session) raiseCeiling(b *bucket, r *request) bool {
 	srv := s.lp.srv
 	rc := b.tb.ReadCost()
 	pending := rc.Pending()
-	appends := s.appends(r)
-	if rc.Raise(int64(len(r.value)), appends) {
-		s.hintWrite(rc, r, appends)
+	if rc.Raise(int64(len(r.value)), s.appends(r)) {
 		if pending {
 			srv.wakeCeiling() // the raise others waited for is through
 		}
@@ -37,18 +34,6 @@ func (s *session) raiseCeiling(b *bucket, r *request) bool {
 	s.setPause(waitingCeiling)
 	s.lp.ceilWait = append(s.lp.ceilWait, ceilWaiter{s: s, b: b})
 	return false
-}
-
-// hintWrite updates the key hint of r, a write about to be forwarded
-// (throttle.ReadCost.RecordWrite): a read of its key may bring its key and
-// value from now on; an APPEND or PREPEND makes its size unknown.
-func (s *session) hintWrite(rc *throttle.ReadCost, r *request, appends bool) {
-	h := throttle.HashKey(r.key)
-	if appends {
-		rc.Forget(h)
-		return
-	}
-	rc.RecordWrite(h, throttle.ReadUnits(int64(len(r.key)+len(r.value)), s.lp.srv.opts.readUnitSize))
 }
 
 // ceilWaiter is a session waiting for a raise of bucket b's ceiling.

@@ -153,14 +153,10 @@ func (s *session) forward(r *request, b *bucket) bool {
 	}
 	var grant throttle.Grant
 	var leased *lane
-	var readKey throttle.KeyHash
 	if b != nil && r.op.Class().Metered() {
 		// Billed in advance: a write's units (known now), a read's
 		// expected units; settled when the response is in (finish).
 		cost := s.lp.srv.cost(r.op.Class(), len(key)+len(r.value))
-		if cost.Read {
-			cost.Key = throttle.HashKey(key) // billed its size when its bucket knows it
-		}
 		if r.tooLarge {
 			cost = throttle.Cost{Known: 1} // the refusal and its unlink (toolarge.go)
 		}
@@ -172,7 +168,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 			s.lp.srv.throttleWait(b, s.lp.srv.throttle.Now()-s.heldAt)
 			s.heldAt = 0
 		}
-		grant, leased, readKey = g, l, cost.Key
+		grant, leased = g, l
 		if cost.Known > 0 {
 			if l != nil {
 				l.writeUnits += uint64(cost.Known) // admit touched l: added before the next client write (settleLeases)
@@ -186,7 +182,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 	sl.req = r.head()
 	sl.strip = len(prefix)
 	sl.bkt = b
-	sl.grant, sl.leased, sl.key = grant, leased, readKey
+	sl.grant, sl.leased = grant, leased
 	sl.units = s.reportUnits
 	sl.sentKV = len(key) + len(r.value)
 	s.enqueue(sl)

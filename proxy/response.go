@@ -15,17 +15,15 @@ type slot struct {
 	resp    []byte // response bytes, while an earlier command is pending
 	strip   int    // bytes of key prefix to strip from responses
 	bkt     *bucket
-	grant   throttle.Grant   // the command's bill, settled when it completes; Domain Held: not metered
-	leased  *lane            // the lane whose lease grant came from (settled with it); nil: the bucket
-	units   bool             // ReportUnitUsage was on when the command was sent
-	sentKV  int              // key+value bytes the client sent (write units)
-	gotKV   int              // key+value bytes returned (read units)
-	hit     bool             // succeeded; a read: found its item (lane.go learns sizes from hits only)
-	key     throttle.KeyHash // a metered read's key, for its bucket's key hints (0: none)
-	sized   bool             // a read's answer told its value's size: its value, or a miss
-	path    upPath           // which kind of upstream connection it went on; none for local answers
-	orphan  bool             // its session closed while it was in flight on its bucket's own connections (orphan.go)
-	refused bool             // a write refused as too large: 1 unit, answered with the refusal (toolarge.go)
+	grant   throttle.Grant // the command's bill, settled when it completes; Domain Held: not metered
+	leased  *lane          // the lane whose lease grant came from (settled with it); nil: the bucket
+	units   bool           // ReportUnitUsage was on when the command was sent
+	sentKV  int            // key+value bytes the client sent (write units)
+	gotKV   int            // key+value bytes returned (read units)
+	hit     bool           // succeeded; a read: found its item (lane.go learns sizes from hits only)
+	path    upPath         // which kind of upstream connection it went on; none for local answers
+	orphan  bool           // its session closed while it was in flight on its bucket's own connections (orphan.go)
+	refused bool           // a write refused as too large: 1 unit, answered with the refusal (toolarge.go)
 
 	owe   int64          // a read's units beyond its bill, not yet paid: its answer waits (surprise.go)
 	extra throttle.Grant // the admission that paid what it cost beyond its bill
@@ -204,24 +202,10 @@ func (srv *Server) settle(sl *slot) {
 		sl.bkt.tb.Settle(sl.grant, units)
 	}
 	if sl.grant.ReadBill() > 0 {
-		rc := sl.bkt.tb.ReadCost()
-		if sl.sized {
-			rc.Record(sl.key, read)
-		}
-		if rc.Pending() && rc.TryDrain() {
+		if rc := sl.bkt.tb.ReadCost(); rc.Pending() && rc.TryDrain() {
 			srv.wakeCeiling()
 		}
 	}
-}
-
-// returnsValue reports whether a successful op answers with its item's
-// value (the GET and GAT families).
-func returnsValue(op binary.Opcode) bool {
-	switch op.Loud() {
-	case binary.OpGet, binary.OpGetK, binary.OpGAT, binary.OpGATK:
-		return true
-	}
-	return false
 }
 
 // units returns the read and write units of a metered command: the write
@@ -250,12 +234,8 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 		sl.gotKV += k
 	}
 	sl.gotKV += len(f.Value())
-	switch f.Status() {
-	case binary.StatusSuccess:
+	if f.Status() == binary.StatusSuccess {
 		sl.hit = true
-		sl.sized = returnsValue(sl.req.op)
-	case binary.StatusKeyEnoent:
-		sl.sized = true
 	}
 	if s.closed {
 		if sl.orphan {
@@ -282,12 +262,8 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 func (sl *slot) DeliverMeta(mr *text.MetaResponse) {
 	s := sl.s
 	sl.gotKV += sl.sentKV + len(mr.Value)
-	switch code := string(mr.Code); code {
-	case text.MetaVA, text.MetaHD:
+	if code := string(mr.Code); code == text.MetaVA || code == text.MetaHD {
 		sl.hit = true
-		sl.sized = code == text.MetaVA // HD: found, its value not asked for
-	case text.MetaEN:
-		sl.sized = true
 	}
 	if s.closed {
 		if sl.orphan {

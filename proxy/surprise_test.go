@@ -117,106 +117,49 @@ func TestRule3SurpriseMultiReadHeldToHardLimit(t *testing.T) {
 	for _, sh := range shapes {
 		t.Run(sh.name, func(t *testing.T) {
 			t.Parallel()
-			surpriseShape(t, keys, sh.in, false)
-		})
-	}
-}
-
-// TestRule1bWrongHintPaidBeforeDelivery: as
-// TestRule3SurpriseMultiReadHeldToHardLimit, but each key was first
-// written through the proxy with a 1-byte value (its hint: 1 unit) and
-// the bucket holds a value of 1 MB besides (its ceiling 256 units, above
-// what each value brings): each read is billed its key's hint, 1, and
-// brings 245, a surprise only a hint makes. Every shape is held to the
-// same bound: a wrong hint is paid before delivery.
-func TestRule1bWrongHintPaidBeforeDelivery(t *testing.T) {
-	keys := []string{"big0", "big1", "big2", "big3", "big4", "big5"}
-	var bin bytes.Buffer
-	for i, k := range keys {
-		bin.Write(binFrame(mc.OpGetKQ, k, "", nil, 0, uint32(i)))
-	}
-	bin.Write(binFrame(mc.OpNoop, "", "", nil, 0, 0x99))
-	for _, sh := range []struct{ name, in string }{
-		{"get", "get " + strings.Join(keys, " ") + "\r\n"}, {"GETKQ", bin.String()},
-	} {
-		t.Run(sh.name, func(t *testing.T) {
-			t.Parallel()
-			surpriseShape(t, keys, sh.in, true)
-		})
-	}
-}
-
-// surpriseShape writes values of 1,000,000 bytes for keys straight into
-// memcached, sends in (reads of them all) to a proxy whose bucket is
-// hard-limited to 500 units/s, and checks the units delivered at every
-// 50 ms of the fake clock against the hard gauge's bound. hinted: the keys
-// were first written through the proxy with 1-byte values, and a 1 MB
-// value of another key raised the bucket's ceiling to 256.
-func surpriseShape(t *testing.T, keys []string, in string, hinted bool) {
-	const size = 1_000_000
-	n := len(keys)
-	clk := throttle.NewFakeClock(time.Hour)
-	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1,
-		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 500\n"}, clk)
-	wantCeil := int64(1)
-	if hinted {
-		w := dial(t, p.Addr)
-		if r, err := w.Set([]byte("anchor"), bytes.Repeat([]byte("v"), 1<<20-512)); err != nil || r.Status() != mc.StatusSuccess {
-			t.Fatalf("set anchor: %v %v", r, err) // admitted at once: the gauge is empty
-		}
-		clk.Advance(time.Second) // paid
-		for _, k := range keys {
-			if r, err := w.Set([]byte(k), []byte("x")); err != nil || r.Status() != mc.StatusSuccess {
-				t.Fatalf("set %s: %v %v", k, r, err)
+			clk := throttle.NewFakeClock(time.Hour)
+			p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1,
+				tail: "[[bucket]]\nname = \"default\"\nhard_limit = 500\n"}, clk)
+			direct := dial(t, p.MC.Addr)
+			for _, k := range keys {
+				if r, err := direct.Set([]byte("default:"+k), bytes.Repeat([]byte("v"), size)); err != nil || r.Status() != mc.StatusSuccess {
+					t.Fatalf("seed memcached: %v %v", r, err)
+				}
 			}
-		}
-		clk.Advance(time.Second) // the burst banked
-		wantCeil = 256
-	}
-	direct := dial(t, p.MC.Addr)
-	for _, k := range keys {
-		if r, err := direct.Set([]byte("default:"+k), bytes.Repeat([]byte("v"), size)); err != nil || r.Status() != mc.StatusSuccess {
-			t.Fatalf("seed memcached: %v %v", r, err)
-		}
-	}
-	rc := p.Engine().Bucket("default").ReadCost()
-	if c := rc.Ceiling(); c != wantCeil {
-		t.Fatalf("ceiling %d before the reads, want %d", c, wantCeil)
-	}
-	for _, k := range keys {
-		if b := rc.Bill(throttle.HashKey([]byte(k))); b != 1 {
-			t.Fatalf("a read of %s is billed %d units, want 1 (its hint, or the ceiling of 1)", k, b)
-		}
-	}
-	c := rawDial(t, p.Addr)
-	var bc byteCounter
-	go bc.run(c)
-	if _, err := c.Write([]byte(in)); err != nil {
-		t.Fatal(err)
-	}
-	const perValue = 245 // ceil((key + 1,000,000) / 4096)
-	var elapsed time.Duration
-	for {
-		settledOwing(t, p, &bc)
-		got := int(bc.n.Load() / size) // values delivered (their framing is far below a value)
-		bound := int(500*elapsed/time.Second) + 257 + n
-		if got*perValue > bound {
-			t.Fatalf("after %v of engine time %d values delivered (%d units), over the hard limit's bound %d", elapsed, got, got*perValue, bound)
-		}
-		if got == n {
-			break
-		}
-		if elapsed > 4*time.Second {
-			t.Fatalf("after %v of engine time only %d of %d values delivered", elapsed, got, n)
-		}
-		clk.Advance(50 * time.Millisecond)
-		elapsed += 50 * time.Millisecond
-	}
-	if elapsed < time.Duration(n-1)*perValue*time.Second/500-time.Second/10 {
-		t.Fatalf("all %d values delivered after %v of engine time: faster than 500 units/s", n, elapsed)
-	}
-	if got := p.Engine().Bucket("default").ReadCost().Ceiling(); got != 256 {
-		t.Fatalf("ceiling %d after the surprises, want class 256 (245 units)", got)
+			if c := p.Engine().Bucket("default").ReadCost().Ceiling(); c != 1 {
+				t.Fatalf("ceiling %d before the reads, want 1 (values written around the proxy)", c)
+			}
+			c := rawDial(t, p.Addr)
+			var bc byteCounter
+			go bc.run(c)
+			if _, err := c.Write([]byte(sh.in)); err != nil {
+				t.Fatal(err)
+			}
+			const perValue = 245 // ceil((key + 1,000,000) / 4096)
+			var elapsed time.Duration
+			for {
+				settledOwing(t, p, &bc)
+				got := int(bc.n.Load() / size) // values delivered (their framing is far below a value)
+				bound := int(500*elapsed/time.Second) + 257 + n
+				if got*perValue > bound {
+					t.Fatalf("after %v of engine time %d values delivered (%d units), over the hard limit's bound %d", elapsed, got, got*perValue, bound)
+				}
+				if got == n {
+					break
+				}
+				if elapsed > 4*time.Second {
+					t.Fatalf("after %v of engine time only %d of %d values delivered", elapsed, got, n)
+				}
+				clk.Advance(50 * time.Millisecond)
+				elapsed += 50 * time.Millisecond
+			}
+			if elapsed < time.Duration(n-1)*perValue*time.Second/500-time.Second/10 {
+				t.Fatalf("all %d values delivered after %v of engine time: faster than 500 units/s", n, elapsed)
+			}
+			if got := p.Engine().Bucket("default").ReadCost().Ceiling(); got != 256 {
+				t.Fatalf("ceiling %d after the surprises, want class 256 (245 units)", got)
+			}
+		})
 	}
 }
 

@@ -15,10 +15,6 @@ type Cost struct {
 	// ([ReadCost]) is billed in advance, and what the read costs less is
 	// given back when it is settled.
 	Read bool
-	// Key is the read's key ([HashKey]); 0: none. A read of a key the
-	// bucket has a hint for ([ReadCost.Record]) is billed that, when it
-	// is below the ceiling.
-	Key KeyHash
 }
 
 // Grant is the bill of an admitted command, from [Bucket.AdmitCost]: pass it
@@ -40,8 +36,7 @@ type Grant struct {
 func (g Grant) Paid() int64 { return g.paid }
 
 // ReadBill returns the units billed at admission for what the command
-// reads (its ceiling, or its key's hint; 0 for a command that does not
-// read).
+// reads (its ceiling; 0 for a command that does not read).
 func (g Grant) ReadBill() int64 {
 	if !g.read {
 		return 0
@@ -51,8 +46,7 @@ func (g Grant) ReadBill() int64 {
 
 // AdmitCost decides whether the bucket may run its next metered command
 // now, and bills it in advance: c.Known units, plus, for a read, the
-// bucket's ceiling ([Bucket.ReadCost]) or its key's smaller hint, at
-// least one unit in all. The rules
+// bucket's ceiling ([Bucket.ReadCost]), at least one unit in all. The rules
 // are those of the package documentation.
 //
 // When admitted it returns the Grant to pass to Settle once the command has
@@ -87,7 +81,7 @@ func (b *Bucket) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) 
 	var flight *atomic.Int64
 	if c.Read {
 		ceil, f := b.rc.admitRead(&b.rc.flight)
-		paid += b.rc.bill(ceil, c.Key)
+		paid += ceil
 		flight = f
 	}
 	paid = min(max(paid, 1), maxDebt)

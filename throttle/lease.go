@@ -157,7 +157,7 @@ func (l *Lease) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) {
 	var flight *atomic.Int64
 	if c.Read {
 		ceil, f := b.rc.admitRead(&l.flight)
-		paid += b.rc.bill(ceil, c.Key)
+		paid += ceil
 		flight = f
 	}
 	paid = min(max(paid, 1), maxDebt)

@@ -10,9 +10,7 @@ import (
 // that bounds every value of the bucket's current namespace epoch, plus the
 // exact largest value in bytes. Every read is billed the ceiling when
 // admitted ([Bucket.AdmitCost]) and given back the difference when settled,
-// so no read is billed below what it can cost; except a read of a key
-// whose size the bucket has seen ([ReadCost.Record]), billed that size
-// (keyhints.go: a wrong hint is a surprise, paid before delivery).
+// so no read is billed below what it can cost.
 //
 // The classes are 1, 2, 4, ..., up to the largest power of two below M
 // (Config.MaxReadUnits), then M, then doublings of M (items larger than
@@ -25,8 +23,7 @@ import (
 //   - [ReadCost.Surprise]: a read that brought more than its bill (a value
 //     written around the proxy) raises it at once;
 //   - [ReadCost.Reset]: a FLUSH (a new epoch, every value gone) resets it
-//     to class 1 and empties the key hints; [ReadCost.Restore] sets it
-//     from saved state.
+//     to class 1; [ReadCost.Restore] sets it from saved state.
 //
 // Nothing lowers it otherwise. All methods are safe for concurrent use; the
 // read path (admission, settle) writes only per-lease memory.
@@ -49,8 +46,6 @@ type ReadCost struct {
 	flight [2]atomic.Int64
 	mu     sync.Mutex
 	leases atomic.Pointer[[]*Lease]
-
-	hints atomic.Pointer[hintTable] // what reads of known keys brought (keyhints.go); nil until first used
 }
 
 const (
@@ -182,7 +177,6 @@ func (rc *ReadCost) Restore(epoch uint64, units int64) {
 	idx := rc.classFor(units)
 	rc.epoch.Store(epoch)
 	rc.bytes.Store(0)
-	rc.clearHints()
 	for {
 		st := rc.state.Load()
 		if rc.state.CompareAndSwap(st, (rcGen(st)+1)<<rcGenShift|idx) {
