@@ -56,6 +56,7 @@ func TestConnectionsShareTheirBucket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		c.Timeout = clientPatience // the fake clock's holds last as long as the test takes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

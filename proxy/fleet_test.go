@@ -367,7 +367,7 @@ func TestFleetStartWhileStoreDown(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		f.start(i, `default_bucket = "b"`)
 	}
-	testmc.Eventually(t, 3*time.Second, "every instance knows of three", func() bool {
+	testmc.Eventually(t, time.Minute, "every instance knows of three", func() bool {
 		for _, p := range f.insts {
 			if p.fleet.instances.Load() != 3 {
 				return false

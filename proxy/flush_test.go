@@ -311,7 +311,7 @@ func TestFleetFlushAllDelayed(t *testing.T) {
 	// Scheduled while the store is stopped: answered at once, and sent
 	// to the store once it is back.
 	thaw := f.redis.Freeze(t)
-	testmc.Eventually(t, 3*time.Second, "a notices the store is gone", func() bool { return !a.fleet.storeUp.Load() })
+	testmc.Eventually(t, time.Minute, "a notices the store is gone", func() bool { return !a.fleet.storeUp.Load() })
 	textFlush(t, ta, "flush_all 30")
 	thaw()
 	testmc.Eventually(t, 5*time.Second, "the pending flush reaches b once the store is back", func() bool { return pending(b) != nil })

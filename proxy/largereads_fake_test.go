@@ -110,6 +110,7 @@ func largeReadsFake(t testing.TB) largeReadsResult {
 		if err != nil {
 			t.Fatal(err)
 		}
+		c.Timeout = clientPatience // the fake clock's holds last as long as the test takes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -65,7 +65,7 @@ func TestPreAuthLargeFrameRefused(t *testing.T) {
 				errs <- err
 				return
 			}
-			h, err := readStatus(t, conn, 5*time.Second)
+			h, err := readStatus(t, conn, time.Minute) // liveness
 			if err != nil || h.Status() != mc.StatusEinval || h.Opaque != 7 {
 				errs <- errors.Join(errors.New("want Einval for a large frame before authentication"), err)
 				return

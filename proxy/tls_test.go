@@ -375,7 +375,7 @@ func tlsGoroutines() int {
 func TestTLSOpenSSL(t *testing.T) {
 	openssl, err := exec.LookPath("openssl")
 	if err != nil {
-		t.Skip("openssl not installed")
+		t.Fatal("openssl not installed (make test installs it: scripts/deps.sh)")
 	}
 	s := startTLSProxy(t, false, "")
 	caFile := filepath.Join(s.dir, "ca.pem")

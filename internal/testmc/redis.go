@@ -91,8 +91,8 @@ func (r *Redis) start(t testing.TB) {
 			return nil
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	err := WaitListeningWhile(t.Context(), r.Addr, 5*time.Second, alive)
+	deadline := time.Now().Add(time.Minute) // liveness: a loaded machine starts slowly
+	err := WaitListeningWhile(t.Context(), r.Addr, time.Minute, alive)
 	for err == nil {
 		perr := pingRedis(r.Addr)
 		if perr == nil {

@@ -20,7 +20,7 @@ type Runner interface {
 
 // Serve runs s.Serve on a goroutine of its own and waits until s has
 // started; the test fails at once if Serve returns first or s has not
-// started within 30 s (liveness: a loaded machine's start can take
+// started within 60 s (liveness: a loaded machine's start can take
 // seconds, and nothing is judged by it). It returns stop, which shuts s down and waits for
 // Serve to return, each within 5 s, and reports on t a failure of either
 // (or a Serve that returns an error). stop may be called more than once
@@ -33,8 +33,8 @@ func Serve(t testing.TB, s Runner) (stop func(t testing.TB)) {
 	case <-s.Started():
 	case err := <-done:
 		t.Fatalf("server did not start: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("server did not start within 30s")
+	case <-time.After(time.Minute):
+		t.Fatal("server did not start within 60s")
 	}
 	var once sync.Once
 	stop = func(t testing.TB) {

@@ -208,7 +208,7 @@ func (s *Server) start() error {
 		if addr == "" {
 			continue
 		}
-		if err := WaitListening(addr, 5*time.Second); err != nil {
+		if err := WaitListening(addr, time.Minute); err != nil { // liveness: a loaded machine starts slowly
 			s.Stop()
 			return fmt.Errorf("memcached on %s: %w (output: %s)", addr, err, s.log.String())
 		}
