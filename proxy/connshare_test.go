@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvthrottle/kvthrottle/internal/mcclient"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
@@ -52,11 +51,7 @@ func TestConnectionsShareTheirBucket(t *testing.T) {
 	var wg sync.WaitGroup
 	defer func() { close(stop); wg.Wait() }()
 	for i, depth := range depths {
-		c, err := mcclient.Dial(p.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Timeout = clientPatience // the fake clock's holds last as long as the test takes
+		c := dial(t, p.Addr) // patient: the fake clock's holds last as long as the test takes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

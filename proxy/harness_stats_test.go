@@ -25,6 +25,12 @@ func memcachedStat(t *testing.T, addr, name string) int {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	return statOn(t, c, name)
+}
+
+// statOn returns the general STAT named name that c's server reports.
+func statOn(t *testing.T, c *mcclient.Client, name string) int {
+	t.Helper()
 	kv, err := c.Stats("")
 	if err != nil {
 		t.Fatal(err)

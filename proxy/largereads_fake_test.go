@@ -106,11 +106,7 @@ func largeReadsFake(t testing.TB) largeReadsResult {
 	}
 	var big atomic.Int64
 	for range 8 {
-		c, err := mcclient.Dial(p.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Timeout = clientPatience // the fake clock's holds last as long as the test takes
+		c := dial(t, p.Addr) // patient: the fake clock's holds last as long as the test takes
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

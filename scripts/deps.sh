@@ -5,10 +5,10 @@
 # and `make fleet`), nutcracker (twemproxy, the text-protocol proxy `make
 # bench` compares kvthrottle with), and the independent clients the tests
 # drive: memjs (Node.js), dalli (Ruby), pymemcache, python-memcached and
-# pylibmc, bmemcached (Python), php-memcache and php-memcached (PHP), openssl's s_client; nc and curl
-# for the README's tour. Installs
-# Debian's packages when missing and running as root; otherwise says exactly
-# what to install and fails.
+# pylibmc, bmemcached (Python), php-memcache and php-memcached (PHP),
+# openssl's s_client; nc and curl for the README's tour. Installs Debian's
+# packages when missing and running as root; otherwise says exactly what
+# to install and fails.
 set -euo pipefail
 
 missing=()
@@ -30,7 +30,7 @@ if [ "${1:-}" != "--server-only" ]; then
   # nc and curl: the README's tour, which internal/docscheck runs.
   command -v nc >/dev/null 2>&1 || missing+=(netcat-openbsd)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
-  # openssl: TestTLSOpenSSL's independent TLS client (it skips without it).
+  # openssl: TestTLSOpenSSL's independent TLS client (it fails without it).
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   # php-memcache (pecl memcache, text) and php-memcached (libmemcached, SASL).
   { command -v php >/dev/null 2>&1 && php -r 'exit(class_exists("Memcache") && class_exists("Memcached") ? 0 : 1);' >/dev/null 2>&1; } || missing+=(php-cli php-memcache php-memcached)

@@ -21,9 +21,9 @@ type Runner interface {
 // Serve runs s.Serve on a goroutine of its own and waits until s has
 // started; the test fails at once if Serve returns first or s has not
 // started within 60 s (liveness: a loaded machine's start can take
-// seconds, and nothing is judged by it). It returns stop, which shuts s down and waits for
-// Serve to return, each within 5 s, and reports on t a failure of either
-// (or a Serve that returns an error). stop may be called more than once
+// seconds, and nothing is judged by it). It returns stop, which shuts s
+// down and waits for Serve to return, each within 5 s, and reports on t a
+// failure of either (or a Serve that returns an error). stop may be called more than once
 // (later calls do nothing); it runs when the test ends at the latest.
 func Serve(t testing.TB, s Runner) (stop func(t testing.TB)) {
 	t.Helper()
