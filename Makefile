@@ -33,7 +33,9 @@ fleet: build
 	@scripts/deps.sh --server-only
 	@scripts/fleet.sh $(BIN)
 
-## test: install what the tests need, then at once (make -j: the suite
+## test: install what the tests need while the proxy's test binaries
+## build (apt-get waits on the network and the disk, the compiler on the
+## CPU: on a fresh machine the two overlap), then at once (make -j: the suite
 ## mostly waits on sockets and timers, so its parts overlap well on two
 ## cores):
 ##   vet: gofmt, go vet and staticcheck;
@@ -92,8 +94,9 @@ export KVTHROTTLE_TEST_BIN := $(CURDIR)/bin/test/kvthrottle
 # TESTJSON through test2json to $(TESTJSON)/NAME.json.
 runbin = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )cd proxy && $(4) $(if $(TESTJSON),$(GO) tool test2json -p github.com/kvthrottle/kvthrottle/proxy -t $(2) -test.v=test2json,$(2)) -test.count=1 -test.parallel=4 -test.timeout=20m $(3)$(if $(TESTJSON), > $(abspath $(TESTJSON))/$(1).json)
 
-test: deps
-	@$(MAKE) --no-print-directory WITH_VET=vet test-passes
+test:
+	@$(MAKE) --no-print-directory -j2 deps test-proxy-bins
+	@$(MAKE) --no-print-directory WITH_VET=vet PROXY_BINS_BUILT=1 test-passes
 
 ## test-passes: make test without installing anything or vet (what
 ## scripts/flake.sh runs). Every pass starts at once: -j12 is more than

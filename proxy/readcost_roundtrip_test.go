@@ -35,22 +35,11 @@ func countHits(c net.Conn, hits *atomic.Int64) {
 	}
 }
 
-// stable waits until f's value has not moved for 50 ms of real time and
-// returns it (the proxy has dispatched what it can: a liveness aid).
-func stable(t *testing.T, f func() uint64) uint64 {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	n := f()
-	for time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-		m := f()
-		if m == n {
-			return m
-		}
-		n = m
-	}
-	t.Fatal("the proxy did not come to rest")
-	return 0
+// answeredAll reports whether the client counting hits has read an
+// answer for every read the proxy has billed bucket name: each read there
+// is of a value of 1 unit (a fakeTime.settle ready function).
+func answeredAll(t *testing.T, p *testProxy, name string, hits *atomic.Int64) func() bool {
+	return func() bool { return hits.Load() == int64(bucketUnits(t, p, name).read) }
 }
 
 // TestRule1HardLimitWithRoundTrips: a client pipelines 400 meta gets of a
@@ -116,14 +105,7 @@ func roundTrips(t *testing.T, limits string, large bool) {
 	t.Cleanup(func() { c.Close() })
 	var hits atomic.Int64
 	go countHits(c, &hits)
-	inFlight := func() (n uint64) { // reads dispatched and not yet answered
-		onLoop(t, p, func(lp *loop) {
-			for s := range lp.sessions {
-				n += uint64(s.pending())
-			}
-		})
-		return n
-	}
+	ft := &fakeTime{t: t, p: p, clock: clk}
 	for i := 0; i < trips; i++ {
 		thaw := p.MC.Freeze(t)
 		if i == 0 {
@@ -131,11 +113,10 @@ func roundTrips(t *testing.T, limits string, large bool) {
 				t.Fatal(err)
 			}
 		}
-		stable(t, inFlight) // the reads admitted at this reading are in flight
-		clk.Advance(rtt)    // for one round trip
-		thaw()              // (those the clock's move admits are answered at once: more reads, not fewer)
-		eventually(t, 20*time.Second, "the reads in flight answered", func() bool { return inFlight() == 0 })
-		stable(t, func() uint64 { return uint64(hits.Load()) })
+		dispatched(t, p) // the reads admitted at this reading are in flight
+		clk.Advance(rtt) // for one round trip
+		thaw()           // (those the clock's move admits are answered at once: more reads, not fewer)
+		ft.settle(anyHeld, answeredAll(t, p, "default", &hits))
 	}
 	got := hits.Load()
 	want := int64(limit * trips * rtt / time.Second) // beyond the burst

@@ -214,7 +214,7 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 	var burst int64 // what calm had at once: its burst
 	for elapsed < time.Second {
 		settledOwing(t, p, &bc)
-		stable(t, func() uint64 { return uint64(calmHits.Load()) })
+		eventually(t, time.Minute, "calm read every answer", answeredAll(t, p, "calm", &calmHits))
 		if elapsed == 0 {
 			burst = calmHits.Load()
 		}
