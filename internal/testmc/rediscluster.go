@@ -3,6 +3,7 @@ package testmc
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os/exec"
 	"strconv"
@@ -19,24 +20,35 @@ type RedisCluster struct {
 	Nodes []*Redis
 }
 
-// clusterPort returns a free loopback port below 55536 whose cluster bus
-// port (the port + 10000) is free too.
+// clusterPort returns a free loopback port whose cluster bus port (the
+// port + 10000) is free too, both claimed as PickPort claims its ports
+// and both below the kernel's ephemeral range (a bus port in that range
+// was once taken by another process's outgoing connection between the
+// pick and redis-server's bind).
 func clusterPort(t testing.TB) int {
 	t.Helper()
+	const bus = 10000
 	for range 200 {
-		p := FreePort(t)
-		if p >= 55536 {
+		p := pickLow + rand.IntN(pickHigh-bus-pickLow+1)
+		if !listenable(p) || !listenable(p+bus) {
 			continue
 		}
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+10000))
-		if err != nil {
-			continue
+		if claim(p) && claimAcross(p) && claim(p+bus) && claimAcross(p+bus) {
+			return p
 		}
-		l.Close()
-		return p
 	}
-	t.Fatal("no free port below 55536 with its cluster bus port free")
+	t.Fatal("no free port pair (port, port + 10000) below the ephemeral range")
 	return 0
+}
+
+// listenable reports whether a listener could bind loopback port p now.
+func listenable(p int) bool {
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
 }
 
 // StartRedisCluster starts primaries+primaries*replicas redis-server
