@@ -53,7 +53,7 @@ func TestRaiseWaitsForOldReads(t *testing.T) {
 	}
 	tb := p.Engine().Bucket("default")
 	rc := tb.ReadCost()
-	if c := rc.Ceiling(); c != 1 {
+	if c := rc.Bound(); c != 1 {
 		t.Fatalf("ceiling %d after small values on empty servers, want class 1", c)
 	}
 	thaw := p.MC.Freeze(t)
@@ -66,7 +66,7 @@ func TestRaiseWaitsForOldReads(t *testing.T) {
 	b.Send(mcclient.Request{Opcode: mc.OpSet, Key: []byte("k2"), Value: bytes.Repeat([]byte("v"), 100_000), Extras: make([]byte, 8)})
 	_ = b.Flush()
 	gotB := readAsync(b)
-	eventually(t, 10*time.Second, "the ceiling raised", func() bool { return rc.Ceiling() == 32 })
+	eventually(t, 10*time.Second, "the ceiling raised", func() bool { return rc.Bound() == 32 })
 	notYet(t, gotB, "the SET")
 	if n := tb.Stats().Commands; n != n0+1 {
 		t.Fatalf("the SET was admitted (%d commands, want %d) while a read billed under class 1 was in flight", n, n0+1)
@@ -138,9 +138,14 @@ func TestRefundWakesHeldSessions(t *testing.T) {
 		t.Fatalf("set small: %v %v", r, err)
 	}
 	tb := p.Engine().Bucket("default")
-	if c := tb.ReadCost().Ceiling(); c != 64 {
-		t.Fatalf("ceiling %d after a value of 200 KB, want class 64", c)
+	rc := tb.ReadCost()
+	if c := rc.Bound(); c != 64 || rc.Listed() != 1 {
+		t.Fatalf("bound %d, %d keys listed after a value of 200 KB; want class 64, 1", c, rc.Listed())
 	}
+	// Rule 5 with every read billed 64: the ceiling itself at that class
+	// (as when more keys than the list holds are large).
+	ep, _ := rc.Snapshot()
+	rc.Restore(ep, 64)
 	clk.Advance(time.Second)
 	thaw := p.MC.Freeze(t)
 	defer thaw()
@@ -173,7 +178,7 @@ func TestCeilingSurvivesRestart(t *testing.T) {
 	m := testmc.Start(t)
 	p := startProxyTo(t, m, tc)
 	for _, name := range []string{"default", "other"} {
-		if c := p.Engine().Bucket(name).ReadCost().Ceiling(); c != 1 {
+		if c := p.Engine().Bucket(name).ReadCost().Bound(); c != 1 {
 			t.Fatalf("%s: ceiling %d on empty servers, want class 1", name, c)
 		}
 	}
@@ -196,7 +201,7 @@ func TestCeilingSurvivesRestart(t *testing.T) {
 	for name, want := range map[string]int64{"default": 32, "other": 1, "third": 257} {
 		// (other's class 1 was saved with default's: nothing was written
 		// to it; third has none saved, and the servers hold items)
-		if c := p.Engine().Bucket(name).ReadCost().Ceiling(); c != want {
+		if c := p.Engine().Bucket(name).ReadCost().Bound(); c != want {
 			t.Errorf("%s: ceiling %d after a restart, want %d", name, c, want)
 		}
 	}
@@ -228,7 +233,7 @@ func TestFleetCeilings(t *testing.T) {
 	f := newFleetTest(t, "[[bucket]]\nname = \"b\"\n", "1s")
 	a, b := f.start(0, `default_bucket = "b"`), f.start(1, `default_bucket = "b"`)
 	for _, p := range []*testProxy{a, b} {
-		if c := p.Engine().Bucket("b").ReadCost().Ceiling(); c != 1 {
+		if c := p.Engine().Bucket("b").ReadCost().Bound(); c != 1 {
 			t.Fatalf("ceiling %d on empty servers, want class 1", c)
 		}
 	}
@@ -237,10 +242,10 @@ func TestFleetCeilings(t *testing.T) {
 	if r, err := ca.Set([]byte("k"), bytes.Repeat([]byte("v"), 100_000)); err != nil || r.Status() != mc.StatusSuccess {
 		t.Fatalf("set: %v %v", r, err)
 	}
-	if c := a.Engine().Bucket("b").ReadCost().Ceiling(); c != 32 {
+	if c := a.Engine().Bucket("b").ReadCost().Bound(); c != 32 {
 		t.Fatalf("a: ceiling %d after a 100 KB value, want 32", c)
 	}
 	testmc.Eventually(t, 5*time.Second, "b learns a's ceiling", func() bool {
-		return b.Engine().Bucket("b").ReadCost().Ceiling() == 32
+		return b.Engine().Bucket("b").ReadCost().Bound() == 32
 	})
 }

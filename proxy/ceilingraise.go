@@ -6,9 +6,11 @@ import (
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
 
-// raiseCeiling raises the ceiling of bucket b (throttle.ReadCost) to cover
-// the value r writes, before r is forwarded (docs/throttling.md, "The
-// ceiling"): so no read billed under the old class can find it. It reports
+// raiseCeiling makes the reads of r's key in bucket b billed enough to
+// cover the value r writes (throttle.ReadCost.RaiseKey: the key listed
+// among the bucket's large keys, or the ceiling raised), before r is
+// forwarded (docs/throttling.md, "The ceiling"): so no read billed under
+// the old class can find it. It reports
 // whether r may go now; otherwise the session waits (pause state
 // waitingCeiling) until the reads admitted under the old class have
 // settled (at most one round trip, at most 9 times per epoch of a bucket)
@@ -22,7 +24,7 @@ func (s *session) raiseCeiling(b *bucket, r *request) bool {
 	srv := s.lp.srv
 	rc := b.tb.ReadCost()
 	pending := rc.Pending()
-	if rc.Raise(int64(len(r.value)), s.appends(r)) {
+	if rc.RaiseKey(r.key, int64(len(r.value)), s.appends(r)) {
 		if pending {
 			srv.wakeCeiling() // the raise others waited for is through
 		}

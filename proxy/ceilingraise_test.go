@@ -29,7 +29,7 @@ func stuckRead(t *testing.T) (*testProxy, *throttle.Bucket, *mcclient.Client, fu
 		t.Fatalf("set: %v %v", r, err)
 	}
 	tb := p.Engine().Bucket("default")
-	if c := tb.ReadCost().Ceiling(); c != 1 {
+	if c := tb.ReadCost().Bound(); c != 1 {
 		t.Fatalf("ceiling %d after small values on empty servers, want class 1", c)
 	}
 	thaw := p.MC.Freeze(t)
@@ -56,7 +56,7 @@ func TestRaiseAfterReaderClosedMidAnswer(t *testing.T) {
 	b.Send(mcclient.Request{Opcode: mc.OpSet, Key: []byte("k2"), Value: bytes.Repeat([]byte("v"), 100_000), Extras: make([]byte, 8)})
 	_ = b.Flush()
 	gotB := readAsync(b)
-	eventually(t, 10*time.Second, "the ceiling raised", func() bool { return rc.Ceiling() == 32 })
+	eventually(t, 10*time.Second, "the ceiling raised", func() bool { return rc.Bound() == 32 })
 	notYet(t, gotB, "the SET while the orphaned GET is in flight")
 	thaw()
 	if r := answered(t, gotB, "the SET once the orphaned GET is answered"); r.Status() != mc.StatusSuccess {
@@ -73,7 +73,7 @@ func TestRaiseAfterReaderClosedMidAnswer(t *testing.T) {
 	eventually(t, 10*time.Second, "the second GET admitted", func() bool { return tb.Stats().Commands == n0+1 })
 	d.Send(mcclient.Request{Opcode: mc.OpSet, Key: []byte("k3"), Value: bytes.Repeat([]byte("v"), 200_000), Extras: make([]byte, 8)})
 	_ = d.Flush()
-	eventually(t, 10*time.Second, "the ceiling raised again", func() bool { return rc.Ceiling() == 64 })
+	eventually(t, 10*time.Second, "the ceiling raised again", func() bool { return rc.Bound() == 64 })
 	d.Close()
 	thaw()
 	answered(t, gotC, "the second GET")
@@ -89,8 +89,8 @@ func TestRaiseAfterReaderClosedMidAnswer(t *testing.T) {
 	if r := answered(t, done, "a larger SET after the waiting writer closed"); r.Status() != mc.StatusSuccess {
 		t.Fatalf("SET: status %v", r.Status())
 	}
-	if rc.Pending() || rc.Ceiling() != 128 {
-		t.Fatalf("after the raises: pending %v, ceiling %d (want 128)", rc.Pending(), rc.Ceiling())
+	if rc.Pending() || rc.Bound() != 128 {
+		t.Fatalf("after the raises: pending %v, ceiling %d (want 128)", rc.Pending(), rc.Bound())
 	}
 }
 
@@ -110,7 +110,7 @@ func TestRaiseHoldsTextPipelineInOrder(t *testing.T) {
 	if _, err := io.WriteString(tc.c, in); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the ceiling raised", func() bool { return tb.ReadCost().Ceiling() == 32 })
+	eventually(t, 10*time.Second, "the ceiling raised", func() bool { return tb.ReadCost().Bound() == 32 })
 	thaw()
 	answered(t, gotA, "the GET")
 	want := fmt.Sprintf("VALUE big 0 %d\r\n%s\r\nEND\r\nMN\r\n", len(v), v)
@@ -130,9 +130,11 @@ func TestRaiseHoldsTextPipelineInOrder(t *testing.T) {
 // TestRule3OwingSessionClosedFreesTheLine: a client whose surprise (a
 // 1 MB value written around the proxy, billed 1 unit, bringing 245) waits
 // to be paid holds its bucket's place in line; it closes before paying.
-// Another client of the bucket, behind it, is not left waiting for it: it
-// runs once the gauge has paid the excess billed as debt at the close
-// (2.44 s at 100 units/s), not before, and not never.
+// Its excess (244 units) becomes the bucket's debt, billed with the
+// bucket's next command: another client of the bucket, behind it, is not
+// left waiting for it (its GET goes once the gauge is paid up, as a bill
+// larger than the burst does), and the GET after that waits until the
+// gauge has paid the debt (2.44 s at 100 units/s), not before.
 func TestRule3OwingSessionClosedFreesTheLine(t *testing.T) {
 	t.Parallel()
 	clk := throttle.NewFakeClock(time.Hour)
@@ -157,10 +159,17 @@ func TestRule3OwingSessionClosedFreesTheLine(t *testing.T) {
 		onLoop(t, p, func(lp *loop) { n = len(lp.sessions) })
 		return n == 1
 	})
-	clk.Advance(2 * time.Second) // a's excess (2.44 s) not yet paid
-	notYet(t, gotB, "b's GET before a's excess is paid")
+	clk.Advance(5 * time.Millisecond) // a's 1 unit paid: the gauge is paid up
+	if r := answered(t, gotB, "b's GET, billed the debt"); r.Status() != mc.StatusSuccess {
+		t.Fatalf("b: %v", r.Status())
+	}
+	b.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("s")})
+	_ = b.Flush()
+	gotB = readAsync(b)
+	clk.Advance(2 * time.Second) // the debt (2.44 s) not yet paid
+	notYet(t, gotB, "b's next GET before the debt is paid")
 	clk.Advance(time.Second)
-	if r := answered(t, gotB, "b's GET once a's excess is paid"); r.Status() != mc.StatusSuccess {
+	if r := answered(t, gotB, "b's next GET once the debt is paid"); r.Status() != mc.StatusSuccess {
 		t.Fatalf("b: %v", r.Status())
 	}
 }

@@ -14,9 +14,10 @@ import (
 // instance learns a raise within a grant period or two; until then its
 // reads of such a value are surprises (rule 3).
 
-// ceilingSaved reports whether b's ceiling, as it stands, is saved.
+// ceilingSaved reports whether b's bound (its ceiling, or its largest
+// listed key's class), as it stands, is saved.
 func (b *bucket) ceilingSaved() bool {
-	return b.tb.ReadCost().Ceiling() <= b.savedCeil.Load()
+	return b.tb.ReadCost().Bound() <= b.savedCeil.Load()
 }
 
 // saveCeilings saves every bucket's ceiling in the state file, off the
@@ -110,7 +111,9 @@ func (srv *Server) restoreCeilings(st *bucketcfg.State) {
 			continue
 		}
 		rc := b.tb.ReadCost()
-		if c.Class > rc.Ceiling() {
+		if c.Class > rc.Bound() {
+			// Values this instance did not write (its own saved bound
+			// coming back changes nothing: its large keys are listed).
 			rc.Surprise(c.Class, 0)
 		}
 		atomicMaxInt(&b.savedCeil, c.Class)

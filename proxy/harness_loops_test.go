@@ -196,6 +196,19 @@ func onLoop(t testing.TB, p *testProxy, fn func(lp *loop)) {
 	})
 }
 
+// waitOpen waits until a loop of p has opened the session of client c
+// (a dial returns once the kernel has accepted, before the loop knows of
+// it: a fake-clock test that moves the clock before then moves it under
+// a client that is not there yet).
+func waitOpen(t testing.TB, p *testProxy, c net.Conn) {
+	t.Helper()
+	eventually(t, time.Minute, "the proxy opened the client's session", func() bool {
+		open := false
+		onLoop(t, p, func(lp *loop) { open = open || sessionOf(lp, c.LocalAddr()) != nil })
+		return open
+	})
+}
+
 // sessionOf returns the session of the client whose local address is
 // addr, or nil (closed, or not yet opened). On the loop.
 func sessionOf(lp *loop, addr net.Addr) *session {

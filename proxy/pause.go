@@ -62,6 +62,9 @@ func (s *session) readRoom(limit int) bool {
 // client's next request r: too many commands pending, too many response
 // bytes unsent, or, r being a read, no room for its response.
 func (s *session) mustPause(r *request) bool {
+	if s.bkt != nil && isRead(r.op) {
+		s.readCap = s.bkt.tb.ReadCost().KeyBound(r.key)
+	}
 	return s.pending() >= maxPending || s.unsent() > maxUnsentOutput ||
 		isRead(r.op) && (!s.readRoom(maxResponseBytes) || !s.flightRoom())
 }

@@ -32,7 +32,7 @@ func TestRule2AlternatingValuesThroughProxy(t *testing.T) {
 	setValue(t, w, "small", 100)
 	clk.Advance(time.Second)
 	tb := p.Engine().Bucket("default")
-	if c := tb.ReadCost().Ceiling(); c != 256 {
+	if c := tb.ReadCost().Bound(); c != 256 {
 		t.Fatalf("ceiling %d, want 256", c)
 	}
 	c := rawDial(t, p.Addr)

@@ -71,12 +71,14 @@ func (s *session) unreserve(sl *slot) {
 	}
 }
 
-// expectedRead is the response bytes a read of the session is expected to
-// bring: the larger of what the session's and its bucket's recent reads on
-// this loop brought, at most what the bucket's ceiling allows (the
-// throttle's estimator of a read's cost: every value of the bucket's epoch
-// fits it), and the ceiling's bytes while neither has found an item; the
-// largest a read can be for a session without a bucket.
+// expectedRead is the response bytes the session's next read is expected
+// to bring: the larger of what the session's and its bucket's recent
+// reads on this loop brought, at most what its key's bill allows (the
+// throttle's estimator of a read's cost, throttle.ReadCost.KeyBound: the
+// bucket's ceiling, or the key's class when it is listed as large; the
+// bucket's bound when the key is not known), and that bill's bytes while
+// neither has found an item; the largest a read can be for a session
+// without a bucket.
 func (s *session) expectedRead() int {
 	n := s.readSize
 	if s.bkt == nil {
@@ -85,19 +87,20 @@ func (s *session) expectedRead() int {
 		}
 		return n
 	}
-	n = max(n, s.lane().readSize)
-	c := s.ceilingBytes()
-	if n == 0 || n > c {
+	u := s.readCap
+	if u == 0 {
+		u = s.bkt.tb.ReadCost().Bound()
+	}
+	c := s.readBytes(u)
+	if n = max(n, s.lane().readSize); n == 0 || n > c {
 		return c
 	}
 	return n
 }
 
-// ceilingBytes is the largest response a read of the session's bucket
-// can bring by its ceiling (throttle.ReadCost): the ceiling's units of
-// key and value, with the header and the flags.
-func (s *session) ceilingBytes() int {
-	u := s.bkt.tb.ReadCost().Ceiling()
+// readBytes is the largest response a read of u read units brings: key
+// and value, with the header and the flags.
+func (s *session) readBytes(u int64) int {
 	return binary.HeaderLen + 4 + int(min(u*s.lp.srv.opts.readUnitSize, 1<<40))
 }
 

@@ -157,6 +157,9 @@ func (s *session) forward(r *request, b *bucket) bool {
 		// Billed in advance: a write's units (known now), a read's
 		// expected units; settled when the response is in (finish).
 		cost := s.lp.srv.cost(r.op.Class(), len(key)+len(r.value))
+		if cost.Read {
+			cost.Key = key // (a large key is billed its class)
+		}
 		if r.tooLarge {
 			cost = throttle.Cost{Known: 1} // the refusal and its unlink (toolarge.go)
 		}

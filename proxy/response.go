@@ -177,7 +177,8 @@ func (s *session) finish(sl *slot) {
 // once, also when it failed or its client went away (at least one unit).
 //
 // What a read cost beyond its bill and paid through admission before it
-// was delivered (sl.extra, rule 3) is not billed again. A settle that gives
+// was delivered (sl.extra, rule 3) is not billed again; what it could not
+// pay (its session closed) becomes its bucket's debt. A settle that gives
 // units back re-tries the loop's held sessions (rule 5, wakeRefunded); one
 // that ends the wait of a raise of the bucket's ceiling wakes the writes
 // that waited for it, on every loop (wakeCeiling).
@@ -187,6 +188,14 @@ func (srv *Server) settle(sl *slot) {
 	units := read + write
 	if sl.extra.Domain != throttle.Held {
 		units -= sl.extra.Paid()
+	}
+	if sl.owe > 0 {
+		// The excess of a surprise whose session closed before paying
+		// it (session.close): the bucket's debt, paid by its next
+		// command through admission, not charged now to the gauge the
+		// read was admitted on (the free pool's, maybe).
+		sl.bkt.tb.Owe(sl.owe)
+		units -= sl.owe
 	}
 	if units < sl.grant.Paid() {
 		sl.s.lp.noteRefund(sl.bkt, sl.grant.Domain)

@@ -62,6 +62,7 @@ type session struct {
 	readsOut  int           // reads in flight (slot.reserved)
 	pathOut   [numPaths]int // commands in flight upstream per kind of connection (order.go)
 	readSize  int           // response bytes a read is expected to bring; 0: none answered yet (unreserve)
+	readCap   int64         // read units that bound the next read's response (its key's bill: mustPause); 0: unknown
 	ln        *lane         // its bucket's lane on the loop (lane.go); nil until needed, and after a bucket change
 	laneWait  bool          // holds its turn in its lane's line (state.go), counted in ln.waiting
 	framed    bool          // a binary request magic has arrived: bad input gets Einval, not a text line

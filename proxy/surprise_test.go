@@ -193,6 +193,7 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { calm.Close() })
+	waitOpen(t, p, calm)
 	if _, err := io.WriteString(calm, "set s 0 0 1 noreply\r\nx\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -200,6 +201,7 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 	var calmHits atomic.Int64
 	go countHits(calm, &calmHits)
 	noisy := rawDial(t, p.Addr)
+	waitOpen(t, p, noisy)
 	var bc byteCounter
 	go bc.run(noisy)
 	if _, err := io.WriteString(noisy, "get "+strings.Join(keys, " ")+"\r\n"); err != nil {

@@ -68,7 +68,7 @@ func newBucket(name string, flushEnabled bool, tb *throttle.Bucket, epoch uint64
 	b.flushEnabled.Store(flushEnabled)
 	b.setEpoch(epoch) // before tb: the ceiling is the caller's to set
 	b.tb = tb
-	b.savedCeil.Store(tb.ReadCost().Ceiling())
+	b.savedCeil.Store(tb.ReadCost().Bound())
 	return b
 }
 

@@ -20,6 +20,7 @@ type Bucket struct {
 	res, hard gauge
 	commands  atomic.Uint64 // commands admitted: their first units
 	extra     atomic.Uint64 // units charged beyond the first of each command
+	debt      atomic.Int64  // units owed, billed with the next command (Owe)
 	_         [cacheLine]byte
 
 	stocked atomic.Int64 // leases holding a stock of the bucket's units (see lease.go)

@@ -15,6 +15,10 @@ type Cost struct {
 	// ([ReadCost]) is billed in advance, and what the read costs less is
 	// given back when it is settled.
 	Read bool
+	// Key is a read's key as the client sent it, or nil: a read of a key
+	// on its bucket's list of large keys is billed that key's class when
+	// it is above the ceiling. Not kept beyond the call.
+	Key []byte
 }
 
 // Grant is the bill of an admitted command, from [Bucket.AdmitCost]: pass it
@@ -26,6 +30,7 @@ type Grant struct {
 	read        bool
 	unthrottled bool  // admitted in Unthrottled mode
 	known       int64 // Cost.Known
+	debt        int64 // the bucket's debt billed with it (Bucket.Owe)
 	paid        int64 // units billed at admission
 	// flight counts the read among its bucket's reads in flight (by the
 	// generation of the ceiling it was billed under) until it is settled
@@ -41,7 +46,7 @@ func (g Grant) ReadBill() int64 {
 	if !g.read {
 		return 0
 	}
-	return g.paid - g.known
+	return g.paid - g.known - g.debt
 }
 
 // AdmitCost decides whether the bucket may run its next metered command
@@ -77,10 +82,11 @@ func (g Grant) ReadBill() int64 {
 // AdmitCost takes no lock and does not allocate.
 func (b *Bucket) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) {
 	known := max(c.Known, 0)
-	paid := known
+	debt := b.takeDebt()
+	paid := known + debt
 	var flight *atomic.Int64
 	if c.Read {
-		ceil, f := b.rc.admitRead(&b.rc.flight)
+		ceil, f := b.rc.admitRead(&b.rc.flight, c.Key)
 		paid += ceil
 		flight = f
 	}
@@ -90,9 +96,10 @@ func (b *Bucket) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) 
 		if flight != nil {
 			flight.Add(-1)
 		}
+		b.Owe(debt)
 		return Grant{}, wait
 	}
-	return Grant{Domain: d, read: c.Read, unthrottled: mode == Unthrottled, known: known, paid: paid, flight: flight}, 0
+	return Grant{Domain: d, read: c.Read, unthrottled: mode == Unthrottled, known: known, debt: debt, paid: paid, flight: flight}, 0
 }
 
 // Refuse gives up a held command: w's place in the line, if it holds one,
@@ -105,6 +112,27 @@ func (b *Bucket) Refuse(w *Waiter) {
 		w.Cancel()
 	}
 	b.rejected.Add(1)
+}
+
+// Owe records units a command of the bucket cost beyond its bill that it
+// can no longer pay before its answer is delivered (its connection closed
+// while the excess waited to be paid): the bucket's debt, added to the
+// bill of its next admitted command, so that it is paid through admission
+// (held while the bucket's limits, or the free pool, have no room), never
+// charged at once to a gauge others share. It takes no lock.
+func (b *Bucket) Owe(units int64) {
+	if units > 0 {
+		b.debt.Add(units)
+	}
+}
+
+// takeDebt returns the bucket's debt and clears it (one atomic load when
+// there is none).
+func (b *Bucket) takeDebt() int64 {
+	if b.debt.Load() == 0 {
+		return 0
+	}
+	return b.debt.Swap(0)
 }
 
 // ReadCost returns the bucket's ceiling: what its reads are billed.
@@ -129,12 +157,12 @@ func (b *Bucket) Settle(g Grant, units int64) {
 	if g.Domain == Held || g.Domain > Unmetered {
 		return
 	}
-	units = max(units, 1)
+	units = max(units, 1) + g.debt
 	if g.flight != nil {
 		g.flight.Add(-1)
 	}
 	if g.read && units > g.paid {
-		b.rc.Surprise(units-g.known, 0)
+		b.rc.Surprise(units-g.known-g.debt, 0)
 	}
 	delta := min(units, maxDebt) - g.paid
 	if delta == 0 {

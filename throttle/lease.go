@@ -153,10 +153,11 @@ func (l *Lease) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) {
 		return b.AdmitCost(w, mode, c)
 	}
 	known := max(c.Known, 0)
-	paid := known
+	debt := b.takeDebt()
+	paid := known + debt
 	var flight *atomic.Int64
 	if c.Read {
-		ceil, f := b.rc.admitRead(&l.flight)
+		ceil, f := b.rc.admitRead(&l.flight, c.Key)
 		paid += ceil
 		flight = f
 	}
@@ -165,14 +166,14 @@ func (l *Lease) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) {
 		if l.unmetered {
 			l.commands++
 			l.extra += paid - 1
-			return Grant{Domain: Unmetered, read: c.Read, known: known, paid: paid, flight: flight}, 0
+			return Grant{Domain: Unmetered, read: c.Read, known: known, debt: debt, paid: paid, flight: flight}, 0
 		}
 		if paid <= l.stock && b.recall.Load() == l.recall && b.tail.Load() == b.served.Load() {
 			l.stock -= paid
 			l.commands++
 			l.extra += paid - 1
 			l.used = true
-			return Grant{Domain: l.dom, read: c.Read, known: known, paid: paid, flight: flight}, 0
+			return Grant{Domain: l.dom, read: c.Read, known: known, debt: debt, paid: paid, flight: flight}, 0
 		}
 	}
 	g, wait := l.draw(w, mode, c.Read, known, paid)
@@ -180,8 +181,9 @@ func (l *Lease) AdmitCost(w *Waiter, mode Mode, c Cost) (Grant, time.Duration) {
 		if flight != nil {
 			flight.Add(-1)
 		}
+		b.Owe(debt)
 	} else {
-		g.flight = flight
+		g.flight, g.debt = flight, debt
 	}
 	return g, wait
 }
@@ -229,12 +231,12 @@ func (l *Lease) Settle(g Grant, units int64) {
 		b.Settle(g, units)
 		return
 	}
-	units = max(units, 1)
+	units = max(units, 1) + g.debt
 	if g.flight != nil {
 		g.flight.Add(-1)
 	}
 	if g.read && units > g.paid {
-		b.rc.Surprise(units-g.known, 0)
+		b.rc.Surprise(units-g.known-g.debt, 0)
 	}
 	delta := min(units, maxDebt) - g.paid
 	if delta == 0 {

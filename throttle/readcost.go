@@ -12,26 +12,34 @@ import (
 // admitted ([Bucket.AdmitCost]) and given back the difference when settled,
 // so no read is billed below what it can cost.
 //
+// Beside the ceiling it keeps a short list of large keys (up to 64, each
+// with the class of its largest value): a read of a listed key is billed
+// the larger of the ceiling and its class, so one large value does not
+// raise the bill of every read of the bucket.
+//
 // The classes are 1, 2, 4, ..., up to the largest power of two below M
 // (Config.MaxReadUnits), then M, then doublings of M (items larger than
-// the proxy was told of). The ceiling changes only thus:
-//   - [ReadCost.Raise]: a write about to be forwarded raises it to cover its
-//     value before it goes. When that crosses a class, the write must wait
-//     until every read admitted under the old class has settled (Raise
-//     reports false until then; [ReadCost.TryDrain] ends the wait), so a
-//     read never finds a value written through the proxy above its bill;
+// the proxy was told of). The ceiling and the list change only thus:
+//   - [ReadCost.RaiseKey]: a write about to be forwarded lists its key at
+//     the class of its value, or raises the ceiling when the list is full,
+//     before it goes. When that raises what a read of the key is billed,
+//     the write must wait until every read admitted before has settled
+//     (RaiseKey reports false until then; [ReadCost.TryDrain] ends the
+//     wait), so a read never finds a value written through the proxy
+//     above its bill;
 //   - [ReadCost.Surprise]: a read that brought more than its bill (a value
 //     written around the proxy) raises it at once;
 //   - [ReadCost.Reset]: a FLUSH (a new epoch, every value gone) resets it
-//     to class 1; [ReadCost.Restore] sets it from saved state.
+//     to class 1 and empties the list; [ReadCost.Restore] sets it from
+//     saved state (the list empty: saved state holds the bound alone).
 //
 // Nothing lowers it otherwise. All methods are safe for concurrent use; the
 // read path (admission, settle) writes only per-lease memory.
 type ReadCost struct {
 	// state packs the class index (bits 0-7), a raise waiting for the
-	// reads of the previous generation to drain (bit 8) and the
-	// generation (bits 9-): one more at each raise that crosses a class
-	// and at each reset.
+	// reads of the previous generation to drain (bit 8), a listing under
+	// way (bit 9) and the generation (bits 10-): one more at each raise
+	// that crosses a class, each listing, and each reset.
 	state atomic.Uint64
 	bytes atomic.Int64 // the largest value of the epoch, in bytes
 	epoch atomic.Uint64
@@ -46,12 +54,18 @@ type ReadCost struct {
 	flight [2]atomic.Int64
 	mu     sync.Mutex
 	leases atomic.Pointer[[]*Lease]
+
+	// raiseMu orders the raises that start a drain, the listings and the
+	// resets; reads and the writes that raise nothing take no lock.
+	raiseMu sync.Mutex
+	large   largeKeys
 }
 
 const (
 	rcIdxMask  = 0xff
 	rcPending  = 1 << 8
-	rcGenShift = 9
+	rcListing  = 1 << 9
+	rcGenShift = 10
 )
 
 // keyRoom is the longest key memcached stores: a value of v bytes reads
@@ -74,8 +88,28 @@ func rcGen(st uint64) uint64 { return st >> rcGenShift }
 // Ceiling returns the units a read of the bucket is billed now.
 func (rc *ReadCost) Ceiling() int64 { return rc.classes[rc.state.Load()&rcIdxMask] }
 
-// LargestValue returns the largest value, in bytes, the ceiling knows of
-// in the current epoch.
+// Bound returns the most a read of the bucket is billed now: the ceiling,
+// or a listed key's class (what state files and the fleet's store keep).
+func (rc *ReadCost) Bound() int64 {
+	c := rc.Ceiling()
+	if rc.large.n.Load() > 0 {
+		c = max(c, rc.classes[rc.large.top.Load()])
+	}
+	return c
+}
+
+// KeyBound returns what a read of key is billed now: the ceiling, or the
+// key's class when it is listed above it.
+func (rc *ReadCost) KeyBound(key []byte) int64 {
+	k, _ := rc.classOf(key, rc.state.Load())
+	return rc.classes[k]
+}
+
+// Listed returns how many keys the list of large keys holds.
+func (rc *ReadCost) Listed() int { return int(rc.large.n.Load()) }
+
+// LargestValue returns the largest value, in bytes, of the keys not
+// listed in the current epoch, as far as writes and surprises told.
 func (rc *ReadCost) LargestValue() int64 { return rc.bytes.Load() }
 
 // classFor returns the index of the least class of at least units.
@@ -92,32 +126,117 @@ func (rc *ReadCost) classFor(units int64) uint64 {
 // longest key.
 func (rc *ReadCost) valueUnits(v int64) int64 { return ReadUnits(keyRoom+v, rc.unit) }
 
-// Raise is called before a write with a value of v bytes is forwarded
-// (appended: APPEND or PREPEND, whose bytes add to the value they extend,
-// capped at the largest item). It reports whether the write may go now:
-// false while a raise of the ceiling waits for reads admitted under the
-// old class to settle (this one's, or another write's); the caller waits
-// and calls Raise again (after reads of the bucket settle, or TryDrain
-// reports true). It takes no lock and does not allocate.
-func (rc *ReadCost) Raise(v int64, appended bool) bool {
-	if appended {
-		for {
-			old := rc.bytes.Load()
-			n := min(old+max(v, 0), max(rc.maxItem, old))
-			if n == old || rc.bytes.CompareAndSwap(old, n) {
-				v = n
-				break
-			}
-		}
-	} else {
-		atomicMax(&rc.bytes, v)
-	}
-	need := rc.classFor(rc.valueUnits(v))
+// Raise is RaiseKey for a write whose key is not known: it raises the
+// ceiling itself.
+func (rc *ReadCost) Raise(v int64, appended bool) bool { return rc.RaiseKey(nil, v, appended) }
+
+// RaiseKey is called before a write of key with a value of v bytes is
+// forwarded (appended: APPEND or PREPEND, whose bytes add to the value they
+// extend, capped at the largest item). When what a read of key is billed
+// does not cover the value, it lists key at the value's class (or raises
+// its class), or raises the ceiling when the list is full or key is nil.
+// It reports whether the write may go now: false while a raise waits for
+// the reads admitted before it to settle (this one's, or another
+// write's), or while another write lists its key; the caller waits and
+// calls RaiseKey again (after reads of the bucket settle, or TryDrain
+// reports true). A write that raises nothing takes no lock and does not
+// allocate.
+func (rc *ReadCost) RaiseKey(key []byte, v int64, appended bool) bool {
 	for {
 		st := rc.state.Load()
 		if st&rcPending != 0 {
-			return rc.TryDrain() && rc.Raise(v, false)
+			if !rc.TryDrain() {
+				return false
+			}
+			continue
 		}
+		if st&rcListing != 0 {
+			return false // another write's listing: a few instructions
+		}
+		cur, listed := rc.classOf(key, st)
+		nv := v
+		if appended {
+			nv = rc.appended(v, cur, listed)
+		}
+		need := rc.classFor(rc.valueUnits(nv))
+		if need <= cur {
+			if !listed && !appended {
+				atomicMax(&rc.bytes, v) // (an append added its bytes)
+			}
+			if rc.state.Load() == st {
+				return true // (no listing began after the entry was read)
+			}
+			continue
+		}
+		return rc.raiseTo(key, need)
+	}
+}
+
+// classOf returns the class index a read of key is billed under state st,
+// and whether key is listed above the ceiling.
+func (rc *ReadCost) classOf(key []byte, st uint64) (uint64, bool) {
+	c := st & rcIdxMask
+	if key == nil || rc.large.n.Load() == 0 {
+		return c, false
+	}
+	if k, ok := rc.large.class(key); ok && k > c {
+		return k, true
+	}
+	return c, false
+}
+
+// appended returns the largest value a write appending v bytes can leave,
+// to a key billed under class cur: a listed key's class bounds its value,
+// the other keys' values are bounded by the largest one (to which v is
+// added).
+func (rc *ReadCost) appended(v int64, cur uint64, listed bool) int64 {
+	v = max(v, 0)
+	if listed {
+		old := rc.classes[cur]*rc.unit - keyRoom
+		return min(old+v, max(rc.maxItem, old))
+	}
+	for {
+		old := rc.bytes.Load()
+		n := min(old+v, max(rc.maxItem, old))
+		if n == old || rc.bytes.CompareAndSwap(old, n) {
+			return n
+		}
+	}
+}
+
+// raiseTo makes a read of key billed at least class need (listing key, or
+// raising the ceiling), and starts the wait for the reads admitted before
+// to settle. It reports what RaiseKey does.
+func (rc *ReadCost) raiseTo(key []byte, need uint64) bool {
+	rc.raiseMu.Lock()
+	defer rc.raiseMu.Unlock()
+	st := rc.state.Load()
+	switch {
+	case st&(rcPending|rcListing) != 0:
+		return false
+	case need <= st&rcIdxMask:
+		return true // a surprise raised the ceiling meanwhile
+	}
+	if key != nil && rc.state.CompareAndSwap(st, st|rcListing) {
+		// The entry is written before the generation moves on: a read
+		// of the new generation finds it, one of the old is waited for.
+		listed := rc.large.list(key, need)
+		for {
+			st = rc.state.Load()
+			n := st &^ rcListing
+			if listed {
+				n = (rcGen(st)+1)<<rcGenShift | rcPending | st&rcIdxMask
+			}
+			if rc.state.CompareAndSwap(st, n) {
+				break
+			}
+		}
+		if listed {
+			return rc.TryDrain()
+		}
+	}
+	for {
+		st = rc.state.Load()
 		if need <= st&rcIdxMask {
 			return true
 		}
@@ -168,13 +287,16 @@ func (rc *ReadCost) Surprise(units, v int64) {
 }
 
 // Reset starts the new epoch of a FLUSH: every value is gone, the ceiling
-// is class 1.
+// is class 1, the list of large keys empty.
 func (rc *ReadCost) Reset(epoch uint64) { rc.Restore(epoch, 1) }
 
 // Restore sets the epoch and the ceiling to the least class of at least
 // units (from a state file, a fleet's store, or a start).
 func (rc *ReadCost) Restore(epoch uint64, units int64) {
 	idx := rc.classFor(units)
+	rc.raiseMu.Lock()
+	defer rc.raiseMu.Unlock()
+	rc.large.reset()
 	rc.epoch.Store(epoch)
 	rc.bytes.Store(0)
 	for {
@@ -185,25 +307,28 @@ func (rc *ReadCost) Restore(epoch uint64, units int64) {
 	}
 }
 
-// Snapshot returns the epoch and the ceiling in units, as Restore takes
+// Snapshot returns the epoch and the bound in units, as Restore takes
 // them.
 func (rc *ReadCost) Snapshot() (epoch uint64, units int64) {
-	return rc.epoch.Load(), rc.Ceiling()
+	return rc.epoch.Load(), rc.Bound()
 }
 
-// admitRead counts a read in flight in c (one of the parity pairs),
-// under a generation that cannot be raised from without seeing it, and
-// returns the units to bill and the counter to settle.
-func (rc *ReadCost) admitRead(c *[2]atomic.Int64) (int64, *atomic.Int64) {
+// admitRead counts a read of key (nil: unknown) in flight in c (one of
+// the parity pairs), under a generation that cannot be raised from
+// without seeing it, and returns the units to bill and the counter to
+// settle.
+func (rc *ReadCost) admitRead(c *[2]atomic.Int64, key []byte) (int64, *atomic.Int64) {
 	for {
 		st := rc.state.Load()
 		f := &c[rcGen(st)&1]
 		f.Add(1)
 		if st2 := rc.state.Load(); rcGen(st2) == rcGen(st) {
 			// A raise crossing this generation comes after this load,
-			// and sees the count. A Surprise may have raised the class
+			// and sees the count; a listing of this generation wrote
+			// its entry before. A Surprise may have raised the class
 			// meanwhile: the later reading bills it.
-			return rc.classes[st2&rcIdxMask], f
+			k, _ := rc.classOf(key, st2)
+			return rc.classes[k], f
 		}
 		f.Add(-1)
 	}

@@ -1,0 +1,190 @@
+package throttle
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// mib is the class of a value of 1 MiB less 512 bytes under the longest
+// key (256 units).
+const mib = 256
+
+// A write of a large value lists its key: reads of that key are billed
+// its class, every other read the ceiling; a listing waits for the reads
+// admitted before it, but reads admitted after it are billed the new
+// class at once; a FLUSH empties the list.
+func TestLargeKeyListed(t *testing.T) {
+	e, _ := newCostEngine(t, Unlimited)
+	b, _ := e.AddBucket("a", 0, Unlimited)
+	rc := b.ReadCost()
+	rc.Reset(1)
+	read := func(key string) Grant {
+		g, _ := b.AdmitCost(nil, Blocking, Cost{Read: true, Key: []byte(key)})
+		return g
+	}
+	if !rc.RaiseKey([]byte("small"), 100, false) {
+		t.Fatal("a 100-byte write waited: it fits class 1")
+	}
+	old := read("big") // in flight while big is listed
+	if old.Paid() != 1 {
+		t.Fatalf("a read of an unlisted key billed %d, want the ceiling 1", old.Paid())
+	}
+	if rc.RaiseKey([]byte("big"), 1<<20-512, false) {
+		t.Fatal("a listing went while a read admitted before it was in flight")
+	}
+	if g := read("big"); g.Paid() != mib {
+		t.Fatalf("a read of the listed key billed %d, want its class %d", g.Paid(), mib)
+	} else {
+		b.Settle(g, 1)
+	}
+	if g := read("small"); g.Paid() != 1 {
+		t.Fatalf("a read of another key billed %d beside one listed key, want the ceiling 1", g.Paid())
+	} else {
+		b.Settle(g, 1)
+	}
+	if c, bound := rc.Ceiling(), rc.Bound(); c != 1 || bound != mib || rc.Listed() != 1 {
+		t.Fatalf("ceiling %d, bound %d, %d listed; want 1, %d, 1", c, bound, rc.Listed(), mib)
+	}
+	if rc.RaiseKey([]byte("other"), 10, false) {
+		t.Fatal("a write went while a listing waits for the reads before it")
+	}
+	b.Settle(old, 1)
+	if !rc.RaiseKey([]byte("big"), 1<<20-512, false) || !rc.RaiseKey([]byte("other"), 10, false) {
+		t.Fatal("the listing still waits after the read before it settled")
+	}
+	if ep, c := rc.Snapshot(); ep != 1 || c != mib {
+		t.Fatalf("snapshot (%d, %d), want (1, %d): the bound is saved", ep, c, mib)
+	}
+	// APPEND to a listed key adds to its class's bytes.
+	if !rc.RaiseKey([]byte("big"), 4096, true) {
+		t.Fatal("an append waited with no read in flight")
+	}
+	if g := read("big"); g.Paid() != testM { // (capped at the largest item)
+		t.Fatalf("after an append to the listed key its read is billed %d, want %d", g.Paid(), testM)
+	} else {
+		b.Settle(g, 1)
+	}
+	rc.Reset(2)
+	if g := read("big"); g.Paid() != 1 || rc.Listed() != 0 || rc.Bound() != 1 {
+		t.Fatalf("after a reset: a read of the old large key billed %d, %d listed, bound %d; want 1, 0, 1", g.Paid(), rc.Listed(), rc.Bound())
+	}
+}
+
+// A full list raises the ceiling, as before the list: the 65th large key
+// bills every unlisted key its class.
+func TestLargeKeyListFull(t *testing.T) {
+	e, _ := newCostEngine(t, Unlimited)
+	b, _ := e.AddBucket("a", 0, Unlimited)
+	rc := b.ReadCost()
+	rc.Reset(1)
+	for i := 0; i < maxLargeKeys; i++ {
+		if !rc.RaiseKey(fmt.Appendf(nil, "k%d", i), 100_000, false) {
+			t.Fatalf("listing %d waited with no read in flight", i)
+		}
+	}
+	if rc.Listed() != maxLargeKeys || rc.Ceiling() != 1 {
+		t.Fatalf("%d listed, ceiling %d; want %d, 1", rc.Listed(), rc.Ceiling(), maxLargeKeys)
+	}
+	if !rc.RaiseKey([]byte("one more"), 100_000, false) {
+		t.Fatal("a raise waited with no read in flight")
+	}
+	if rc.Listed() != maxLargeKeys || rc.Ceiling() != 32 {
+		t.Fatalf("after the 65th large key: %d listed, ceiling %d; want %d, 32", rc.Listed(), rc.Ceiling(), maxLargeKeys)
+	}
+	// A listed key still takes a larger value as a listing.
+	if !rc.RaiseKey([]byte("k3"), 1<<20-512, false) || rc.Ceiling() != 32 || rc.Bound() != mib {
+		t.Fatalf("a listed key's larger value: ceiling %d, bound %d; want 32, %d", rc.Ceiling(), rc.Bound(), mib)
+	}
+}
+
+// Under concurrent readers and writers: once a write's RaiseKey reports
+// true, no read of its key billed below the value's class is in flight,
+// and every read admitted after that is billed at least that class.
+func TestLargeKeyConcurrentListing(t *testing.T) {
+	e, _ := newCostEngine(t, Unlimited)
+	b, _ := e.AddBucket("a", 0, Unlimited)
+	rc := b.ReadCost()
+	rc.Reset(1)
+	const keys = 80 // more than the list holds: the ceiling rises too
+	var (
+		low   [keys]atomic.Int64 // reads of each key billed below M, in flight
+		large [keys]atomic.Bool  // the key's large write may go
+		wg    sync.WaitGroup
+		stop  atomic.Bool
+		fail  atomic.Value
+	)
+	key := func(i int) []byte { return fmt.Appendf(nil, "key-%d", i) }
+	for r := 0; r < 4; r++ {
+		wg.Add(1)
+		go func(seed uint64) {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(seed, 1))
+			for !stop.Load() {
+				i := rnd.IntN(keys)
+				wasLarge := large[i].Load()
+				g, _ := b.AdmitCost(nil, Blocking, Cost{Read: true, Key: key(i)})
+				if g.Paid() < mib {
+					if wasLarge {
+						fail.CompareAndSwap(nil, fmt.Sprintf("key %d listed, then read billed %d", i, g.Paid()))
+					}
+					low[i].Add(1)
+					runtime.Gosched() // in flight a while
+					low[i].Add(-1)
+				}
+				b.Settle(g, 1)
+			}
+		}(uint64(r))
+	}
+	for i := 0; i < keys; i++ {
+		for !rc.RaiseKey(key(i), 1<<20-512, false) {
+			rc.TryDrain()
+		}
+		if n := low[i].Load(); n != 0 {
+			fail.CompareAndSwap(nil, fmt.Sprintf("key %d's write went with %d reads billed below its class in flight", i, n))
+		}
+		large[i].Store(true)
+	}
+	stop.Store(true)
+	wg.Wait()
+	if f := fail.Load(); f != nil {
+		t.Fatal(f)
+	}
+	if rc.Listed() != maxLargeKeys || rc.Ceiling() != mib {
+		t.Fatalf("%d listed, ceiling %d; want %d, %d", rc.Listed(), rc.Ceiling(), maxLargeKeys, mib)
+	}
+}
+
+// A bucket's debt (Owe: a surprise's excess its session could not pay) is
+// billed with its next admitted command, on the gauge that admits it, and
+// is not given back when that command settles; a command held keeps the
+// debt for the next.
+func TestDebtBilledWithNextCommand(t *testing.T) {
+	e, clk := newCostEngine(t, Unlimited)
+	b, _ := e.AddBucket("a", 0, 1000) // hard limit 1,000/s: burst 100
+	b.ReadCost().Reset(1)
+	clk.Advance(time.Second)
+	b.Owe(244)
+	g, _ := b.AdmitCost(nil, Blocking, Cost{Read: true})
+	if g.Domain == Held || g.Paid() != 245 || g.ReadBill() != 1 {
+		t.Fatalf("first command after the debt: domain %v, paid %d, read bill %d; want admitted (gauge paid up), 245, 1", g.Domain, g.Paid(), g.ReadBill())
+	}
+	b.Settle(g, 1)
+	// The debt stays billed: the gauge is 245 ms ahead, so a bill of 1
+	// waits until 146 ms have passed (245 - the burst's 100, less its own).
+	if g2, wait := b.AdmitCost(nil, NonBlocking, Cost{Known: 1}); g2.Domain != Held || wait != 146*ms {
+		t.Fatalf("next command: domain %v, wait %v; want held for 146ms", g2.Domain, wait)
+	}
+	b.Owe(50)
+	if g3, _ := b.AdmitCost(nil, NonBlocking, Cost{Known: 1}); g3.Domain != Held {
+		t.Fatal("a command over the gauge admitted with a debt")
+	}
+	clk.Advance(time.Second)
+	if g4, _ := b.AdmitCost(nil, NonBlocking, Cost{Known: 1}); g4.Paid() != 51 {
+		t.Fatalf("the debt kept by a held command: next bill %d, want 51", g4.Paid())
+	}
+}
