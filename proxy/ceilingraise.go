@@ -13,8 +13,8 @@ import (
 // the old class can find it. It reports
 // whether r may go now; otherwise the session waits (pause state
 // waitingCeiling) until the reads admitted under the old class have
-// settled (at most one round trip, at most 9 times per epoch of a bucket)
-// and the raised class is saved in the state file (ceilingsave.go), and r
+// settled (at most one round trip; once per class the ceiling or a listed
+// key crosses in an epoch of a bucket) and the raised class is saved in the state file (ceilingsave.go), and r
 // is dispatched again then. The wait is not a throttle hold: it has no
 // wake-up time on the engine's clock, and counts neither as throttled nor
 // in the throttle's wait (the events that end it wake it: wakeCeiling).
@@ -23,10 +23,12 @@ import (
 func (s *session) raiseCeiling(b *bucket, r *request) bool {
 	srv := s.lp.srv
 	rc := b.tb.ReadCost()
-	pending := rc.Pending()
+	pending, gen := rc.Pending(), rc.Generation()
 	if rc.RaiseKey(r.key, int64(len(r.value)), s.appends(r)) {
-		if pending {
-			srv.wakeCeiling() // the raise others waited for is through
+		if pending || rc.Generation() != gen {
+			// the raise others waited for is through, or this write
+			// listed its key (others waited while it did)
+			srv.wakeCeiling()
 		}
 		if b.ceilingSaved() {
 			return true

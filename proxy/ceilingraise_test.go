@@ -173,3 +173,38 @@ func TestRule3OwingSessionClosedFreesTheLine(t *testing.T) {
 		t.Fatalf("b: %v", r.Status())
 	}
 }
+
+// TestAppendToKeyBeyondTheListBilledItsValue: 64 keys of 100,000 bytes
+// fill a bucket's list of large keys, a 65th raises the ceiling to their
+// class (32); an APPEND of 100,000 bytes to the 65th then raises what its
+// read is billed (to 64) before it goes, so its read, of a value written
+// through the proxy only, is no surprise.
+func TestAppendToKeyBeyondTheListBilledItsValue(t *testing.T) {
+	t.Parallel()
+	clk := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1,
+		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 1000000\n"}, clk)
+	w := dial(t, p.Addr)
+	v := bytes.Repeat([]byte("v"), 100_000)
+	for i := 0; i < 65; i++ {
+		if r, err := w.Set(fmt.Appendf(nil, "k%d", i), v); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("set %d: %v %v", i, r, err)
+		}
+		clk.Advance(time.Second)
+	}
+	rc := p.Engine().Bucket("default").ReadCost()
+	if rc.Listed() != 64 || rc.Ceiling() != 32 {
+		t.Fatalf("after 65 large keys: %d listed, ceiling %d; want 64 and 32", rc.Listed(), rc.Ceiling())
+	}
+	if r, err := w.Do(mcclient.Request{Opcode: mc.OpAppend, Key: []byte("k64"), Value: v}); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("append: %v %v", r, err)
+	}
+	bill := rc.KeyBound([]byte("k64"))
+	r, err := w.Get([]byte("k64"))
+	if err != nil || r.Status() != mc.StatusSuccess || len(r.Value) != 200_000 {
+		t.Fatalf("get: %v %v", r, err)
+	}
+	if units := throttle.ReadUnits(int64(len("default:k64")+len(r.Value)), 4096); units > bill {
+		t.Fatalf("k64 holds %d bytes (%d units); its read was billed %d", len(r.Value), units, bill)
+	}
+}

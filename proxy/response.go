@@ -187,7 +187,7 @@ func (srv *Server) settle(sl *slot) {
 	read, write := srv.units(sl)
 	units := read + write
 	if sl.extra.Domain != throttle.Held {
-		units -= sl.extra.Paid()
+		units -= sl.extra.Paid() - sl.extra.Debt() // (the debt it paid off was no part of it)
 	}
 	if sl.owe > 0 {
 		// The excess of a surprise whose session closed before paying

@@ -234,3 +234,79 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 		t.Fatal("noisy had every value within a second at 100 units/s")
 	}
 }
+
+// TestRule3DebtPaidWithASurpriseIsCharged: the unpaid excess of a surprise
+// whose session closed (a: 1 MB written around the proxy, billed 1 unit)
+// is its bucket's debt, billed with the bucket's next admission, here the
+// payment of another read's surprise (b: a key listed at class 32 through
+// the proxy, then overwritten with 1 MB around it). The debt is paid, not
+// given back when b's read settles: the throttle charges the bucket
+// exactly the units the proxy counted read and written (and, with a open
+// until it pays, the same).
+func TestRule3DebtPaidWithASurpriseIsCharged(t *testing.T) {
+	for _, closeA := range []bool{true, false} {
+		t.Run(fmt.Sprint("closeA=", closeA), func(t *testing.T) {
+			t.Parallel()
+			debtPaidWithASurprise(t, closeA)
+		})
+	}
+}
+
+func debtPaidWithASurprise(t *testing.T, closeA bool) {
+	clk := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{throttle: "capacity = \"unlimited\"\nburst_ms = 100", loops: 1,
+		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 1000\n"}, clk)
+	w := dial(t, p.Addr)
+	setValue(t, w, "big1", 100_000) // listed at class 32
+	direct := dial(t, p.MC.Addr)
+	setValue(t, direct, "default:big0", 1_000_000) // around the proxy: 245 units
+	setValue(t, direct, "default:big1", 1_000_000)
+	clk.Advance(time.Second)
+	a, b := rawDial(t, p.Addr), rawDial(t, p.Addr)
+	waitOpen(t, p, a)
+	waitOpen(t, p, b)
+	var ac, bc byteCounter
+	go ac.run(a)
+	go bc.run(b)
+	thaw := p.MC.Freeze(t)
+	for _, c := range []struct {
+		conn net.Conn
+		key  string
+	}{{b, "big1"}, {a, "big0"}} { // billed 32 and 1, both in flight
+		if _, err := fmt.Fprintf(c.conn, "mg %s v\r\n", c.key); err != nil {
+			t.Fatal(err)
+		}
+		dispatched(t, p)
+	}
+	thaw()
+	eventually(t, time.Minute, "both surprises waiting to be paid", func() bool { return owingSessions(t, p) == 2 })
+	if closeA {
+		a.Close() // its excess, 244 units, becomes the bucket's debt
+		eventually(t, time.Minute, "a's session gone", func() bool { return owingSessions(t, p) == 1 })
+	}
+	for step := 0; bc.n.Load() < 1_000_000 || !closeA && ac.n.Load() < 1_000_000; step++ {
+		if step == 100 {
+			t.Fatalf("b has %d bytes of its answer after 10 s of engine time", bc.n.Load())
+		}
+		clk.Advance(100 * time.Millisecond)
+		settledOwing(t, p, &bc)
+	}
+	settledOwing(t, p, &bc)
+	if u := bucketUnits(t, p, "default"); u.engine != u.read+u.write {
+		t.Fatalf("the proxy counted %d units read and %d written, the throttle charged %d", u.read, u.write, u.engine)
+	}
+}
+
+// owingSessions counts the proxy's sessions whose surprise waits to be
+// paid.
+func owingSessions(t *testing.T, p *testProxy) int {
+	n := 0
+	onLoop(t, p, func(lp *loop) {
+		for s := range lp.sessions {
+			if s.owing > 0 {
+				n++
+			}
+		}
+	})
+	return n
+}

@@ -40,6 +40,10 @@ type Grant struct {
 // Paid returns the units billed when the command was admitted.
 func (g Grant) Paid() int64 { return g.paid }
 
+// Debt returns the units of the bucket's debt (Bucket.Owe) billed with
+// the command: paid off by it, and no part of its own cost.
+func (g Grant) Debt() int64 { return g.debt }
+
 // ReadBill returns the units billed at admission for what the command
 // reads (its ceiling; 0 for a command that does not read).
 func (g Grant) ReadBill() int64 {

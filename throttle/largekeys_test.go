@@ -75,9 +75,10 @@ func TestLargeKeyListed(t *testing.T) {
 	}
 }
 
-// A full list raises the ceiling, as before the list: the 65th large key
-// bills every unlisted key its class.
-func TestLargeKeyListFull(t *testing.T) {
+// fullList returns the read cost of a new bucket (epoch 1) whose list of
+// large keys is full: k0 ... k63, 100,000 bytes each (class 32).
+func fullList(t *testing.T) (*ReadCost, *Bucket) {
+	t.Helper()
 	e, _ := newCostEngine(t, Unlimited)
 	b, _ := e.AddBucket("a", 0, Unlimited)
 	rc := b.ReadCost()
@@ -87,6 +88,13 @@ func TestLargeKeyListFull(t *testing.T) {
 			t.Fatalf("listing %d waited with no read in flight", i)
 		}
 	}
+	return rc, b
+}
+
+// A full list raises the ceiling, as before the list: the 65th large key
+// bills every unlisted key its class.
+func TestLargeKeyListFull(t *testing.T) {
+	rc, _ := fullList(t)
 	if rc.Listed() != maxLargeKeys || rc.Ceiling() != 1 {
 		t.Fatalf("%d listed, ceiling %d; want %d, 1", rc.Listed(), rc.Ceiling(), maxLargeKeys)
 	}
@@ -187,4 +195,66 @@ func TestDebtBilledWithNextCommand(t *testing.T) {
 	if g4, _ := b.AdmitCost(nil, NonBlocking, Cost{Known: 1}); g4.Paid() != 51 {
 		t.Fatalf("the debt kept by a held command: next bill %d, want 51", g4.Paid())
 	}
+}
+
+// appendBilled appends v bytes to key (RaiseKey, which must let it go)
+// and fails when a read of key is then billed less than a value of
+// stored bytes reads back as.
+func appendBilled(t *testing.T, rc *ReadCost, key []byte, v, stored int64) {
+	t.Helper()
+	if !rc.RaiseKey(key, v, true) {
+		t.Fatalf("the APPEND to %q waited with no read in flight", key)
+	}
+	if need, got := rc.valueUnits(stored), rc.KeyBound(key); got < need {
+		t.Fatalf("%q holds %d bytes (%d units) after the APPEND went; a read of it is billed %d", key, stored, need, got)
+	}
+}
+
+// A write that raises the ceiling because the list is full records its
+// value: an APPEND to its key starts from that value, not from the
+// largest one before it.
+func TestAppendToKeyBeyondTheListStartsFromItsValue(t *testing.T) {
+	rc, _ := fullList(t)
+	x := []byte("x")
+	if !rc.RaiseKey(x, 100_000, false) || rc.Listed() != maxLargeKeys || rc.Ceiling() != 32 {
+		t.Fatalf("the 65th large key: ceiling %d, %d listed; want class 32, the list full", rc.Ceiling(), rc.Listed())
+	}
+	appendBilled(t, rc, x, 100_000, 200_000)
+}
+
+// A listed key whose class the ceiling has since reached still has its
+// class as the bound of its value: an APPEND to it starts from there.
+func TestAppendToListedKeyAtTheCeilingStartsFromItsClass(t *testing.T) {
+	e, _ := newCostEngine(t, Unlimited)
+	b, _ := e.AddBucket("a", 0, Unlimited)
+	rc := b.ReadCost()
+	rc.Reset(1)
+	k := []byte("k")
+	if !rc.RaiseKey(k, 120_000, false) { // class 32
+		t.Fatal("listing waited")
+	}
+	for i := 1; i < maxLargeKeys; i++ {
+		if !rc.RaiseKey(fmt.Appendf(nil, "k%d", i), 10_000, false) { // class 4
+			t.Fatalf("listing %d waited", i)
+		}
+	}
+	if !rc.RaiseKey([]byte("y"), 70_000, false) || rc.Ceiling() != 32 { // the 65th
+		t.Fatalf("the ceiling is %d after the 65th large key, want 32", rc.Ceiling())
+	}
+	appendBilled(t, rc, k, 40_000, 160_000)
+}
+
+// A ceiling restored from saved state, or raised by a surprise whose
+// value's size is not known, bounds every value by what its class holds:
+// an APPEND to a key written before starts from there.
+func TestAppendAfterRestoreOrSurpriseStartsFromTheCeiling(t *testing.T) {
+	e, _ := newCostEngine(t, Unlimited)
+	b, _ := e.AddBucket("a", 0, Unlimited)
+	rc := b.ReadCost()
+	rc.Restore(1, 32) // a value of up to 130,822 bytes may be stored
+	appendBilled(t, rc, []byte("old"), 20_000, 150_000)
+
+	rc.Reset(2)
+	rc.Surprise(32, 0) // another instance read 32 units
+	appendBilled(t, rc, []byte("around"), 20_000, 150_000)
 }

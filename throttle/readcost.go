@@ -108,8 +108,9 @@ func (rc *ReadCost) KeyBound(key []byte) int64 {
 // Listed returns how many keys the list of large keys holds.
 func (rc *ReadCost) Listed() int { return int(rc.large.n.Load()) }
 
-// LargestValue returns the largest value, in bytes, of the keys not
-// listed in the current epoch, as far as writes and surprises told.
+// LargestValue returns a bound, in bytes, of every value of the current
+// epoch but those of keys listed above the ceiling: the largest written
+// or read, or what the ceiling holds when restored.
 func (rc *ReadCost) LargestValue() int64 { return rc.bytes.Load() }
 
 // classFor returns the index of the least class of at least units.
@@ -153,22 +154,22 @@ func (rc *ReadCost) RaiseKey(key []byte, v int64, appended bool) bool {
 		if st&rcListing != 0 {
 			return false // another write's listing: a few instructions
 		}
-		cur, listed := rc.classOf(key, st)
+		cur, above := rc.classOf(key, st)
 		nv := v
 		if appended {
-			nv = rc.appended(v, cur, listed)
+			nv = rc.appended(key, v)
 		}
 		need := rc.classFor(rc.valueUnits(nv))
 		if need <= cur {
-			if !listed && !appended {
-				atomicMax(&rc.bytes, v) // (an append added its bytes)
+			if !above {
+				atomicMax(&rc.bytes, nv)
 			}
 			if rc.state.Load() == st {
 				return true // (no listing began after the entry was read)
 			}
 			continue
 		}
-		return rc.raiseTo(key, need)
+		return rc.raiseTo(key, need, nv)
 	}
 }
 
@@ -185,29 +186,26 @@ func (rc *ReadCost) classOf(key []byte, st uint64) (uint64, bool) {
 	return c, false
 }
 
-// appended returns the largest value a write appending v bytes can leave,
-// to a key billed under class cur: a listed key's class bounds its value,
-// the other keys' values are bounded by the largest one (to which v is
-// added).
-func (rc *ReadCost) appended(v int64, cur uint64, listed bool) int64 {
-	v = max(v, 0)
-	if listed {
-		old := rc.classes[cur]*rc.unit - keyRoom
-		return min(old+v, max(rc.maxItem, old))
-	}
-	for {
-		old := rc.bytes.Load()
-		n := min(old+v, max(rc.maxItem, old))
-		if n == old || rc.bytes.CompareAndSwap(old, n) {
-			return n
+// appended returns the largest value a write appending v bytes to key
+// can leave. Before it, the key's value is bounded by the largest value
+// recorded (LargestValue: every value written while no listed class was
+// above the ceiling) and, when key is listed, by its class, whether or not
+// the ceiling has reached that class since.
+func (rc *ReadCost) appended(key []byte, v int64) int64 {
+	old := rc.bytes.Load()
+	if key != nil && rc.large.n.Load() > 0 {
+		if k, ok := rc.large.class(key); ok {
+			old = max(old, rc.classes[k]*rc.unit-keyRoom)
 		}
 	}
+	return min(old+max(v, 0), max(rc.maxItem, old))
 }
 
 // raiseTo makes a read of key billed at least class need (listing key, or
-// raising the ceiling), and starts the wait for the reads admitted before
-// to settle. It reports what RaiseKey does.
-func (rc *ReadCost) raiseTo(key []byte, need uint64) bool {
+// raising the ceiling and recording the value of v bytes as the largest),
+// and starts the wait for the reads admitted before to settle. It reports
+// what RaiseKey does.
+func (rc *ReadCost) raiseTo(key []byte, need uint64, v int64) bool {
 	rc.raiseMu.Lock()
 	defer rc.raiseMu.Unlock()
 	st := rc.state.Load()
@@ -215,6 +213,7 @@ func (rc *ReadCost) raiseTo(key []byte, need uint64) bool {
 	case st&(rcPending|rcListing) != 0:
 		return false
 	case need <= st&rcIdxMask:
+		atomicMax(&rc.bytes, v)
 		return true // a surprise raised the ceiling meanwhile
 	}
 	if key != nil && rc.state.CompareAndSwap(st, st|rcListing) {
@@ -235,6 +234,10 @@ func (rc *ReadCost) raiseTo(key []byte, need uint64) bool {
 			return rc.TryDrain()
 		}
 	}
+	// The list is full, or key unknown: the ceiling covers the value, and
+	// the value is recorded before the write can go, so that a later
+	// APPEND to key starts from it.
+	atomicMax(&rc.bytes, v)
 	for {
 		st = rc.state.Load()
 		if need <= st&rcIdxMask {
@@ -246,6 +249,11 @@ func (rc *ReadCost) raiseTo(key []byte, need uint64) bool {
 		}
 	}
 }
+
+// Generation counts the raises that crossed a class, the listings and the
+// resets so far: a write that saw it move while it went may have ended
+// another write's wait (RaiseKey reports false during a listing).
+func (rc *ReadCost) Generation() uint64 { return rcGen(rc.state.Load()) }
 
 // Pending reports whether a raise waits for reads to drain.
 func (rc *ReadCost) Pending() bool { return rc.state.Load()&rcPending != 0 }
@@ -274,8 +282,11 @@ func (rc *ReadCost) TryDrain() bool {
 
 // Surprise raises the ceiling at once to cover a read of units (its key
 // and value) that brought more than it was billed, and records its value
-// of v bytes.
+// of v bytes (v <= 0: not known, the most a read of units can hold).
 func (rc *ReadCost) Surprise(units, v int64) {
+	if v <= 0 {
+		v = units*rc.unit - keyRoom
+	}
 	atomicMax(&rc.bytes, v)
 	need := rc.classFor(units)
 	for {
@@ -288,20 +299,36 @@ func (rc *ReadCost) Surprise(units, v int64) {
 
 // Reset starts the new epoch of a FLUSH: every value is gone, the ceiling
 // is class 1, the list of large keys empty.
-func (rc *ReadCost) Reset(epoch uint64) { rc.Restore(epoch, 1) }
+func (rc *ReadCost) Reset(epoch uint64) { rc.restore(epoch, 0, 0) }
 
 // Restore sets the epoch and the ceiling to the least class of at least
-// units (from a state file, a fleet's store, or a start).
+// units (from a state file, a fleet's store, or a start), the list of
+// large keys empty. The values of the epoch are not known: each counts as
+// the most a read of the ceiling's class can hold.
 func (rc *ReadCost) Restore(epoch uint64, units int64) {
 	idx := rc.classFor(units)
+	rc.restore(epoch, idx, rc.classes[idx]*rc.unit-keyRoom)
+}
+
+func (rc *ReadCost) restore(epoch uint64, idx uint64, largest int64) {
 	rc.raiseMu.Lock()
 	defer rc.raiseMu.Unlock()
-	rc.large.reset()
 	rc.epoch.Store(epoch)
-	rc.bytes.Store(0)
+	rc.bytes.Store(largest)
+	// The ceiling moves first, marked as a listing: until the list is
+	// empty, a read is billed the larger of the new ceiling and a listed
+	// class (never less than either), and a write waits, as it does for
+	// any listing, rather than trust an entry about to go.
+	rc.setState(func(st uint64) uint64 { return (rcGen(st)+1)<<rcGenShift | rcListing | idx })
+	rc.large.reset()
+	rc.setState(func(st uint64) uint64 { return st &^ rcListing })
+}
+
+// setState replaces the state st with next(st), atomically.
+func (rc *ReadCost) setState(next func(uint64) uint64) {
 	for {
 		st := rc.state.Load()
-		if rc.state.CompareAndSwap(st, (rcGen(st)+1)<<rcGenShift|idx) {
+		if rc.state.CompareAndSwap(st, next(st)) {
 			return
 		}
 	}
