@@ -1,6 +1,7 @@
 package proxy
 
-// Review of issue 28: the ceilings across restarts, FLUSHes and a fleet.
+// The read ceiling (docs/throttling.md, "Reads: the ceiling") across
+// restarts, FLUSHes and a fleet.
 
 import (
 	"bytes"

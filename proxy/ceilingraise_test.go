@@ -1,7 +1,7 @@
 package proxy
 
-// Review of issue 28: a raise of the ceiling (ceilingraise.go) beside
-// clients that go away mid-answer, and the writes it holds.
+// A raise of the read ceiling (ceilingraise.go) beside clients that go
+// away mid-answer, and the writes it holds.
 
 import (
 	"bytes"

@@ -1,7 +1,7 @@
 package proxy
 
-// Review of issue 28: the tenant that alternates small and 1 MB values
-// (the issue's 80.6% stop-and-go), through a real proxy and memcached.
+// A tenant that alternates small and 1 MB values gets its hard limit,
+// not a stop-and-go below it, through a real proxy and memcached.
 
 import (
 	"strings"

@@ -1,10 +1,10 @@
 package proxy
 
-// Review of issue 28: does a pipeline of small reads get its hard limit
-// when a round trip takes engine time? The fake clock stands still while
-// a read is in flight, so a test that never moves it during a round trip
-// sees round trips of zero; here memcached is frozen while the clock moves
-// by one round trip, every round trip.
+// A pipeline of small reads gets its hard limit when a round trip takes
+// engine time. The fake clock stands still while a read is in flight, so
+// a test that never moves it during a round trip sees round trips of
+// zero; here memcached is frozen while the clock moves by one round trip,
+// every round trip.
 
 import (
 	"bufio"

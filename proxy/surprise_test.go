@@ -1,8 +1,8 @@
 package proxy
 
-// Review of issue 28 (the read ceiling), attacked through a real proxy and
-// a real memcached on the engine's fake clock: surprises (values written
-// around the proxy) read by every multi-read shape a client has.
+// Surprises (values written around the proxy, read above their bill: rule
+// 3 of docs/throttling.md) through a real proxy and a real memcached on
+// the engine's fake clock, read by every multi-read shape a client has.
 
 import (
 	"bytes"

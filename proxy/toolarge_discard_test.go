@@ -1,7 +1,7 @@
 package proxy
 
-// Review of issue 28, rule 4: a write refused as too large whose 1 unit
-// the bucket cannot admit now (EWouldThrottle, max_hold).
+// Rule 4: a write refused as too large whose 1 unit the bucket cannot
+// admit now (EWouldThrottle, max_hold).
 
 import (
 	"bufio"
