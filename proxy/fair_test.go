@@ -265,11 +265,10 @@ func TestFairFreePool(t *testing.T) {
 		pool  = 6000.0
 		depth = 64
 	)
-	// Under -race a shorter run (the same rule checked over a shorter
-	// window, its bound wider by as much); make test runs the full one
-	// without -race (PROXY_NORACE_TESTS).
-	warm := testmc.UnderRace(time.Second, 500*time.Millisecond)
-	window := testmc.UnderRace(3*time.Second, time.Second)
+	// Without -race only (PROXY_NORACE_TESTS): TestFairNewcomer runs the
+	// fair pool's paths under it.
+	testmc.SkipUnderRace(t)
+	const warm, window = time.Second, 3 * time.Second
 	scenario := func(w1, w2, w3 int) []*fairBucket {
 		return []*fairBucket{
 			{name: "many", weight: w1, conns: 16},
@@ -365,9 +364,8 @@ func TestFairNewcomer(t *testing.T) {
 // split evenly among the buckets that want more of it.
 func TestFairSeedExamples(t *testing.T) {
 	t.Parallel()
-	// Under -race a shorter run, as in TestFairFreePool.
-	warm := testmc.UnderRace(time.Second, 500*time.Millisecond)
-	window := testmc.UnderRace(3*time.Second, time.Second)
+	testmc.SkipUnderRace(t) // as TestFairFreePool
+	const warm, window = time.Second, 3 * time.Second
 	run := func(t *testing.T, bs []*fairBucket, want []float64) {
 		p := fairLoad(t, 10000, "fair", bs, 64, warm, window, throttle.NewFakeClock(time.Hour))
 		rates := fairReport(t, p, "fair", bs, window)

@@ -5,9 +5,11 @@ import "testing"
 // SkipUnderRace skips t in a binary built with -race. It is for tests that
 // run on one goroutine at a time (the simulations a fake clock drives) or
 // only compute (bcrypt at its real cost): the race detector can find
-// nothing in them and makes them 5 to 30 times slower. make test runs them without
-// -race, in full, in its test-norace pass: a package that calls this must
-// be in the Makefile's NORACE_PKGS (internal/docscheck checks it).
+// nothing in them and makes them 5 to 30 times slower; and for the proxy's
+// rate tests on fake clocks whose code paths other tests run under -race.
+// make test runs them without -race, in full, in its test-norace passes: a
+// package that calls this must be in the Makefile's NORACE_PKGS, a proxy
+// test in PROXY_NORACE_TESTS (internal/docscheck checks both).
 func SkipUnderRace(t testing.TB) {
 	t.Helper()
 	if RaceEnabled {
