@@ -57,7 +57,8 @@ fleet: build
 ## Then, alone and without the race detector (it distorts latencies), the
 ## TLS handshake flood (proxy/tlsflood_test.go).
 ## TESTJSON=DIR: each pass writes `go test -json` to DIR/PASS.json instead
-## of its usual output (scripts/flake.sh, scripts/testtimes.sh).
+## of its usual output, and its wall, user and system seconds to
+## DIR/PASS.time (scripts/flake.sh, scripts/testtimes.sh).
 FLEET_FAILOVER_TESTS := ^TestFleet(ClusterFailover|SentinelFailover|ClusterDown|SlotMigration|ClusterDemotedPrimary|DemotedPrimary)$$
 UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestHardLimitHoldsRealClock|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*|TestTextUpstreamFailureFraming)$$
 # The packages with tests that skip or shorten under -race
@@ -70,8 +71,12 @@ NORACE_TESTS := ^(TestLoadValidFixture|TestHashPassword|TestHashPasswordAndVersi
 # The proxy tests that shorten under -race and are not in
 # UPSTREAM_TLS_TESTS: test-norace-proxy runs them in full.
 PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent))$$
+# timed NAME: with TESTJSON (and /usr/bin/time), the pass's wall, user and
+# system seconds, its children's included, to $(TESTJSON)/NAME.time
+# (scripts/testtimes.sh prints them).
+timed = $(if $(TESTJSON),$(if $(wildcard /usr/bin/time),/usr/bin/time -f '%e %U %S' -o $(abspath $(TESTJSON))/$(1).time))
 # gotest NAME,ARGS: go test ARGS, or with TESTJSON its -json to $(TESTJSON)/NAME.json.
-gotest = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )$(GO) test $(2)$(if $(TESTJSON), -json > $(TESTJSON)/$(1).json)
+gotest = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )$(call timed,$(1)) $(GO) test $(2)$(if $(TESTJSON), -json > $(TESTJSON)/$(1).json)
 # The proxy's race pass runs in three processes at once, from one test
 # binary (PROXY_RACE_BIN): the tests that call t.Parallel() first thing
 # (PROXY_PARALLEL), and the others, which Go runs one at a time, split by
@@ -92,7 +97,7 @@ export KVTHROTTLE_TEST_BIN := $(CURDIR)/bin/test/kvthrottle
 # runbin NAME,BIN,ARGS[,ENV]: the proxy test binary BIN with ARGS in ./proxy
 # (as go test runs it), its environment with ENV (VAR=value ...), or with
 # TESTJSON through test2json to $(TESTJSON)/NAME.json.
-runbin = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )cd proxy && $(4) $(if $(TESTJSON),$(GO) tool test2json -p github.com/kvthrottle/kvthrottle/proxy -t $(2) -test.v=test2json,$(2)) -test.count=1 -test.parallel=4 -test.timeout=20m $(3)$(if $(TESTJSON), > $(abspath $(TESTJSON))/$(1).json)
+runbin = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )cd proxy && $(4) $(call timed,$(1)) $(if $(TESTJSON),$(GO) tool test2json -p github.com/kvthrottle/kvthrottle/proxy -t $(2) -test.v=test2json,$(2)) -test.count=1 -test.parallel=4 -test.timeout=20m $(3)$(if $(TESTJSON), > $(abspath $(TESTJSON))/$(1).json)
 
 test:
 	@$(MAKE) --no-print-directory -j2 deps test-proxy-bins

@@ -6,7 +6,8 @@
 # bench` compares kvthrottle with), and the independent clients the tests
 # drive: memjs (Node.js), dalli (Ruby), pymemcache, python-memcached and
 # pylibmc, bmemcached (Python), php-memcache and php-memcached (PHP),
-# openssl's s_client; nc and curl for the README's tour. Installs Debian's
+# openssl's s_client; nc and curl for the README's tour; GNU time for
+# make test's pass timings. Installs Debian's
 # packages when missing and running as root; otherwise says exactly what
 # to install and fails.
 set -euo pipefail
@@ -30,6 +31,8 @@ if [ "${1:-}" != "--server-only" ]; then
   # nc and curl: the README's tour, which internal/docscheck runs.
   command -v nc >/dev/null 2>&1 || missing+=(netcat-openbsd)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
+  # GNU time: make test TESTJSON=DIR records each pass's CPU seconds with it.
+  [ -x /usr/bin/time ] || missing+=(time)
   # openssl: TestTLSOpenSSL's independent TLS client (it fails without it).
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   # php-memcache (pecl memcache, text) and php-memcached (libmemcached, SASL).
