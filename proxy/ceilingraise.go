@@ -10,21 +10,31 @@ import (
 // cover the value r writes (throttle.ReadCost.RaiseKey: the key listed
 // among the bucket's large keys, or the ceiling raised), before r is
 // forwarded (docs/throttling.md, "The ceiling"): so no read billed under
-// the old class can find it. It reports
+// the old class can find it. APPEND and PREPEND (ms modes A and P) write
+// the size their bytes can bring the key to (ReadCost.Append, reserved
+// once per command, at most the item size of its server). It reports
 // whether r may go now; otherwise the session waits (pause state
 // waitingCeiling) until the reads admitted under the old class have
 // settled (at most one round trip; once per class the ceiling or a listed
-// key crosses in an epoch of a bucket) and the raised class is saved in the state file (ceilingsave.go), and r
-// is dispatched again then. The wait is not a throttle hold: it has no
-// wake-up time on the engine's clock, and counts neither as throttled nor
-// in the throttle's wait (the events that end it wake it: wakeCeiling).
-// APPEND and PREPEND (ms modes A and P) add their bytes to the largest
-// value. On the loop.
+// key crosses in an epoch of a bucket) and the raised class is saved in
+// the state file (ceilingsave.go), and r is dispatched again then. The
+// wait is not a throttle hold: it has no wake-up time on the engine's
+// clock, counts neither as throttled nor in the throttle's wait (the
+// events that end it wake it: wakeCeiling), and gives up the session's
+// place in its bucket's line (the reads it waits for may need that line
+// to pay for a surprise). On the loop.
 func (s *session) raiseCeiling(b *bucket, r *request) bool {
 	srv := s.lp.srv
 	rc := b.tb.ReadCost()
+	size := int64(len(r.value))
+	if s.appends(r) {
+		if s.appended == 0 {
+			s.appended = max(rc.Append(r.key, size, s.lp.pool.ItemSizeMaxFor(r.key)), 1)
+		}
+		size = s.appended
+	}
 	pending, gen := rc.Pending(), rc.Generation()
-	if rc.RaiseKey(r.key, int64(len(r.value)), s.appends(r)) {
+	if rc.RaiseKey(r.key, size) {
 		if pending || rc.Generation() != gen {
 			// the raise others waited for is through, or this write
 			// listed its key (others waited while it did)
@@ -35,6 +45,7 @@ func (s *session) raiseCeiling(b *bucket, r *request) bool {
 		}
 		srv.saveCeilings() // and wait for it: wakeCeiling when saved
 	}
+	s.waiter.Cancel()
 	s.setPause(waitingCeiling)
 	s.lp.ceilWait = append(s.lp.ceilWait, ceilWaiter{s: s, b: b})
 	return false

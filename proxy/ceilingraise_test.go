@@ -208,3 +208,90 @@ func TestAppendToKeyBeyondTheListBilledItsValue(t *testing.T) {
 		t.Fatalf("k64 holds %d bytes (%d units); its read was billed %d", len(r.Value), units, bill)
 	}
 }
+
+// appendThroughProxy sends an APPEND of v to key through w and fails the
+// test unless it is stored.
+func appendThroughProxy(t *testing.T, w *mcclient.Client, key string, v []byte) {
+	t.Helper()
+	if r, err := w.Do(mcclient.Request{Opcode: mc.OpAppend, Key: []byte(key), Value: v}); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("append to %s: %v %v", key, r, err)
+	}
+}
+
+// largeKeyProxy starts a proxy on a fake clock whose default bucket may
+// read and write 1,000,000 units/s (nothing is held), with throttleLines
+// in its [throttle] table, and returns it with a client.
+func largeKeyProxy(t *testing.T, throttleLines string) (*testProxy, *mcclient.Client, *throttle.ReadCost) {
+	t.Helper()
+	p := startProxyClock(t, testConfig{throttle: "capacity = \"unlimited\"\n" + throttleLines, loops: 1,
+		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 1000000\n"}, throttle.NewFakeClock(time.Hour))
+	return p, dial(t, p.Addr), p.Engine().Bucket("default").ReadCost()
+}
+
+// An APPEND that lists its key waits for the save of the raised class and
+// is dispatched again: its bytes count once. One APPEND of 100,000 bytes
+// to a key of 100,000 (listed at class 32) bills its reads 64 units, not
+// a class more at each re-try (it reached M, 257).
+func TestAppendWaitingForItsListingCountsItsBytesOnce(t *testing.T) {
+	t.Parallel()
+	_, w, rc := largeKeyProxy(t, "")
+	setValue(t, w, "k", 100_000)
+	if b := rc.KeyBound([]byte("k")); b != 32 {
+		t.Fatalf("k listed at %d after a SET of 100,000 bytes, want 32", b)
+	}
+	appendThroughProxy(t, w, "k", bytes.Repeat([]byte("v"), 100_000))
+	if b := rc.KeyBound([]byte("k")); b != 64 {
+		t.Fatalf("after one APPEND of 100,000 bytes to 100,000, k is billed %d per read, want 64", b)
+	}
+}
+
+// The same with the list full: the APPEND raises the ceiling, waits for
+// its save, and its re-try does not add its bytes again (every read of
+// the bucket was billed 128 where 64 covers all).
+func TestAppendWaitingForTheCeilingCountsItsBytesOnce(t *testing.T) {
+	t.Parallel()
+	_, w, rc := largeKeyProxy(t, "")
+	for i := 0; i < 65; i++ {
+		setValue(t, w, fmt.Sprintf("k%d", i), 100_000)
+	}
+	if rc.Listed() != 64 || rc.Ceiling() != 32 {
+		t.Fatalf("after 65 large keys: %d listed, ceiling %d; want 64 and 32", rc.Listed(), rc.Ceiling())
+	}
+	appendThroughProxy(t, w, "k64", bytes.Repeat([]byte("v"), 100_000))
+	if c := rc.Ceiling(); c != 64 {
+		t.Fatalf("after one APPEND of 100,000 bytes to a 100,000-byte key the ceiling is %d, want 64", c)
+	}
+}
+
+// An APPEND to a listed key starts from its largest value's units, not
+// from the top of its class: one byte appended to 100,000 keeps the key
+// in class 32 (it was billed 257, M, after the re-tries).
+func TestOneByteAppendToListedKeyKeepsItsClass(t *testing.T) {
+	t.Parallel()
+	_, w, rc := largeKeyProxy(t, "")
+	setValue(t, w, "k", 100_000)
+	appendThroughProxy(t, w, "k", []byte("x"))
+	if b := rc.KeyBound([]byte("k")); b != 32 {
+		t.Fatalf("after a 1-byte APPEND to 100,000 bytes, k is billed %d per read, want 32", b)
+	}
+}
+
+// max_item_bytes set below memcached's item size (-I 1m here) bounds no
+// write: an APPEND chain grows a value past it, and the estimate follows
+// (it was capped at max_item_bytes: 300,000 bytes read billed 17 units).
+func TestAppendBeyondMaxItemBytesBilledItsValue(t *testing.T) {
+	t.Parallel()
+	_, w, rc := largeKeyProxy(t, "max_item_bytes = 65536")
+	setValue(t, w, "k", 60_000)
+	for range 4 {
+		appendThroughProxy(t, w, "k", bytes.Repeat([]byte("v"), 60_000))
+	}
+	bill := rc.KeyBound([]byte("k"))
+	r, err := w.Get([]byte("k"))
+	if err != nil || r.Status() != mc.StatusSuccess || len(r.Value) != 300_000 {
+		t.Fatalf("get: %v %v", r, err)
+	}
+	if units := throttle.ReadUnits(int64(len("default:k")+len(r.Value)), 4096); units > bill {
+		t.Fatalf("k, written through the proxy only, holds %d bytes (%d units); its read was billed %d", len(r.Value), units, bill)
+	}
+}

@@ -229,3 +229,22 @@ func admitted(t *testing.T, p *testProxy, clock *throttle.FakeClock, b *throttle
 	(&fakeTime{t: t, p: p, clock: clock}).step(d, 1, nil)
 	return b.Stats().Commands - before
 }
+
+// owingSlots counts the proxy's answers that wait for the excess of their
+// surprise to be paid (session.owing).
+func owingSlots(t testing.TB, p *testProxy) int {
+	n := 0
+	onLoop(t, p, func(lp *loop) {
+		for s := range lp.sessions {
+			n += s.owing
+		}
+	})
+	return n
+}
+
+// sessionCount counts the proxy's open client sessions.
+func sessionCount(t testing.TB, p *testProxy) int {
+	n := 0
+	onLoop(t, p, func(lp *loop) { n += len(lp.sessions) })
+	return n
+}

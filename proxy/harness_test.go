@@ -404,3 +404,14 @@ func startWithBigValueUp(t *testing.T, upstream string) (*testProxy, *mcclient.C
 	}
 	return p, neighbour
 }
+
+// bothWays runs f as two parallel subtests of t, "name=false" and
+// "name=true".
+func bothWays(t *testing.T, name string, f func(t *testing.T, v bool)) {
+	for _, v := range []bool{false, true} {
+		t.Run(fmt.Sprintf("%s=%v", name, v), func(t *testing.T) {
+			t.Parallel()
+			f(t, v)
+		})
+	}
+}

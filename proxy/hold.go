@@ -224,8 +224,9 @@ func (lp *loop) wakeDue(context.Context) error {
 
 // wakeAll resumes every held session of the loop, so each asks the engine
 // again (after a change of limits, a FLUSH, another instance's state), and
-// every session waiting for a FLUSH, and re-tries the writes waiting for a
-// raise of a ceiling; on the loop.
+// every session waiting for a FLUSH, re-tries the payments of surprises
+// (payOwed: one whose bucket had no rate to pay with has no wake-up time),
+// and re-tries the writes waiting for a raise of a ceiling; on the loop.
 //
 // They ask in the order of their places in their buckets' lines (as
 // wakeDue: no place last; then in the order they were first held), not
@@ -235,6 +236,17 @@ func (lp *loop) wakeDue(context.Context) error {
 // on fake clocks).
 func (lp *loop) wakeAll(context.Context) error {
 	woken := lp.woken[:0]
+	for s := range lp.sessions {
+		if s.owing > 0 {
+			woken = append(woken, s)
+		}
+	}
+	slices.SortFunc(woken, func(a, b *session) int { return cmp.Compare(a.oweWaiter.Place()-1, b.oweWaiter.Place()-1) })
+	for i, s := range woken {
+		woken[i] = nil
+		s.payOwed()
+	}
+	woken = woken[:0]
 	for s := range lp.sessions {
 		if s.wakeable() {
 			woken = append(woken, s)

@@ -251,6 +251,7 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 			s.lp.orphanAnswer(sl, len(f.Raw))
 		}
 		if done {
+			sl.excess(len(f.Value()))
 			s.finish(sl)
 		}
 		return
@@ -278,6 +279,7 @@ func (sl *slot) DeliverMeta(mr *text.MetaResponse) {
 		if sl.orphan {
 			s.lp.orphanAnswer(sl, len(mr.Value)+len(mr.Code))
 		}
+		sl.excess(len(mr.Value))
 		s.finish(sl)
 		return
 	}

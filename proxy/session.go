@@ -89,7 +89,11 @@ type session struct {
 	oweWaiter throttle.Waiter
 	heldAt    time.Duration // engine time the current command was first held
 	holdSeq   uint64        // identifies the current entry in lp.holds
-	remote    string
+	// appended: what the current command, an APPEND or PREPEND, reserved
+	// of its key's size (throttle.ReadCost.Append), kept while it waits
+	// (ceilingraise.go); 0: nothing yet
+	appended int64
+	remote   string
 
 	// Connection limits (connlimits.go, unsent.go).
 	needAuth   bool          // must authenticate and has not yet: pre-authentication bounds apply
@@ -254,6 +258,7 @@ func (s *session) onTraffic() gnet.Action {
 		if !s.dispatch(r) {
 			break
 		}
+		s.appended = 0 // (the command went, or was answered)
 		if r.more || r.last {
 			s.codec.partDone(r.last)
 		}

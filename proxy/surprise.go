@@ -30,21 +30,33 @@ import (
 // paid. It raises the bucket's ceiling and pays at once when the bucket
 // admits it. On the loop.
 func (sl *slot) surprised(value int) bool {
+	if !sl.excess(value) {
+		return false
+	}
+	s := sl.s
+	if s.owing == 0 && s.payFor(sl) {
+		return false
+	}
+	s.owing++
+	return true
+}
+
+// excess reports whether sl's read, its answer in, brought more than its
+// bill: it then raises the bucket's ceiling (a value of value bytes) and
+// sets what the read owes (sl.owe). A read whose session closed before
+// its answer came owes the same: settle makes it its bucket's debt, never
+// a charge on the gauge it was admitted on (the free pool's, maybe).
+func (sl *slot) excess(value int) bool {
 	bill := sl.grant.ReadBill()
 	if bill == 0 || sl.bkt == nil {
 		return false
 	}
-	s := sl.s
-	units := throttle.ReadUnits(int64(sl.gotKV), s.lp.srv.opts.readUnitSize)
+	units := throttle.ReadUnits(int64(sl.gotKV), sl.s.lp.srv.opts.readUnitSize)
 	if units <= bill {
 		return false
 	}
 	sl.bkt.tb.ReadCost().Surprise(units, int64(value))
 	sl.owe = units - bill
-	if s.owing == 0 && s.payFor(sl) {
-		return false
-	}
-	s.owing++
 	return true
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvthrottle/kvthrottle/bucketcfg"
 	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
@@ -69,6 +70,7 @@ func settledOwing(t *testing.T, p *testProxy, bc *byteCounter) {
 				case s.pending() > 0 || s.unsent() > 0:
 					ok = false // in flight or unsent, as unsettled says
 				case s.isHeld():
+				case s.pause == waitingCeiling: // ended by a settle or a save, which the loop runs
 				case s.pause != running || !s.drained():
 					ok = false
 				}
@@ -174,11 +176,7 @@ func TestRule3SurpriseMultiReadHeldToHardLimit(t *testing.T) {
 // more than its hard limit's bound.
 func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 	t.Parallel()
-	clk := throttle.NewFakeClock(time.Hour)
-	calmAddr := testmc.FreeAddr(t)
-	p := startProxyClock(t, testConfig{throttle: "capacity = 1100", loops: 1, proxy: `default_bucket = "noisy"`,
-		tail: "[[bucket]]\nname = \"noisy\"\nhard_limit = 100\n[[bucket]]\nname = \"calm\"\nreserved = 1000\nhard_limit = 1000\n" +
-			fmt.Sprintf("[[listener]]\nlisten = %q\nbucket = \"calm\"\n", calmAddr)}, clk)
+	p, clk, calmAddr := noisyAndCalm(t, "capacity = 1100", "hard_limit = 100\n", "reserved = 1000\nhard_limit = 1000\n")
 	direct := dial(t, p.MC.Addr)
 	var keys []string
 	for i := 0; i < 10; i++ {
@@ -244,12 +242,7 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 // exactly the units the proxy counted read and written (and, with a open
 // until it pays, the same).
 func TestRule3DebtPaidWithASurpriseIsCharged(t *testing.T) {
-	for _, closeA := range []bool{true, false} {
-		t.Run(fmt.Sprint("closeA=", closeA), func(t *testing.T) {
-			t.Parallel()
-			debtPaidWithASurprise(t, closeA)
-		})
-	}
+	bothWays(t, "closeA", debtPaidWithASurprise)
 }
 
 func debtPaidWithASurprise(t *testing.T, closeA bool) {
@@ -279,10 +272,10 @@ func debtPaidWithASurprise(t *testing.T, closeA bool) {
 		dispatched(t, p)
 	}
 	thaw()
-	eventually(t, time.Minute, "both surprises waiting to be paid", func() bool { return owingSessions(t, p) == 2 })
+	eventually(t, time.Minute, "both surprises waiting to be paid", func() bool { return owingSlots(t, p) == 2 })
 	if closeA {
 		a.Close() // its excess, 244 units, becomes the bucket's debt
-		eventually(t, time.Minute, "a's session gone", func() bool { return owingSessions(t, p) == 1 })
+		eventually(t, time.Minute, "a's session gone", func() bool { return owingSlots(t, p) == 1 })
 	}
 	for step := 0; bc.n.Load() < 1_000_000 || !closeA && ac.n.Load() < 1_000_000; step++ {
 		if step == 100 {
@@ -297,16 +290,125 @@ func debtPaidWithASurprise(t *testing.T, closeA bool) {
 	}
 }
 
-// owingSessions counts the proxy's sessions whose surprise waits to be
-// paid.
-func owingSessions(t *testing.T, p *testProxy) int {
-	n := 0
-	onLoop(t, p, func(lp *loop) {
-		for s := range lp.sessions {
-			if s.owing > 0 {
-				n++
-			}
+// TestRule3ClosedSessionSurpriseBecomesDebt: a bucket above its
+// reservation (noisy, none: its commands are admitted on the free pool of
+// 1,000 units/s, burst 100 ms) pipelines ten meta gets of 1 MB values
+// written around the proxy (each billed 1 unit, each costs 245), and
+// closes: while its answers wait to be paid (one excess is admitted on
+// the paid-up pool, nine become debt), or before memcached answered
+// (every excess becomes debt: the answers reach a closed session). Either
+// way the excess is noisy's debt, never charged at once to the pool: a
+// pool neighbour (calm) waits at most a burst and one command (before the
+// fix, closing in flight charged the pool 2,440 units and calm waited
+// 2.35 s).
+func TestRule3ClosedSessionSurpriseBecomesDebt(t *testing.T) {
+	bothWays(t, "inFlight", closedSurpriseBecomesDebt)
+}
+
+func closedSurpriseBecomesDebt(t *testing.T, inFlight bool) {
+	const n = 10
+	p, clk, _ := noisyAndCalm(t, "capacity = 1000\nburst_ms = 100", "", "")
+	direct := dial(t, p.MC.Addr)
+	var mg bytes.Buffer
+	for i := 0; i < n; i++ {
+		setValue(t, direct, fmt.Sprintf("noisy:big%d", i), 1_000_000) // around the proxy
+		fmt.Fprintf(&mg, "mg big%d v\r\n", i)
+	}
+	clk.Advance(time.Second) // the pool's burst banked
+	x := rawDial(t, p.Addr)
+	waitOpen(t, p, x)
+	var bc byteCounter
+	go bc.run(x)
+	thaw := p.MC.Freeze(t)
+	if _, err := x.Write(mg.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the ten reads admitted", func() bool { return p.Engine().Bucket("noisy").Stats().Commands == n })
+	if !inFlight {
+		thaw()
+		eventually(t, time.Minute, "nine surprises wait to be paid", func() bool { return owingSlots(t, p) == n-1 })
+	}
+	x.Close()
+	eventually(t, time.Minute, "x's session closed", func() bool { return sessionCount(t, p) == 0 })
+	if inFlight {
+		thaw()
+	}
+	eventually(t, time.Minute, "the reads settled", func() bool { return bucketUnits(t, p, "noisy").read == n*245 })
+	calm := p.Engine().Bucket("calm")
+	g, wait := calm.AdmitCost(nil, throttle.NonBlocking, throttle.Cost{Known: 1})
+	if g.Domain != throttle.Held {
+		calm.Settle(g, 1)
+	}
+	if bound := 100*time.Millisecond + 245*time.Millisecond; g.Domain == throttle.Held && wait > bound {
+		t.Fatalf("a pool neighbour's 1-unit command is refused for %v of engine time after noisy's closed surprises (bound: a burst and one command, %v)", wait, bound)
+	}
+}
+
+// TestRule3OwedPaymentRetriedAfterLimitChange: a surprise whose bucket has
+// no rate to pay with (a reload gave the whole capacity to another
+// bucket's reservation: no wake-up time) is paid once a reload gives the
+// rate back (wakeAll re-tries the payments), and a write of the bucket
+// whose listing waits for that read's settle goes too. Before the fix
+// neither came, however long the clock ran.
+func TestRule3OwedPaymentRetriedAfterLimitChange(t *testing.T) {
+	t.Parallel()
+	clk := throttle.NewFakeClock(time.Hour)
+	tail := func(otherRes int) string {
+		return fmt.Sprintf("[[bucket]]\nname = \"default\"\nhard_limit = 1000\n[[bucket]]\nname = \"other\"\nreserved = %d\nhard_limit = 1000\n", otherRes)
+	}
+	tc := testConfig{throttle: "capacity = 1000\nburst_ms = 100", loops: 1, tail: tail(500)}
+	p := startProxyClock(t, tc, clk)
+	reload := func(otherRes int) {
+		t.Helper()
+		c := tc
+		c.tail = tail(otherRes)
+		cfg, err := bucketcfg.Parse([]byte(c.render(p.opts.listen, []string{p.MC.Addr}, p.StatePath)))
+		if err != nil {
+			t.Fatal(err)
 		}
-	})
-	return n
+		if err := p.Reload(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setValue(t, dial(t, p.MC.Addr), "default:big", 100_000) // around the proxy: 25 units
+	clk.Advance(time.Second)
+	x := rawDial(t, p.Addr)
+	waitOpen(t, p, x)
+	var bc byteCounter
+	go bc.run(x)
+	thaw := p.MC.Freeze(t)
+	if _, err := x.Write([]byte("mg big v\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	dispatched(t, p)
+	reload(1000) // the free pool is 0
+	thaw()
+	eventually(t, time.Minute, "the surprise waits to be paid", func() bool { return owingSlots(t, p) == 1 })
+	reload(500) // the free pool is back
+	y := rawDial(t, p.Addr)
+	waitOpen(t, p, y)
+	var yc byteCounter
+	go yc.run(y)
+	if _, err := fmt.Fprintf(y, "ms k2 200000\r\n%s\r\n", bytes.Repeat([]byte("v"), 200_000)); err != nil { // class 64: a listing
+		t.Fatal(err)
+	}
+	for step := 0; bc.n.Load() < 100_000 || yc.n.Load() == 0; step++ {
+		if step == 100 {
+			t.Fatalf("after 10 s of engine time with the free pool back: %d bytes of the read's answer (owing %d), %d of the listing write's", bc.n.Load(), owingSlots(t, p), yc.n.Load())
+		}
+		clk.Advance(100 * time.Millisecond)
+		settledOwing(t, p, &bc)
+	}
+}
+
+// noisyAndCalm starts a proxy on a fake clock with the [throttle] lines
+// th and two buckets: noisy (its lines noisyLines), every connection's by
+// default, and calm (calmLines), on a [[listener]] of its own at calmAddr.
+func noisyAndCalm(t *testing.T, th, noisyLines, calmLines string) (p *testProxy, clk *throttle.FakeClock, calmAddr string) {
+	clk = throttle.NewFakeClock(time.Hour)
+	calmAddr = testmc.FreeAddr(t)
+	p = startProxyClock(t, testConfig{throttle: th, loops: 1, proxy: `default_bucket = "noisy"`,
+		tail: "[[bucket]]\nname = \"noisy\"\n" + noisyLines + "[[bucket]]\nname = \"calm\"\n" + calmLines +
+			fmt.Sprintf("[[listener]]\nlisten = %q\nbucket = \"calm\"\n", calmAddr)}, clk)
+	return p, clk, calmAddr
 }

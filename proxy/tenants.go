@@ -84,12 +84,14 @@ func (b *bucket) setEpoch(e uint64) {
 // the bucket's ceiling starts again at class 1.
 func (b *bucket) storeEpoch(e uint64) {
 	old := b.gen.Swap(e)
-	p := keyPrefix(b.name, e)
-	b.prefix.Store(&p)
 	if e > old && b.tb != nil {
+		// Before the new namespace is published: a write that finds
+		// it is checked against the new epoch's ceiling, never the old.
 		b.tb.ReadCost().Reset(e)
 		b.savedCeil.Store(1) // class 1 needs no saving: no saved class is read as empty servers' or M
 	}
+	p := keyPrefix(b.name, e)
+	b.prefix.Store(&p)
 }
 
 // syncFlushes makes the bucket's namespace epoch at least e and f (nil:

@@ -27,14 +27,14 @@ func TestLargeKeyListed(t *testing.T) {
 		g, _ := b.AdmitCost(nil, Blocking, Cost{Read: true, Key: []byte(key)})
 		return g
 	}
-	if !rc.RaiseKey([]byte("small"), 100, false) {
+	if !rc.RaiseKey([]byte("small"), 100) {
 		t.Fatal("a 100-byte write waited: it fits class 1")
 	}
 	old := read("big") // in flight while big is listed
 	if old.Paid() != 1 {
 		t.Fatalf("a read of an unlisted key billed %d, want the ceiling 1", old.Paid())
 	}
-	if rc.RaiseKey([]byte("big"), 1<<20-512, false) {
+	if rc.RaiseKey([]byte("big"), 1<<20-512) {
 		t.Fatal("a listing went while a read admitted before it was in flight")
 	}
 	if g := read("big"); g.Paid() != mib {
@@ -50,18 +50,19 @@ func TestLargeKeyListed(t *testing.T) {
 	if c, bound := rc.Ceiling(), rc.Bound(); c != 1 || bound != mib || rc.Listed() != 1 {
 		t.Fatalf("ceiling %d, bound %d, %d listed; want 1, %d, 1", c, bound, rc.Listed(), mib)
 	}
-	if rc.RaiseKey([]byte("other"), 10, false) {
+	if rc.RaiseKey([]byte("other"), 10) {
 		t.Fatal("a write went while a listing waits for the reads before it")
 	}
 	b.Settle(old, 1)
-	if !rc.RaiseKey([]byte("big"), 1<<20-512, false) || !rc.RaiseKey([]byte("other"), 10, false) {
+	if !rc.RaiseKey([]byte("big"), 1<<20-512) || !rc.RaiseKey([]byte("other"), 10) {
 		t.Fatal("the listing still waits after the read before it settled")
 	}
 	if ep, c := rc.Snapshot(); ep != 1 || c != mib {
 		t.Fatalf("snapshot (%d, %d), want (1, %d): the bound is saved", ep, c, mib)
 	}
-	// APPEND to a listed key adds to its class's bytes.
-	if !rc.RaiseKey([]byte("big"), 4096, true) {
+	// APPEND to a listed key adds to its largest value, at most the
+	// server's item size (1 MiB).
+	if !rc.RaiseKey([]byte("big"), rc.Append([]byte("big"), 4096, 1<<20)) {
 		t.Fatal("an append waited with no read in flight")
 	}
 	if g := read("big"); g.Paid() != testM { // (capped at the largest item)
@@ -84,7 +85,7 @@ func fullList(t *testing.T) (*ReadCost, *Bucket) {
 	rc := b.ReadCost()
 	rc.Reset(1)
 	for i := 0; i < maxLargeKeys; i++ {
-		if !rc.RaiseKey(fmt.Appendf(nil, "k%d", i), 100_000, false) {
+		if !rc.RaiseKey(fmt.Appendf(nil, "k%d", i), 100_000) {
 			t.Fatalf("listing %d waited with no read in flight", i)
 		}
 	}
@@ -98,14 +99,14 @@ func TestLargeKeyListFull(t *testing.T) {
 	if rc.Listed() != maxLargeKeys || rc.Ceiling() != 1 {
 		t.Fatalf("%d listed, ceiling %d; want %d, 1", rc.Listed(), rc.Ceiling(), maxLargeKeys)
 	}
-	if !rc.RaiseKey([]byte("one more"), 100_000, false) {
+	if !rc.RaiseKey([]byte("one more"), 100_000) {
 		t.Fatal("a raise waited with no read in flight")
 	}
 	if rc.Listed() != maxLargeKeys || rc.Ceiling() != 32 {
 		t.Fatalf("after the 65th large key: %d listed, ceiling %d; want %d, 32", rc.Listed(), rc.Ceiling(), maxLargeKeys)
 	}
 	// A listed key still takes a larger value as a listing.
-	if !rc.RaiseKey([]byte("k3"), 1<<20-512, false) || rc.Ceiling() != 32 || rc.Bound() != mib {
+	if !rc.RaiseKey([]byte("k3"), 1<<20-512) || rc.Ceiling() != 32 || rc.Bound() != mib {
 		t.Fatalf("a listed key's larger value: ceiling %d, bound %d; want 32, %d", rc.Ceiling(), rc.Bound(), mib)
 	}
 }
@@ -149,7 +150,7 @@ func TestLargeKeyConcurrentListing(t *testing.T) {
 		}(uint64(r))
 	}
 	for i := 0; i < keys; i++ {
-		for !rc.RaiseKey(key(i), 1<<20-512, false) {
+		for !rc.RaiseKey(key(i), 1<<20-512) {
 			rc.TryDrain()
 		}
 		if n := low[i].Load(); n != 0 {
@@ -202,7 +203,7 @@ func TestDebtBilledWithNextCommand(t *testing.T) {
 // stored bytes reads back as.
 func appendBilled(t *testing.T, rc *ReadCost, key []byte, v, stored int64) {
 	t.Helper()
-	if !rc.RaiseKey(key, v, true) {
+	if !rc.RaiseKey(key, rc.Append(key, v, 0)) {
 		t.Fatalf("the APPEND to %q waited with no read in flight", key)
 	}
 	if need, got := rc.valueUnits(stored), rc.KeyBound(key); got < need {
@@ -216,7 +217,7 @@ func appendBilled(t *testing.T, rc *ReadCost, key []byte, v, stored int64) {
 func TestAppendToKeyBeyondTheListStartsFromItsValue(t *testing.T) {
 	rc, _ := fullList(t)
 	x := []byte("x")
-	if !rc.RaiseKey(x, 100_000, false) || rc.Listed() != maxLargeKeys || rc.Ceiling() != 32 {
+	if !rc.RaiseKey(x, 100_000) || rc.Listed() != maxLargeKeys || rc.Ceiling() != 32 {
 		t.Fatalf("the 65th large key: ceiling %d, %d listed; want class 32, the list full", rc.Ceiling(), rc.Listed())
 	}
 	appendBilled(t, rc, x, 100_000, 200_000)
@@ -230,15 +231,15 @@ func TestAppendToListedKeyAtTheCeilingStartsFromItsClass(t *testing.T) {
 	rc := b.ReadCost()
 	rc.Reset(1)
 	k := []byte("k")
-	if !rc.RaiseKey(k, 120_000, false) { // class 32
+	if !rc.RaiseKey(k, 120_000) { // class 32
 		t.Fatal("listing waited")
 	}
 	for i := 1; i < maxLargeKeys; i++ {
-		if !rc.RaiseKey(fmt.Appendf(nil, "k%d", i), 10_000, false) { // class 4
+		if !rc.RaiseKey(fmt.Appendf(nil, "k%d", i), 10_000) { // class 4
 			t.Fatalf("listing %d waited", i)
 		}
 	}
-	if !rc.RaiseKey([]byte("y"), 70_000, false) || rc.Ceiling() != 32 { // the 65th
+	if !rc.RaiseKey([]byte("y"), 70_000) || rc.Ceiling() != 32 { // the 65th
 		t.Fatalf("the ceiling is %d after the 65th large key, want 32", rc.Ceiling())
 	}
 	appendBilled(t, rc, k, 40_000, 160_000)
@@ -257,4 +258,42 @@ func TestAppendAfterRestoreOrSurpriseStartsFromTheCeiling(t *testing.T) {
 	rc.Reset(2)
 	rc.Surprise(32, 0) // another instance read 32 units
 	appendBilled(t, rc, []byte("around"), 20_000, 150_000)
+}
+
+// Appends to one key from many writers at once each add their bytes: the
+// last to reserve returns the value all of them can leave (on two loops,
+// two APPENDs that both started from the same size left the value above
+// both estimates).
+func TestConcurrentAppendsEachCount(t *testing.T) {
+	for _, listed := range []bool{false, true} {
+		t.Run(fmt.Sprint("listed=", listed), func(t *testing.T) {
+			e, _ := newCostEngine(t, Unlimited)
+			b, _ := e.AddBucket("a", 0, Unlimited)
+			rc := b.ReadCost()
+			rc.Reset(1)
+			key, size := []byte("k"), int64(1000)
+			if listed {
+				size = 100_000
+			}
+			if !rc.RaiseKey(key, size) || (rc.Listed() == 1) != listed {
+				t.Fatalf("the first write: %d listed", rc.Listed())
+			}
+			const writers, each = 8, 1000
+			var wg sync.WaitGroup
+			var most atomic.Int64
+			for range writers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range each {
+						atomicMax(&most, rc.Append(key, 10, 0))
+					}
+				}()
+			}
+			wg.Wait()
+			if got, want := most.Load(), size+writers*each*10; got < want {
+				t.Fatalf("%d appends of 10 bytes to %d: the estimate is %d bytes, want at least %d", writers*each, size, got, want)
+			}
+		})
+	}
 }

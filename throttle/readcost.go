@@ -46,7 +46,6 @@ type ReadCost struct {
 
 	classes []int64 // units of each class
 	unit    int64   // read unit size
-	maxItem int64   // largest value a server stores (an APPEND's sum is capped there)
 
 	// reads in flight by generation parity: those admitted through the
 	// bucket (shared), and the per-lease counters (each written by its
@@ -74,7 +73,6 @@ const keyRoom = 250
 
 func (rc *ReadCost) init(maxRead, unit int64) {
 	rc.unit = unit
-	rc.maxItem = maxRead*unit - keyRoom
 	for c := int64(1); c < maxRead; c *= 2 {
 		rc.classes = append(rc.classes, c)
 	}
@@ -129,20 +127,54 @@ func (rc *ReadCost) valueUnits(v int64) int64 { return ReadUnits(keyRoom+v, rc.u
 
 // Raise is RaiseKey for a write whose key is not known: it raises the
 // ceiling itself.
-func (rc *ReadCost) Raise(v int64, appended bool) bool { return rc.RaiseKey(nil, v, appended) }
+func (rc *ReadCost) Raise(v int64) bool { return rc.RaiseKey(nil, v) }
 
-// RaiseKey is called before a write of key with a value of v bytes is
-// forwarded (appended: APPEND or PREPEND, whose bytes add to the value they
-// extend, capped at the largest item). When what a read of key is billed
-// does not cover the value, it lists key at the value's class (or raises
-// its class), or raises the ceiling when the list is full or key is nil.
-// It reports whether the write may go now: false while a raise waits for
-// the reads admitted before it to settle (this one's, or another
+// Append reserves v more bytes on what key (nil: not known) can hold, for
+// an APPEND or PREPEND about to be forwarded, and returns the most key
+// holds after it, in bytes: v added to the larger of LargestValue and, when
+// key is listed, its largest value, at most limit (the item size of key's
+// server; 0: not known). Concurrent appends each add their own bytes. The
+// caller passes the result to RaiseKey, and keeps it while the write waits
+// (a second Append would count its bytes twice).
+func (rc *ReadCost) Append(key []byte, v, limit int64) int64 {
+	v = max(v, 0)
+	grown := func(old int64) int64 {
+		if limit > 0 {
+			return min(old+v, max(limit, old))
+		}
+		return old + v
+	}
+	if key != nil && rc.large.n.Load() > 0 {
+		var n int64
+		if _, ok := rc.large.grow(key, func(units int64) int64 {
+			n = grown(max(units*rc.unit-keyRoom, rc.bytes.Load()))
+			return rc.valueUnits(n)
+		}); ok {
+			return n
+		}
+	}
+	for {
+		old := rc.bytes.Load()
+		n := grown(old)
+		if n == old || rc.bytes.CompareAndSwap(old, n) {
+			return n
+		}
+	}
+}
+
+// RaiseKey is called before a write of key with a value of v bytes (for
+// an APPEND, what Append returned) is forwarded. When what a read of key
+// is billed does not cover the value, it lists key at the value's class
+// (or raises its class), or raises the ceiling when the list is full or
+// key is nil. It reports whether the write may go now: false while a raise
+// waits for the reads admitted before it to settle (this one's, or another
 // write's), or while another write lists its key; the caller waits and
 // calls RaiseKey again (after reads of the bucket settle, or TryDrain
 // reports true). A write that raises nothing takes no lock and does not
 // allocate.
-func (rc *ReadCost) RaiseKey(key []byte, v int64, appended bool) bool {
+func (rc *ReadCost) RaiseKey(key []byte, v int64) bool {
+	units := rc.valueUnits(v)
+	need := rc.classFor(units)
 	for {
 		st := rc.state.Load()
 		if st&rcPending != 0 {
@@ -155,21 +187,17 @@ func (rc *ReadCost) RaiseKey(key []byte, v int64, appended bool) bool {
 			return false // another write's listing: a few instructions
 		}
 		cur, above := rc.classOf(key, st)
-		nv := v
-		if appended {
-			nv = rc.appended(key, v)
+		if need > cur {
+			return rc.raiseTo(key, need, v)
 		}
-		need := rc.classFor(rc.valueUnits(nv))
-		if need <= cur {
-			if !above {
-				atomicMax(&rc.bytes, nv)
-			}
-			if rc.state.Load() == st {
-				return true // (no listing began after the entry was read)
-			}
-			continue
+		if above {
+			rc.large.grow(key, func(int64) int64 { return units })
+		} else {
+			atomicMax(&rc.bytes, v)
 		}
-		return rc.raiseTo(key, need, nv)
+		if rc.state.Load() == st {
+			return true // (no listing began after the entry was read)
+		}
 	}
 }
 
@@ -184,21 +212,6 @@ func (rc *ReadCost) classOf(key []byte, st uint64) (uint64, bool) {
 		return k, true
 	}
 	return c, false
-}
-
-// appended returns the largest value a write appending v bytes to key
-// can leave. Before it, the key's value is bounded by the largest value
-// recorded (LargestValue: every value written while no listed class was
-// above the ceiling) and, when key is listed, by its class, whether or not
-// the ceiling has reached that class since.
-func (rc *ReadCost) appended(key []byte, v int64) int64 {
-	old := rc.bytes.Load()
-	if key != nil && rc.large.n.Load() > 0 {
-		if k, ok := rc.large.class(key); ok {
-			old = max(old, rc.classes[k]*rc.unit-keyRoom)
-		}
-	}
-	return min(old+max(v, 0), max(rc.maxItem, old))
 }
 
 // raiseTo makes a read of key billed at least class need (listing key, or
@@ -219,7 +232,7 @@ func (rc *ReadCost) raiseTo(key []byte, need uint64, v int64) bool {
 	if key != nil && rc.state.CompareAndSwap(st, st|rcListing) {
 		// The entry is written before the generation moves on: a read
 		// of the new generation finds it, one of the old is waited for.
-		listed := rc.large.list(key, need)
+		listed := rc.large.list(key, need, rc.valueUnits(v))
 		for {
 			st = rc.state.Load()
 			n := st &^ rcListing

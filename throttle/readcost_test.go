@@ -49,12 +49,12 @@ func TestReadCostClasses(t *testing.T) {
 	if old.Paid() != 1 || old.ReadBill() != 1 {
 		t.Fatalf("read billed %d, want the ceiling 1", old.Paid())
 	}
-	if !rc.Raise(100, false) {
+	if !rc.Raise(100) {
 		t.Fatal("a 100-byte value waited: it fits class 1")
 	}
 	// 100 KB: 25 units with the longest key, class 32. It must wait for
 	// the read admitted under class 1.
-	if rc.Raise(100_000, false) {
+	if rc.Raise(100_000) {
 		t.Fatal("a raise went while a read billed under the old class was in flight")
 	}
 	if c := rc.Ceiling(); c != 32 {
@@ -64,11 +64,11 @@ func TestReadCostClasses(t *testing.T) {
 	if newer.Paid() != 32 {
 		t.Fatalf("read after the raise billed %d, want 32", newer.Paid())
 	}
-	if rc.Raise(10, false) || rc.TryDrain() {
+	if rc.Raise(10) || rc.TryDrain() {
 		t.Fatal("a write went while a raise waits for old reads")
 	}
 	l.Settle(old, 1)
-	if !rc.TryDrain() || !rc.Raise(100_000, false) || !rc.Raise(10, false) {
+	if !rc.TryDrain() || !rc.Raise(100_000) || !rc.Raise(10) {
 		t.Fatal("the raise still waits after the old read settled (reads admitted after it must not hold it)")
 	}
 	b.Settle(newer, 1)
@@ -81,17 +81,17 @@ func TestReadCostClasses(t *testing.T) {
 		t.Fatalf("snapshot after reset (%d, %d), want (2, 1)", ep, c)
 	}
 	// APPEND adds: 3000 + 3000 bytes (+250 key) is 2 units.
-	if !rc.Raise(3000, false) || rc.Ceiling() != 1 {
+	if !rc.Raise(3000) || rc.Ceiling() != 1 {
 		t.Fatalf("a 3000-byte value: ceiling %d, want 1", rc.Ceiling())
 	}
-	if !rc.Raise(3000, true) || rc.Ceiling() != 2 { // no read in flight: no wait
+	if !rc.Raise(rc.Append(nil, 3000, 0)) || rc.Ceiling() != 2 { // no read in flight: no wait
 		t.Fatalf("after an append of 3000 to 3000 bytes the ceiling is %d, want 2", rc.Ceiling())
 	}
 	// From class 1 to M at most 9 raises.
 	rc.Reset(3)
 	raises, last := 0, rc.Ceiling()
 	for v := int64(1); v < 1<<20+997; v += 997 {
-		rc.Raise(min(v, 1<<20), false)
+		rc.Raise(min(v, 1<<20))
 		if c := rc.Ceiling(); c != last {
 			raises, last = raises+1, c
 		}
@@ -248,7 +248,7 @@ func TestReadCostNoAllocs(t *testing.T) {
 		b.Settle(g, 1)
 		g, _ = l.AdmitCost(&w, Blocking, Cost{Read: true})
 		l.Settle(g, 1)
-		b.ReadCost().Raise(100, false)
+		b.ReadCost().Raise(100)
 		b.ReadCost().TryDrain()
 	})
 	if n != 0 {
