@@ -24,7 +24,7 @@ rows() {
 all=$(for f in "$@"; do rows "$f"; done)
 times=$(for f in "$@"; do
   t="${f%.json}.time"
-  [ -f "$t" ] && echo "$(basename "$f" .json) $(tail -n 1 "$t")"
+  if [ -s "$t" ]; then echo "$(basename "$f" .json) $(tail -n 1 "$t")"; fi
 done)
 if [ -n "$times" ]; then
   echo "== passes (s): wall, user, system, CPU (user + system)"
