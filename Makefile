@@ -68,9 +68,9 @@ NORACE_PKGS := ./bucketcfg ./cmd/kvthrottle ./fleet ./throttle
 # Of those packages, the tests that skip or shorten under -race: the pass
 # without it runs these alone (the others ran in full under -race).
 NORACE_TESTS := ^(TestLoadValidFixture|TestHashPassword|TestHashPasswordAndVersion|TestFair.*|TestSim.*|TestLeaseAccuracy|TestFIFOSimulated|TestHardLimitMixedSizes|TestBlockingReachesHardLimitWithMixedSizes|TestShareWeight|TestFIFOConcurrentForgivenessForgivesOne)$$
-# The proxy tests that shorten under -race and are not in
+# The proxy tests that skip or shorten under -race and are not in
 # UPSTREAM_TLS_TESTS: test-norace-proxy runs them in full.
-PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent))$$
+PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent)|TestLargeReadsDoNotHoldTheReservedNeighbour|TestPipelinedSmallGetsReachTheHardLimit|TestAdmitDisplacesOldestSingleLogin)$$
 # timed NAME: with TESTJSON (and /usr/bin/time), the pass's wall, user and
 # system seconds, its children's included, to $(TESTJSON)/NAME.time
 # (scripts/testtimes.sh prints them).

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvthrottle/kvthrottle/internal/mcclient"
+	"github.com/kvthrottle/kvthrottle/internal/testmc"
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
@@ -115,6 +116,13 @@ func TestPipelinedLargeGetsHoldTheHardLimit(t *testing.T) {
 // there, its gauge within a read of empty).
 func TestLargeReadsDoNotHoldTheReservedNeighbour(t *testing.T) {
 	t.Parallel()
+	// Without -race only (PROXY_NORACE_TESTS), in full: 2,250 steps of
+	// the fake clock took 106 s of the race pass's longest process. Its
+	// paths run under -race in TestPipelinedLargeGetsHoldTheHardLimit
+	// (large reads billed in full, held and woken) and
+	// TestRule3ReservedNeighbourBesideSurpriseStorm (a reserved neighbour
+	// beside large reads).
+	testmc.SkipUnderRace(t)
 	r := largeReadsFake(t)
 	if r.calmHeld != 0 || r.calmLongest != 0 {
 		t.Errorf("the neighbour inside its reservation was held %d times, its longest wait %v; want never, 0", r.calmHeld, r.calmLongest)
@@ -287,6 +295,13 @@ func largeReadsBesideNeighbours(t testing.TB) largeReadsResult {
 // re-try, three GETs a step).
 func TestPipelinedSmallGetsReachTheHardLimit(t *testing.T) {
 	t.Parallel()
+	// Without -race only (PROXY_NORACE_TESTS), in full: 1,200 steps of
+	// the fake clock took 93 s of the race pass's longest process. Its
+	// paths (a session held for the budget of reads of unknown cost, woken
+	// when a read is in) run under -race in
+	// TestPipelinedLargeGetsHoldTheHardLimit and
+	// TestRule1HardLimitWithRoundTrips.
+	testmc.SkipUnderRace(t)
 	const limit, warm, window = 10000, 200, 1000 // units/s; steps of 1 ms
 	clock := throttle.NewFakeClock(time.Hour)
 	p := startProxyClock(t, testConfig{
