@@ -144,9 +144,11 @@ test-race-proxy-parallel: test-proxy-bins
 
 # The real Redis Cluster and Sentinel failovers, and the other ways the
 # store moves (proxy/fleet_cluster_replies_test.go): mostly waiting on Redis,
-# so they overlap the other passes; the instances run on fake clocks and
-# the figures are asserted exactly (the real-clock ones are
-# BenchmarkFleetFailover's).
+# so they overlap the other passes, and each other (t.Parallel: each test
+# starts Redis processes of its own, on ports claimed across the suite; one
+# after another they were the longest pass, 303 s); the instances run on
+# fake clocks and the figures are asserted exactly (the real-clock ones
+# are BenchmarkFleetFailover's).
 test-fleet-failover: test-proxy-bins
 	$(call runbin,fleet-failover,$(PROXY_RACE_BIN),-test.run '$(FLEET_FAILOVER_TESTS)')
 

@@ -24,6 +24,7 @@ import (
 // taken over and the cluster is healthy, each instance is back within 2
 // periods, with the figures of fakeFailover.
 func TestFleetClusterDown(t *testing.T) {
+	t.Parallel()
 	c := testmc.StartRedisCluster(t, 3, 1, time.Second)
 	primary := c.Primary(fleetTag)
 	var other *testmc.Redis
@@ -155,6 +156,7 @@ func checkSeconds(t *testing.T, what string, secs [][]float64) {
 // through one instance in the ASK phase and after the move is in force on
 // both a period later; no second above 3300 units, no client error.
 func TestFleetSlotMigration(t *testing.T) {
+	t.Parallel()
 	c := testmc.StartRedisCluster(t, 3, 0, time.Second)
 	src := c.Primary(fleetTag)
 	if src == nil {
@@ -234,6 +236,7 @@ func TestFleetSlotMigration(t *testing.T) {
 // down: a READONLY reply closes its connection and the call is sent again
 // (fleet's readOnlyHook), on a new connection to the new primary.
 func TestFleetDemotedPrimary(t *testing.T) {
+	t.Parallel()
 	primary := testmc.StartRedis(t)
 	replica := testmc.StartRedisReplica(t, primary)
 	ep := testmc.StartEndpoint(t, primary.Addr)
@@ -265,6 +268,7 @@ func TestFleetDemotedPrimary(t *testing.T) {
 // force on both a period later. (A cluster replica answers MOVED, not
 // READONLY, to a client that has not sent READONLY itself.)
 func TestFleetClusterDemotedPrimary(t *testing.T) {
+	t.Parallel()
 	c := testmc.StartRedisCluster(t, 3, 1, time.Second)
 	primary := c.Primary(fleetTag)
 	if primary == nil {

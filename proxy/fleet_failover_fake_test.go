@@ -185,6 +185,7 @@ func checkFailoverRates(t *testing.T, secs [][]float64) {
 // (fleet's slotMapHook; without it, the calls went on failing against the
 // dead primary until the client's own reload a minute later).
 func TestFleetClusterFailover(t *testing.T) {
+	t.Parallel()
 	c := testmc.StartRedisCluster(t, 3, 1, time.Second)
 	primary := c.Primary(fleetTag)
 	if primary == nil {
@@ -210,6 +211,7 @@ func TestFleetClusterFailover(t *testing.T) {
 // and it reports role:master, each instance reaches the store at its
 // first call (a new connection asks the sentinels for the primary).
 func TestFleetSentinelFailover(t *testing.T) {
+	t.Parallel()
 	s := testmc.StartRedisSentinel(t, time.Second)
 	primary := s.Primary()
 	if primary == nil {

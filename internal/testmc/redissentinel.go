@@ -153,6 +153,14 @@ func (s *RedisSentinel) WaitHealthy(timeout time.Duration) (time.Time, error) {
 // has been dead meanwhile is then down at once, and the failover that
 // follows is the sentinels' own. The test fails if a sentinel cannot be
 // configured.
+//
+// A sentinel promotes no replica whose link to the primary has been down
+// for more than ten times down-after-milliseconds beyond the time since
+// it saw the primary down: after a hold longer than that (9 s of real time
+// at 1 s: a loaded machine), no failover would ever come. So the release
+// sets down-after-milliseconds to at least a fifth of the hold, which
+// changes nothing else here: the primary, dead longer than that, is still
+// down at once.
 func (s *RedisSentinel) HoldFailover(t testing.TB) (release func()) {
 	t.Helper()
 	set := func(ms int64) {
@@ -165,8 +173,9 @@ func (s *RedisSentinel) HoldFailover(t testing.TB) (release func()) {
 		}
 	}
 	set(time.Hour.Milliseconds())
+	held := time.Now()
 	return func() {
 		t.Helper()
-		set(s.down.Milliseconds())
+		set(max(s.down, time.Since(held)/5).Milliseconds())
 	}
 }
