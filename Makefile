@@ -71,6 +71,12 @@ NORACE_TESTS := ^(TestLoadValidFixture|TestHashPassword|TestHashPasswordAndVersi
 # The proxy tests that skip or shorten under -race and are not in
 # UPSTREAM_TLS_TESTS: test-norace-proxy runs them in full.
 PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent)|TestLargeReadsDoNotHoldTheReservedNeighbour|TestPipelinedSmallGetsReachTheHardLimit|TestAdmitDisplacesOldestSingleLogin)$$
+# TESTBUILD: the build flags of make test's compiles. -trimpath keeps the
+# clone's directory out of the build cache's keys, so a fresh clone (CI's
+# every run) reuses what an earlier clone on the machine compiled of the
+# same sources, instead of compiling every package of the module again,
+# with and without -race.
+TESTBUILD := -trimpath
 # timed NAME: with TESTJSON (and /usr/bin/time), the pass's wall, user and
 # system seconds, its children's included, to $(TESTJSON)/NAME.time
 # (scripts/testtimes.sh prints them).
@@ -125,13 +131,13 @@ test-proxy-bins:
 	$(if $(PROXY_BINS_BUILT),@true,@$(MAKE) --no-print-directory -j3 test-proxy-race-bin test-proxy-norace-bin test-kvthrottle-bin)
 
 test-kvthrottle-bin:
-	$(GO) build -o $(KVTHROTTLE_TEST_BIN) ./cmd/kvthrottle
+	$(GO) build $(TESTBUILD) -o $(KVTHROTTLE_TEST_BIN) ./cmd/kvthrottle
 
 test-proxy-race-bin:
-	$(GO) test -race -c -o $(PROXY_RACE_BIN) ./proxy
+	$(GO) test $(TESTBUILD) -race -c -o $(PROXY_RACE_BIN) ./proxy
 
 test-proxy-norace-bin:
-	$(GO) test -c -o $(PROXY_BIN) ./proxy
+	$(GO) test $(TESTBUILD) -c -o $(PROXY_BIN) ./proxy
 
 test-race-proxy-serial: test-proxy-bins
 	$(call runbin,race-proxy-serial,$(PROXY_RACE_BIN),-test.run '$(PROXY_SERIAL_A)' -test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
@@ -153,10 +159,10 @@ test-fleet-failover: test-proxy-bins
 	$(call runbin,fleet-failover,$(PROXY_RACE_BIN),-test.run '$(FLEET_FAILOVER_TESTS)')
 
 test-race-packages: test-proxy-bins
-	$(call gotest,race,-race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/proxy$$'))
+	$(call gotest,race,$(TESTBUILD) -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/proxy$$'))
 
 test-norace: test-proxy-bins
-	$(call gotest,norace,-count=1 -timeout 10m -run '$(NORACE_TESTS)' $(NORACE_PKGS))
+	$(call gotest,norace,$(TESTBUILD) -count=1 -timeout 10m -run '$(NORACE_TESTS)' $(NORACE_PKGS))
 
 test-norace-proxy: test-proxy-bins
 	$(call runbin,norace-proxy,$(PROXY_BIN),-test.run '$(PROXY_NORACE_TESTS)')
@@ -168,7 +174,7 @@ test-upstream-tls: test-proxy-bins
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
+	$(GO) vet $(TESTBUILD) ./...
 	$(GO) run $(STATICCHECK) ./...
 
 ## bench: the benchmarks of DESIGN.md section 9 and issue 15's TLS ones
