@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run fleet test test-passes test-race test-proxy-bins test-proxy-race-bin test-proxy-norace-bin test-kvthrottle-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-serial3 test-race-proxy-serial4 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-norace-proxy test-upstream-tls deps vet bench fuzz clean
+.PHONY: all build run fleet test test-passes test-race test-proxy-bins test-proxy-race-bin test-proxy-norace-bin test-kvthrottle-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-norace-proxy test-upstream-tls deps vet bench fuzz clean
 
 all: build
 
@@ -83,19 +83,16 @@ TESTBUILD := -trimpath
 timed = $(if $(TESTJSON),$(if $(wildcard /usr/bin/time),/usr/bin/time -f '%e %U %S' -o $(abspath $(TESTJSON))/$(1).time))
 # gotest NAME,ARGS: go test ARGS, or with TESTJSON its -json to $(TESTJSON)/NAME.json.
 gotest = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )$(call timed,$(1)) $(GO) test $(2)$(if $(TESTJSON), -json > $(TESTJSON)/$(1).json)
-# The proxy's race pass runs in five processes at once, from one test
+# The proxy's race pass runs in three processes at once, from one test
 # binary (PROXY_RACE_BIN): the tests that call t.Parallel() first thing
 # (PROXY_PARALLEL), and the others, which Go runs one at a time, split by
-# name in four (PROXY_SERIAL_A, _B, _C: names from A, B to L, M to R; the
-# fourth the rest), about equal in time. The serial ones run one at a time
-# within their process, so a test hook (a package variable) they set
-# reaches no other test; in two processes they were the longest passes
-# (366 s, of which 72 s of CPU: they wait on sockets, children and
-# memcached).
+# name in two halves (PROXY_SERIAL_A: names from A to O). The serial ones
+# run one at a time within their process, so a test hook (a package
+# variable) they set reaches no other test; in one process they were the
+# longest pass (300 s, much of it waiting on sockets, children and
+# memcached, not on the CPU).
 PROXY_PARALLEL := $(shell scripts/paralleltests.sh proxy)
-PROXY_SERIAL_A := ^(Test|Fuzz|Example)A
-PROXY_SERIAL_B := ^(Test|Fuzz|Example)[B-L]
-PROXY_SERIAL_C := ^(Test|Fuzz|Example)[M-R]
+PROXY_SERIAL_A := ^(Test|Fuzz|Example)[A-O]
 PROXY_RACE_BIN := $(CURDIR)/bin/test/proxy.race.test
 # The proxy's test binary without -race: the upstream-TLS pass, the full
 # rate tests and the TLS handshake flood run it (one build, not three).
@@ -113,16 +110,16 @@ test:
 	@$(MAKE) --no-print-directory WITH_VET=vet PROXY_BINS_BUILT=1 test-passes
 
 ## test-passes: make test without installing anything or vet (what
-## scripts/flake.sh runs). Every pass starts at once: -j14 is more than
-## their twelve jobs (a pass left waiting for a slot ends last).
+## scripts/flake.sh runs). Every pass starts at once: -j12 is more than
+## their ten jobs (a pass left waiting for a slot ends last).
 test-passes:
 	@$(MAKE) --no-print-directory test-proxy-bins
-	@$(MAKE) --no-print-directory -j14 PROXY_BINS_BUILT=1 $(WITH_VET) test-race test-norace test-norace-proxy test-upstream-tls test-fleet-failover
+	@$(MAKE) --no-print-directory -j12 PROXY_BINS_BUILT=1 $(WITH_VET) test-race test-norace test-norace-proxy test-upstream-tls test-fleet-failover
 	$(call runbin,tls-flood,$(PROXY_BIN),-test.run '^TestTLSHandshakeFlood$$')
 
-## test-race: every test with -race but the failovers: the proxy's in five
-## processes (see PROXY_PARALLEL), every other package's in a sixth.
-test-race: test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-serial3 test-race-proxy-serial4 test-race-proxy-parallel test-race-packages
+## test-race: every test with -race but the failovers: the proxy's in three
+## processes (see PROXY_PARALLEL), every other package's in a fourth.
+test-race: test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages
 
 # test-passes builds the proxy's two test binaries and KVTHROTTLE_TEST_BIN
 # before anything else, at once: the passes that run the proxy's are the
@@ -146,13 +143,7 @@ test-race-proxy-serial: test-proxy-bins
 	$(call runbin,race-proxy-serial,$(PROXY_RACE_BIN),-test.run '$(PROXY_SERIAL_A)' -test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
 
 test-race-proxy-serial2: test-proxy-bins
-	$(call runbin,race-proxy-serial2,$(PROXY_RACE_BIN),-test.run '$(PROXY_SERIAL_B)' -test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
-
-test-race-proxy-serial3: test-proxy-bins
-	$(call runbin,race-proxy-serial3,$(PROXY_RACE_BIN),-test.run '$(PROXY_SERIAL_C)' -test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
-
-test-race-proxy-serial4: test-proxy-bins
-	$(call runbin,race-proxy-serial4,$(PROXY_RACE_BIN),-test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)|$(PROXY_SERIAL_A)|$(PROXY_SERIAL_B)|$(PROXY_SERIAL_C)')
+	$(call runbin,race-proxy-serial2,$(PROXY_RACE_BIN),-test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)|$(PROXY_SERIAL_A)')
 
 test-race-proxy-parallel: test-proxy-bins
 	$(call runbin,race-proxy-parallel,$(PROXY_RACE_BIN),-test.run '$(PROXY_PARALLEL)' -test.skip '$(FLEET_FAILOVER_TESTS)')
