@@ -235,39 +235,44 @@ func (lp *loop) wakeDue(context.Context) error {
 // commands on one run and three on another (TestFleetHardLimitFollowsTheLoad
 // on fake clocks).
 func (lp *loop) wakeAll(context.Context) error {
-	woken := lp.woken[:0]
-	for s := range lp.sessions {
-		if s.owing > 0 {
-			woken = append(woken, s)
-		}
-	}
-	slices.SortFunc(woken, func(a, b *session) int { return cmp.Compare(a.oweWaiter.Place()-1, b.oweWaiter.Place()-1) })
-	for i, s := range woken {
-		woken[i] = nil
+	owing := lp.sessionsWhere(func(s *session) bool { return s.owing > 0 }, func(a, b *session) int {
+		return cmp.Compare(a.oweWaiter.Place()-1, b.oweWaiter.Place()-1)
+	})
+	for i, s := range owing {
+		owing[i] = nil
 		s.payOwed()
 	}
-	woken = woken[:0]
-	for s := range lp.sessions {
-		if s.wakeable() {
-			woken = append(woken, s)
-		}
-	}
-	slices.SortFunc(woken, func(a, b *session) int {
+	lp.woken = owing[:0]
+	held := lp.sessionsWhere((*session).wakeable, func(a, b *session) int {
 		if c := cmp.Compare(a.waiter.Place()-1, b.waiter.Place()-1); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.heldAt, b.heldAt)
 	})
-	for i, s := range woken {
-		woken[i] = nil
+	for i, s := range held {
+		held[i] = nil
 		if s.wakeable() && s.setPause(running) {
 			s.resume()
 		}
 	}
-	lp.woken = woken[:0]
+	lp.woken = held[:0]
 	lp.resumeCeiling(func(ceilWaiter) bool { return true }) // a FLUSH or another instance may have ended their wait
 	lp.flushClients()
 	return nil
+}
+
+// sessionsWhere returns the loop's sessions for which keep reports true,
+// sorted by order, in lp.woken's storage (the caller clears each entry it
+// takes, and hands the storage back).
+func (lp *loop) sessionsWhere(keep func(*session) bool, order func(a, b *session) int) []*session {
+	ss := lp.woken[:0]
+	for s := range lp.sessions {
+		if keep(s) {
+			ss = append(ss, s)
+		}
+	}
+	slices.SortFunc(ss, order)
+	return ss
 }
 
 // wakeHeld makes every loop re-admit its held sessions. Safe from any
