@@ -64,13 +64,13 @@ UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCro
 # The packages with tests that skip or shorten under -race
 # (testmc.SkipUnderRace, testmc.UnderRace: simulations on one goroutine at a
 # time, bcrypt at its real cost); internal/docscheck checks the list.
-NORACE_PKGS := ./bucketcfg ./cmd/kvthrottle ./fleet ./throttle
+NORACE_PKGS := ./bucketcfg ./cmd/kvthrottle ./fleet ./internal/textdiff ./throttle
 # Of those packages, the tests that skip or shorten under -race: the pass
 # without it runs these alone (the others ran in full under -race).
-NORACE_TESTS := ^(TestLoadValidFixture|TestHashPassword|TestHashPasswordAndVersion|TestFair.*|TestSim.*|TestLeaseAccuracy|TestFIFOSimulated|TestHardLimitMixedSizes|TestBlockingReachesHardLimitWithMixedSizes|TestShareWeight|TestFIFOConcurrentForgivenessForgivesOne)$$
+NORACE_TESTS := ^(TestLoadValidFixture|TestMemcachedAgainstItself|TestHashPassword|TestHashPasswordAndVersion|TestFair.*|TestSim.*|TestLeaseAccuracy|TestFIFOSimulated|TestHardLimitMixedSizes|TestBlockingReachesHardLimitWithMixedSizes|TestShareWeight|TestFIFOConcurrentForgivenessForgivesOne)$$
 # The proxy tests that skip or shorten under -race and are not in
 # UPSTREAM_TLS_TESTS: test-norace-proxy runs them in full.
-PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent)|TestLargeReadsDoNotHoldTheReservedNeighbour|TestPipelinedSmallGetsReachTheHardLimit|TestAdmitDisplacesOldestSingleLogin)$$
+PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples|Newcomer)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent)|TestLargeReadsDoNotHoldTheReservedNeighbour|TestPipelinedSmallGetsReachTheHardLimit|TestAdmitDisplacesOldestSingleLogin|TestAuthFloodSparesKnownUsersAndTenants)$$
 # TESTBUILD: the build flags of make test's compiles. -trimpath keeps the
 # clone's directory out of the build cache's keys, so a fresh clone (CI's
 # every run) reuses what an earlier clone on the machine compiled of the

@@ -116,13 +116,17 @@ func newSim(t *testing.T, period time.Duration, capacity throttle.Limit, buckets
 // of a period per instance.
 func (s *sim) add() *simInstance {
 	in := &simInstance{clients: map[string]int{}, units: map[string]float64{}, waiting: map[string]int{}, dropped: map[string]bool{}}
-	rdb := redis.NewClient(&redis.Options{Addr: s.mr.Addr(), MaxRetries: -1})
+	// Real-time timeouts are liveness bounds here: a store call that runs
+	// out fails the sync and changes the exact figures, and a loaded
+	// machine's miniredis round trip can take seconds (a run timed out at
+	// the default half period). The store's loss is simulated by lossHook.
+	rdb := redis.NewClient(&redis.Options{Addr: s.mr.Addr(), MaxRetries: -1, ReadTimeout: time.Minute, WriteTimeout: time.Minute})
 	rdb.AddHook(procHook(s.lose.hook))
 	rdb.AddHook(procHook(in.cut.hook))
 	s.t.Cleanup(func() { rdb.Close() })
 	in.phase = s.nextPhase
 	s.nextPhase = (s.nextPhase + (s.period * 7 / 23).Truncate(simStep)) % s.period
-	f, err := New(Config{Store: newStore(rdb, "sim"), Instance: fmt.Sprintf("i%d", len(s.inst)), Period: s.period, OnStoreLoss: s.policy, Clock: s.clock}, Hooks{
+	f, err := New(Config{Store: newStore(rdb, "sim"), Instance: fmt.Sprintf("i%d", len(s.inst)), Period: s.period, OnStoreLoss: s.policy, Clock: s.clock, CallTimeout: time.Minute}, Hooks{
 		Usage: func(dst []Usage) (Node, []Usage) {
 			for _, b := range s.buckets {
 				if in.dropped[b.name] {

@@ -37,8 +37,10 @@ func realStore(t *testing.T, name string) (*Store, *redis.Client) {
 	return st, rdb
 }
 
+// ctx5 is a test's context for its store calls: a liveness bound of a
+// minute (its name is older than the bound).
 func ctx5(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }

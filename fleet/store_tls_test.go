@@ -78,7 +78,7 @@ func TestStoreTLS(t *testing.T) {
 	if err := load(r.TLSURL() + "?tls_ca_file=" + r.CAFile + certs); err != nil {
 		t.Fatalf("the right CA and a client certificate: Load: %v", err)
 	}
-	st, err := OpenStore(r.TLSURL()+"?tls_ca_file="+r.CAFile+certs+"&dial_timeout=3s", "tls")
+	st, err := OpenStore(r.TLSURL()+"?tls_ca_file="+r.CAFile+certs+"&dial_timeout=30s", "tls")
 	if err != nil {
 		t.Fatal(err)
 	}

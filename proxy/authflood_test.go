@@ -296,7 +296,8 @@ func getLatencies(t testing.TB, c *mcclient.Client, key []byte, d time.Duration)
 // within 2x of the same test's baseline). Before the cache and the
 // per-source budget, logins got Etmpfail and the GET p99 rose 20x and more.
 // The latency targets are checked without the race detector only (it slows
-// every path by a different factor); the numbers are logged either way.
+// every path by a different factor): make test runs the test again without
+// it (PROXY_NORACE_TESTS); the numbers are logged either way.
 //
 // Those latency targets are BenchmarkAuthFlood's, on the real clock; the
 // test asserts what the machine's speed cannot change (every login of the
@@ -304,7 +305,7 @@ func getLatencies(t testing.TB, c *mcclient.Client, key []byte, d time.Duration)
 // breakage of the latencies (ten times their targets).
 func TestAuthFloodSparesKnownUsersAndTenants(t *testing.T) {
 	r := authFlood(t)
-	if testmc.RaceEnabled {
+	if judged := testmc.UnderRace(true, false); !judged {
 		return // the race detector slows every path by a different factor
 	}
 	if limit := 10 * max(10*time.Millisecond, 2*r.loginBase); r.loginFlooded > limit {

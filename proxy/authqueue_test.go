@@ -181,9 +181,9 @@ func TestAuthQueueWorker(t *testing.T) {
 	for i := 0; i < 6; i++ {
 		q.push(string(rune('a'+i)), jobFor("ok"), now)
 	}
-	eventually(t, 5*time.Second, "six checks", func() bool { return checked.Load() == 6 })
+	eventually(t, time.Minute, "six checks", func() bool { return checked.Load() == 6 })
 	q.push("x", jobFor("block"), now)
-	eventually(t, 5*time.Second, "the blocking check to start", func() bool { return running.Load() == 1 })
+	eventually(t, time.Minute, "the blocking check to start", func() bool { return running.Load() == 1 })
 	q.push("y", jobFor("left"), now)
 	q.push("z", jobFor("left"), now)
 	done := make(chan struct{})

@@ -57,7 +57,7 @@ func frozenBackPressure(t *testing.T, prefix string, want pauseState, cmd func(b
 	w := startPipeWriterOf(t, c, n, func(b *bytes.Buffer, i int) { cmd(b, i, valueLen) })
 	blockedSession(t, p, w, want)
 	thaw()
-	w.wait(t, 20*time.Second)
+	w.wait(t, clientPatience)
 	checkInStep(t, c)
 	checkStored(t, p.MC.Addr, "default", prefix, n, valueLen)
 }
@@ -79,7 +79,7 @@ func TestTLSHeldWriterBackPressure(t *testing.T) {
 	w := startPipeWriter(t, c, "tls", n, valueLen)
 	blockedSession(t, s.p, w, held)
 	s.p.Engine().Bucket("default").SetLimits(0, -1)
-	w.wait(t, 20*time.Second)
+	w.wait(t, clientPatience)
 	checkInStep(t, c)
 	checkStored(t, s.p.MC.Addr, "default", "tls", n, valueLen)
 }

@@ -90,7 +90,7 @@ func TestHeldWriterDrainsItsResponse(t *testing.T) {
 	tc := dialText(t, p.Addr)
 	textDo(t, tc, fmt.Sprintf("set big 0 0 %d\r\n%s\r\n", big, bpValue(0, big)), "STORED\r\n")
 	_ = tc.c.Close()
-	eventually(t, 5*time.Second, "the setter to be gone", func() bool { return p.Connections() == 0 })
+	eventually(t, time.Minute, "the setter to be gone", func() bool { return p.Connections() == 0 })
 	b.SetLimits(0, limit)
 
 	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
@@ -104,7 +104,7 @@ func TestHeldWriterDrainsItsResponse(t *testing.T) {
 	}
 	// Small socket buffers on both sides, so that the response waits in
 	// gnet's outbound buffer.
-	eventually(t, 5*time.Second, "the session to open", func() bool { return p.Connections() == 1 })
+	eventually(t, time.Minute, "the session to open", func() bool { return p.Connections() == 1 })
 	onLoop(t, p, func(lp *loop) {
 		for s := range lp.sessions {
 			_ = s.c.(gnet.Conn).SetWriteBuffer(16 << 10)
@@ -135,7 +135,7 @@ func TestHeldWriterDrainsItsResponse(t *testing.T) {
 
 	// The client reads its response: gnet drains its buffer and reads
 	// again; the proxy stops reading again.
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(clientPatience))
 	want := fmt.Sprintf("VALUE big 0 %d\r\n%s\r\nEND\r\n", big, bpValue(0, big))
 	got := make([]byte, len(want))
 	if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
@@ -159,7 +159,7 @@ func TestHeldWriterDrainsItsResponse(t *testing.T) {
 
 	b.SetLimits(0, -1)
 	clock.Advance(time.Minute) // the held set's wake-up time
-	w.wait(t, 20*time.Second)
+	w.wait(t, clientPatience)
 	checkInStep(t, c)
 	checkStored(t, p.MC.Addr, "default", "dr", n-1, valueLen)
 }

@@ -4,7 +4,6 @@ package proxy
 // restarts, FLUSHes and a fleet.
 
 import (
-	"bytes"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -16,14 +15,6 @@ import (
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
-
-// setValue sets key to n bytes through c and fails the test unless stored.
-func setValue(t *testing.T, c *mcclient.Client, key string, n int) {
-	t.Helper()
-	if r, err := c.Set([]byte(key), bytes.Repeat([]byte("v"), n)); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatalf("set %s (%d bytes): %v %v", key, n, r, err)
-	}
-}
 
 // flush sends a FLUSH through c and fails the test unless it succeeds.
 func flush(t *testing.T, c *mcclient.Client) {

@@ -245,7 +245,7 @@ func TestFleetCeilings(t *testing.T) {
 	if c := a.Engine().Bucket("b").ReadCost().Bound(); c != 32 {
 		t.Fatalf("a: ceiling %d after a 100 KB value, want 32", c)
 	}
-	testmc.Eventually(t, 5*time.Second, "b learns a's ceiling", func() bool {
+	testmc.Eventually(t, time.Minute, "b learns a's ceiling", func() bool {
 		return b.Engine().Bucket("b").ReadCost().Bound() == 32
 	})
 }

@@ -64,8 +64,8 @@ func TestTLSCertNamesOneUser(t *testing.T) {
 			if err := certServed(t, s, &two); err == nil {
 				t.Fatalf("a certificate with two %s values was served", x.field)
 			}
-			eventually(t, 5*time.Second, "the refusal counted", func() bool { return s.p.tls.failures.Load() == before+1 })
-			eventually(t, 5*time.Second, "the refusal logged", func() bool {
+			eventually(t, time.Minute, "the refusal counted", func() bool { return s.p.tls.failures.Load() == before+1 })
+			eventually(t, time.Minute, "the refusal logged", func() bool {
 				return strings.Contains(log.String(), "more than one user")
 			})
 			line := logLine(log.String(), "more than one user")

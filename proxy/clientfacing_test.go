@@ -250,14 +250,14 @@ func TestFlushesShareStateWrites(t *testing.T) {
 		}
 	}
 	send(conns[0])
-	eventually(t, 5*time.Second, "the first FLUSH's write to start", func() bool {
+	eventually(t, time.Minute, "the first FLUSH's write to start", func() bool {
 		pending, running := queue()
 		return running && pending == 0
 	})
 	for _, c := range conns[1:] {
 		send(c)
 	}
-	eventually(t, 5*time.Second, "the other FLUSHes to queue", func() bool {
+	eventually(t, time.Minute, "the other FLUSHes to queue", func() bool {
 		pending, _ := queue()
 		return pending == n-1
 	})
@@ -293,7 +293,7 @@ func TestVersionAnsweredLocally(t *testing.T) {
 		t.Fatal(r.Status())
 	}
 	want := r.Value
-	eventually(t, 5*time.Second, "the health probe to read the version", func() bool {
+	eventually(t, time.Minute, "the health probe to read the version", func() bool {
 		return p.pool.Version() != nil
 	})
 	bytesRead := func() int { return memcachedStat(t, p.MC.Addr, "bytes_read") }

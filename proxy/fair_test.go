@@ -319,13 +319,17 @@ func TestFairFreePool(t *testing.T) {
 // TestFairNewcomer: a bucket that becomes busy while two others saturate
 // the pool gets its share (a third) within 100 ms, and banks nothing from
 // having been idle.
+//
+// Under -race the newcomer starts at 300 ms and is measured for 400 ms
+// (its 100 ms windows from 400 ms), a third of the fake steps: the race
+// detector watches the fair pool's paths on every step, and four windows
+// show the share as nine do. make test runs the full scenario without
+// -race (PROXY_NORACE_TESTS).
 func TestFairNewcomer(t *testing.T) {
 	t.Parallel()
-	const (
-		late   = 1500 * time.Millisecond
-		warm   = time.Second
-		window = 2 * time.Second
-	)
+	late := testmc.UnderRace(1500*time.Millisecond, 300*time.Millisecond)
+	warm := testmc.UnderRace(time.Second, 200*time.Millisecond)
+	window := testmc.UnderRace(2*time.Second, 600*time.Millisecond)
 	bs := []*fairBucket{
 		{name: "many", weight: 1, conns: 16},
 		{name: "some", weight: 1, conns: 4},

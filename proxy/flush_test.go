@@ -355,7 +355,7 @@ func TestFlushAllDelayedMatchesMemcached(t *testing.T) {
 	// the deadline's second as flushed: wait until an item stored now
 	// stays, on both sides alike.
 	for _, c := range []*textConn{dm, pm} {
-		testmc.Eventually(t, 3*time.Second, "an item stored after the deadline to stay", func() bool {
+		testmc.Eventually(t, time.Minute, "an item stored after the deadline to stay", func() bool {
 			textDo(t, c, "set probe 0 0 1\r\np\r\n", "STORED\r\n")
 			return textDo(t, c, "get probe\r\n", "END\r\n") != "END\r\n"
 		})

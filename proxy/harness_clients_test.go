@@ -20,6 +20,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -283,7 +284,7 @@ func rawDial(t *testing.T, addr string) net.Conn {
 
 func dialFrom(t testing.TB, addr, localIP string) *rawConn {
 	t.Helper()
-	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)}}
+	d := net.Dialer{Timeout: time.Minute, LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)}}
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatalf("dial %s from %s: %v", addr, localIP, err)
@@ -292,8 +293,8 @@ func dialFrom(t testing.TB, addr, localIP string) *rawConn {
 	return &rawConn{t: t, c: c, r: bufio.NewReader(c)}
 }
 
-// dialDeadline connects to addr with a 5 s deadline for everything after;
-// the connection closes when the test ends.
+// dialDeadline connects to addr with a deadline of clientPatience for
+// everything after (liveness); the connection closes when the test ends.
 func dialDeadline(t *testing.T, addr string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
@@ -301,7 +302,7 @@ func dialDeadline(t *testing.T, addr string) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(clientPatience))
 	return c
 }
 
@@ -310,7 +311,7 @@ func dialMany(t testing.TB, addr string, n int) []net.Conn {
 	t.Helper()
 	raw := make([]net.Conn, n)
 	for i := range raw {
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		c, err := net.DialTimeout("tcp", addr, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -365,6 +366,18 @@ func statusFn(t *testing.T) func(*mcclient.Response, error) mc.Status {
 	}
 }
 
+// closedWithin is waitClosed for any goroutine: it reads conn until it
+// closes (EOF or a reset) and returns an error when it is still open after
+// d.
+func closedWithin(conn net.Conn, d time.Duration) error {
+	_ = conn.SetReadDeadline(time.Now().Add(d))
+	_, err := io.Copy(io.Discard, conn)
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		return fmt.Errorf("connection still open after %v", d)
+	}
+	return nil
+}
+
 func isReset(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && !op.Timeout()
@@ -396,7 +409,9 @@ func runMemccapable(t *testing.T, addr, mode string, want int) {
 		t.Fatalf("memccapable not found (make test installs libmemcached-tools): %v", err)
 	}
 	host, port, _ := net.SplitHostPort(addr)
-	out, err := exec.Command("memccapable", "-h", host, "-p", port, mode).CombinedOutput()
+	// -t 30: its I/O timeout, 5 s by default, is a latency bound a loaded
+	// machine broke (Errno 110 on a binary set over TLS).
+	out, err := exec.Command("memccapable", "-h", host, "-p", port, "-t", "30", mode).CombinedOutput()
 	t.Logf("memccapable %s:\n%s", mode, out)
 	if err != nil {
 		t.Fatalf("memccapable %s failed: %v", mode, err)
@@ -429,7 +444,7 @@ func talk(t *testing.T, c net.Conn, when string) {
 	if _, err := c.Write(noop); err != nil {
 		t.Fatalf("NOOP %s: %v", when, err)
 	}
-	if h, err := readStatus(t, c, 5*time.Second); err != nil || h.Opcode != mc.OpNoop || h.Opaque != 9 {
+	if h, err := readStatus(t, c, clientPatience); err != nil || h.Opcode != mc.OpNoop || h.Opaque != 9 {
 		t.Fatalf("NOOP %s: %v %+v", when, err, h)
 	}
 }
@@ -500,4 +515,48 @@ func answered(t *testing.T, got <-chan *mcclient.Response, what string) *mcclien
 		t.Fatalf("%s: no answer in 30 s", what)
 	}
 	return nil
+}
+
+// setValue sets key to n bytes through c and fails the test unless stored.
+func setValue(t *testing.T, c *mcclient.Client, key string, n int) {
+	t.Helper()
+	if r, err := c.Set([]byte(key), bytes.Repeat([]byte("v"), n)); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatalf("set %s (%d bytes): %v %v", key, n, r, err)
+	}
+}
+
+// spendBinary sends 1-unit SETs on c (non-blocking mode) until one is
+// answered EWouldThrottle, and returns how many were admitted.
+func spendBinary(t *testing.T, c *mcclient.Client, key string) int {
+	t.Helper()
+	for n := 0; n < 1000; n++ {
+		r, err := c.Set([]byte(key), []byte("v"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch r.Status() {
+		case mc.StatusSuccess:
+		case mc.StatusEWouldThrottle:
+			return n
+		default:
+			t.Fatalf("SET %s: %v", key, r.Status())
+		}
+	}
+	t.Fatalf("1000 SETs admitted with the clock standing still: %s is not limited", key)
+	return 0
+}
+
+// countHits reads meta answers from c until it closes and counts the hits
+// ("VA" lines).
+func countHits(c net.Conn, hits *atomic.Int64) {
+	r := bufio.NewReader(c)
+	for {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		if strings.HasPrefix(l, "VA ") {
+			hits.Add(1)
+		}
+	}
 }

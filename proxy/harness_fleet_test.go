@@ -335,6 +335,21 @@ func (f *fleetTest) storeURL() string {
 	return f.redis.URL()
 }
 
+// instanceURL is the redis_url an instance is given: the store's, with
+// a dial timeout of 20 s on fake clocks (a liveness bound, as
+// fakeFleetCallTimeout: a dial that runs out fails a sync and changes the
+// figures asserted; the default is 2 s, a TLS handshake included).
+func (f *fleetTest) instanceURL() string {
+	u := f.storeURL()
+	if f.fake == nil || strings.Contains(u, "dial_timeout=") {
+		return u
+	}
+	if strings.Contains(u, "?") {
+		return u + "&dial_timeout=20s"
+	}
+	return u + "?dial_timeout=20s"
+}
+
 // start adds instance i (or restarts it with its earlier state file) with
 // proxy lines proxyLines (e.g. its default bucket).
 func (f *fleetTest) start(i int, proxyLines string) *testProxy {
@@ -357,7 +372,7 @@ func (f *fleetTest) start(i int, proxyLines string) *testProxy {
 			wall:      f.wall,
 			log:       f.log,
 			tail: f.tail + fmt.Sprintf("[fleet]\nredis_url = %q\nname = \"test\"\ninstance = \"i%d\"\ngrant_period = %q\n",
-				f.storeURL(), i, f.period),
+				f.instanceURL(), i, f.period),
 		}
 		f.tcs[i] = tc
 	}

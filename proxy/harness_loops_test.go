@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,4 +248,11 @@ func sessionCount(t testing.TB, p *testProxy) int {
 	n := 0
 	onLoop(t, p, func(lp *loop) { n += len(lp.sessions) })
 	return n
+}
+
+// answeredAll reports whether the client counting hits has read an
+// answer for every read the proxy has billed bucket name: each read there
+// is of a value of 1 unit (a fakeTime.settle ready function).
+func answeredAll(t *testing.T, p *testProxy, name string, hits *atomic.Int64) func() bool {
+	return func() bool { return hits.Load() == int64(bucketUnits(t, p, name).read) }
 }

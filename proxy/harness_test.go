@@ -57,6 +57,9 @@ type testConfig struct {
 	clock throttle.Clock
 	// fleetClock is the fleet's clock (Options.FleetClock; fleet mode).
 	fleetClock throttle.Clock
+	// health is the time between health probes (Options.HealthInterval;
+	// default 1 s).
+	health time.Duration
 }
 
 func (tc testConfig) render(listen string, servers []string, statePath string) string {
@@ -135,7 +138,7 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 	if tc.log != nil {
 		log = zerolog.New(tc.log)
 	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", Clock: tc.clock, FleetClock: tc.fleetClock, WallClock: tc.wall})
+	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", Clock: tc.clock, FleetClock: tc.fleetClock, WallClock: tc.wall, HealthInterval: tc.health})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,7 @@ func (s *tlsSetup) dialTLS(t testing.TB, cert *tls.Certificate) (*tls.Conn, erro
 	if cert != nil {
 		conf.Certificates = []tls.Certificate{*cert}
 	}
-	d := &net.Dialer{Timeout: 5 * time.Second}
+	d := &net.Dialer{Timeout: time.Minute} // liveness: the handshake included
 	c, err := tls.DialWithDialer(d, "tcp", s.p.TLSAddr(), conf)
 	if err != nil {
 		return nil, err

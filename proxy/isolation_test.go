@@ -143,7 +143,10 @@ func TestIdleBucketConnectionsClose(t *testing.T) {
 	old := groupIdle
 	t.Cleanup(func() { groupIdle = old })
 	groupIdle = 200 * time.Millisecond
-	p := startProxy(t, testConfig{loops: 1, tail: tenantTail(t)})
+	// The health prober opens a connection of its own for each probe: one
+	// at start (done once the version is known), then none for an hour.
+	p := startProxy(t, testConfig{loops: 1, tail: tenantTail(t), health: time.Hour})
+	eventually(t, time.Minute, "the first health probe", func() bool { return p.pool.Version() != nil })
 	c := login(t, p.Addr, "alice")
 	conns := func() (n int) {
 		onLoop(t, p, func(lp *loop) {

@@ -85,7 +85,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	if rejected == 0 {
 		t.Fatal("no rejection for the non-blocking bob")
 	}
-	eventually(t, 3e9, "the upstream prober", func() bool { ok, _ := p.Ready(); return ok })
+	eventually(t, time.Minute, "the upstream prober", func() bool { ok, _ := p.Ready(); return ok })
 
 	fams := testmc.ParseMetrics(t, testmc.Scrape(t, "http://"+addr+"/metrics"))
 	want := map[string]struct {

@@ -3,8 +3,6 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -23,17 +21,6 @@ func bigSetHeader(bodyLen int) []byte {
 	b := make([]byte, mc.HeaderLen)
 	h.Put(b)
 	return b
-}
-
-// closedWithin is waitClosed for any goroutine: it returns an error when
-// conn is still open after d.
-func closedWithin(conn net.Conn, d time.Duration) error {
-	_ = conn.SetReadDeadline(time.Now().Add(d))
-	_, err := io.Copy(io.Discard, conn)
-	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-		return fmt.Errorf("connection still open after %v", d)
-	}
-	return nil
 }
 
 // TestPreAuthLargeFrameRefused: before authenticating, a connection cannot
@@ -85,7 +72,7 @@ func TestPreAuthLargeFrameRefused(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	eventually(t, 5*time.Second, "the refused connections to be closed", func() bool { return p.Connections() == 0 })
+	eventually(t, time.Minute, "the refused connections to be closed", func() bool { return p.Connections() == 0 })
 
 	// Pipelined behind SASL AUTH: the input waiting during the password
 	// check is bounded too.
@@ -181,7 +168,7 @@ func TestAuthTimeout(t *testing.T) {
 	if r, err := chatty.Do(mcclient.Request{Opcode: mc.OpNoop}); status(t, r, err) != mc.StatusSuccess {
 		t.Fatal("NOOP before auth")
 	}
-	eventually(t, 5*time.Second, "the proxy to open the three sessions", func() bool { return p.Connections() == 3 })
+	eventually(t, time.Minute, "the proxy to open the three sessions", func() bool { return p.Connections() == 3 })
 	clock.Advance(timeout - 1)
 	tickLoops(t, p)
 	if n := p.authTimeouts.Load(); n != 0 || p.Connections() != 3 {
@@ -207,7 +194,7 @@ func TestAuthTimeout(t *testing.T) {
 	dclock := throttle.NewFakeClock(0)
 	d := startProxyClock(t, testConfig{proxy: `auth_timeout = "200ms"`}, dclock)
 	c := dial(t, d.Addr)
-	eventually(t, 5*time.Second, "the proxy to open the session", func() bool { return d.Connections() == 1 })
+	eventually(t, time.Minute, "the proxy to open the session", func() bool { return d.Connections() == 1 })
 	dclock.Advance(10 * timeout)
 	tickLoops(t, d)
 	if r, err := c.Do(mcclient.Request{Opcode: mc.OpNoop}); status(t, r, err) != mc.StatusSuccess {
@@ -275,7 +262,7 @@ func TestUnauthenticatedShare(t *testing.T) {
 		idle = append(idle, c)
 	}
 	share := unauthLimit(maxConns)
-	eventually(t, 5*time.Second, "the proxy to take in every idle connection", func() bool {
+	eventually(t, time.Minute, "the proxy to take in every idle connection", func() bool {
 		return p.unauthConns.Load()+int64(p.unauthEvicted.Load()+p.refused.Load()+p.refusedSource.Load()) == 2*maxConns
 	})
 	// Fewer when gnet's balancer, counting connections late during a burst
@@ -346,7 +333,7 @@ func TestUnsentBudget(t *testing.T) {
 	// Settled: every client connection is open on the proxy, every GET it
 	// read is answered, and each client's connection is closed, paused for
 	// its unread output, or read out.
-	eventually(t, 5*time.Second, "the clients to be connected", func() bool { return p.Connections() == 5 || p.unsentShed.Load() > 0 })
+	eventually(t, time.Minute, "the clients to be connected", func() bool { return p.Connections() == 5 || p.unsentShed.Load() > 0 })
 	eventually(t, 30*time.Second, "every GET to be answered or dropped", func() bool {
 		settled := p.inflight() == 0
 		onLoop(t, p, func(lp *loop) {

@@ -7,7 +7,6 @@ package proxy
 // every round trip.
 
 import (
-	"bufio"
 	"bytes"
 	"io"
 	"net"
@@ -19,28 +18,6 @@ import (
 	mc "github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
-
-// countHits reads meta answers from c until it closes and counts the hits
-// ("VA" lines).
-func countHits(c net.Conn, hits *atomic.Int64) {
-	r := bufio.NewReader(c)
-	for {
-		l, err := r.ReadString('\n')
-		if err != nil {
-			return
-		}
-		if strings.HasPrefix(l, "VA ") {
-			hits.Add(1)
-		}
-	}
-}
-
-// answeredAll reports whether the client counting hits has read an
-// answer for every read the proxy has billed bucket name: each read there
-// is of a value of 1 unit (a fakeTime.settle ready function).
-func answeredAll(t *testing.T, p *testProxy, name string, hits *atomic.Int64) func() bool {
-	return func() bool { return hits.Load() == int64(bucketUnits(t, p, name).read) }
-}
 
 // TestRule1HardLimitWithRoundTrips: a client pipelines 400 meta gets of a
 // 1-byte value from a bucket hard-limited to 1,000 units/s (burst 100

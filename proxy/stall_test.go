@@ -271,7 +271,7 @@ func TestPrimedLaneBounded(t *testing.T) {
 				t.Fatal(err)
 			}
 			var reads, readsOut int
-			eventually(t, 5*time.Second, "the attacker's session to pause, or to send all", func() bool {
+			eventually(t, time.Minute, "the attacker's session to pause, or to send all", func() bool {
 				stopped := false
 				onLoop(t, p, func(lp *loop) {
 					if s := sessionOf(lp, attacker.Conn().LocalAddr()); s != nil && s.bkt != nil {

@@ -73,7 +73,7 @@ func TestStatsGroupsAsMemcached(t *testing.T) {
 	t.Parallel()
 	ref := testmc.Start(t) // memcached itself, empty
 	p := startProxy(t, testConfig{tail: tenantTail(t)})
-	eventually(t, 5*time.Second, "memcached's version known", func() bool { return p.pool.Version() != nil })
+	eventually(t, time.Minute, "memcached's version known", func() bool { return p.pool.Version() != nil })
 	for _, g := range []string{"malloc", "nosuchgroup", "proxy", "items", "items extra", "sizes_x"} {
 		cmd := "stats " + g + "\r\n"
 		want, got := textUntilVersion(t, ref.Addr, cmd), textUntilVersion(t, p.Addr, cmd)
@@ -90,7 +90,7 @@ func TestStatsGroupsAsMemcached(t *testing.T) {
 	// An admin's unknown group goes to memcached, whose binary answer
 	// becomes its text one.
 	pa := startProxy(t, testConfig{proxy: `default_bucket = ""`, tail: tenantTail(t)})
-	eventually(t, 5*time.Second, "memcached's version known", func() bool { return pa.pool.Version() != nil })
+	eventually(t, time.Minute, "memcached's version known", func() bool { return pa.pool.Version() != nil })
 	auth := "set a 0 0 14\r\nadmin admin-pw\r\n"
 	want := "STORED\r\n" + textUntilVersion(t, ref.Addr, "stats malloc\r\n")
 	if got := textUntilVersion(t, pa.Addr, auth+"stats malloc\r\n"); got != want {
@@ -213,7 +213,7 @@ func TestGeneralStatsCounters(t *testing.T) {
 	l := testmc.FreeAddr(t)
 	tail := tenantTail(t) + fmt.Sprintf("[[listener]]\nlisten = %q\nbucket = \"alice\"\n", l)
 	p := startProxy(t, testConfig{tail: tail})
-	eventually(t, 5*time.Second, "memcached's version known", func() bool { return p.pool.Version() != nil })
+	eventually(t, time.Minute, "memcached's version known", func() bool { return p.pool.Version() != nil })
 	b := login(t, p.Addr, "alice")
 	st := statusFn(t)
 	if st(b.Set([]byte("k1"), []byte("v"))) != mc.StatusSuccess || st(b.Get([]byte("k1"))) != mc.StatusSuccess ||

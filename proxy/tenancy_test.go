@@ -399,11 +399,11 @@ func TestReloadRevokes(t *testing.T) {
 	if err := p.Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the admin's privilege to be revoked", func() bool {
+	eventually(t, time.Minute, "the admin's privilege to be revoked", func() bool {
 		r := adminDo(t, admin, mc.OpSetNodeThrottleProperties, "", `{"capacity":5}`)
 		return r.Status() == mc.StatusEaccess
 	})
-	eventually(t, 5*time.Second, "the deleted user's connection to close", func() bool {
+	eventually(t, time.Minute, "the deleted user's connection to close", func() bool {
 		_, err := alice.Get([]byte("k"))
 		return err != nil
 	})

@@ -226,7 +226,7 @@ func TestTLSRefusedCertificates(t *testing.T) {
 			if err == nil {
 				t.Fatal("served")
 			}
-			eventually(t, 5*time.Second, "the failure counted", func() bool { return s.p.tls.failures.Load() == before+1 })
+			eventually(t, time.Minute, "the failure counted", func() bool { return s.p.tls.failures.Load() == before+1 })
 		})
 	}
 	if n := s.p.Connections(); n != 0 {
@@ -308,7 +308,7 @@ func TestTLSHandshakeSourceLimit(t *testing.T) {
 		}
 		silent = append(silent, c)
 	}
-	eventually(t, 5*time.Second, "the silent handshakes in progress", func() bool {
+	eventually(t, time.Minute, "the silent handshakes in progress", func() bool {
 		s.p.tls.mu.Lock()
 		defer s.p.tls.mu.Unlock()
 		return s.p.tls.sources["127.0.0.1"] == tlsMaxHandshakesPerSource
@@ -325,7 +325,7 @@ func TestTLSHandshakeSourceLimit(t *testing.T) {
 	for _, c := range silent {
 		c.Close()
 	}
-	eventually(t, 5*time.Second, "handshakes ended", func() bool {
+	eventually(t, time.Minute, "handshakes ended", func() bool {
 		s.p.tls.mu.Lock()
 		defer s.p.tls.mu.Unlock()
 		return len(s.p.tls.sources) == 0
@@ -351,12 +351,12 @@ func TestTLSShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer half.Close()
-	eventually(t, 5*time.Second, "sessions open", func() bool { return s.p.Connections() == 5 })
+	eventually(t, time.Minute, "sessions open", func() bool { return s.p.Connections() == 5 })
 	if n := tlsGoroutines(); n == 0 {
 		t.Fatal("no TLS goroutines found while serving: the check below would prove nothing")
 	}
 	s.p.stop(t)
-	eventually(t, 5*time.Second, "TLS goroutines gone", func() bool { return tlsGoroutines() == 0 })
+	eventually(t, time.Minute, "TLS goroutines gone", func() bool { return tlsGoroutines() == 0 })
 }
 
 // tlsGoroutines counts the goroutines running TLS listener or bridge code.
@@ -623,7 +623,7 @@ func TestTLSBadRecord(t *testing.T) {
 	if r, err := good.Do(mcclient.Request{Opcode: mc.OpVersion}); err != nil || r.Status() != mc.StatusSuccess {
 		t.Fatalf("another TLS client after the bad ones: %v %+v", err, r)
 	}
-	eventually(t, 5*time.Second, "the closed connections to be gone", func() bool { return s.p.Connections() == 1 })
+	eventually(t, time.Minute, "the closed connections to be gone", func() bool { return s.p.Connections() == 1 })
 }
 
 // TestTLSCertUserReloadDuringHandshake: a reload that takes a bucket away
@@ -718,7 +718,7 @@ func TestTLSSilentSourcesDoNotBlockHandshakes(t *testing.T) {
 			t.Cleanup(func() { c.Close() })
 		}
 	}
-	eventually(t, 5*time.Second, "every handshake slot to be taken", func() bool { return handshakesInProgress(s.p.Server) == tlsMaxHandshakes })
+	eventually(t, time.Minute, "every handshake slot to be taken", func() bool { return handshakesInProgress(s.p.Server) == tlsMaxHandshakes })
 	c, err := s.dialTLS(t, nil)
 	if err != nil {
 		t.Fatalf("TLS dial while silent connections hold every slot: %v", err)

@@ -392,7 +392,7 @@ func tlsFlood(t testing.TB, maxPart, minShare float64) floodComparison {
 		var handshakes uint64
 		for i := 0; i < windows; i++ {
 			f.send("p")
-			eventually(t, 5*time.Second, "the flood's handshakes and sessions to end", func() bool {
+			eventually(t, time.Minute, "the flood's handshakes and sessions to end", func() bool {
 				return handshakesInProgress(s.p.Server) == 0 && s.p.Connections() == 1
 			})
 			// The two kinds of client alternate in their order too.
@@ -406,7 +406,7 @@ func tlsFlood(t testing.TB, maxPart, minShare float64) floodComparison {
 
 			started := s.p.tls.handshakes.Load()
 			f.send("r")
-			eventually(t, 5*time.Second, "the flood to resume", func() bool { return s.p.tls.handshakes.Load() >= started+10 })
+			eventually(t, time.Minute, "the flood to resume", func() bool { return s.p.tls.handshakes.Load() >= started+10 })
 			before, start := s.p.tls.handshakes.Load(), time.Now()
 			if i%2 == 0 {
 				r.flooded = tenant.tenantWindow(window/2, r.flooded)

@@ -300,7 +300,7 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 		t.Fatalf("%d new connections failed during the rotations", n)
 	}
 	// The workers' connections are all still open and served.
-	eventually(t, 5*time.Second, "the load connections, and only they, open", func() bool { return s.p.Connections() == int64(len(workers)) })
+	eventually(t, time.Minute, "the load connections, and only they, open", func() bool { return s.p.Connections() == int64(len(workers)) })
 	var total int64
 	for _, w := range workers {
 		total += w.done.Load()

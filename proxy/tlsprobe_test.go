@@ -50,7 +50,7 @@ func tlsHandshakes(s *tlsSetup, conns []net.Conn) (int, []error) {
 		go func() {
 			defer wg.Done()
 			tc := tls.Client(c, &tls.Config{RootCAs: s.ca.Pool(), ServerName: "localhost"})
-			_ = tc.SetDeadline(time.Now().Add(20 * time.Second))
+			_ = tc.SetDeadline(time.Now().Add(clientPatience)) // liveness: 64 handshakes at once under -race
 			if err := tc.Handshake(); err != nil {
 				errs[i] = fmt.Errorf("handshake: %w", err)
 				return
@@ -96,7 +96,7 @@ func TestTLSPoolAfterTCPProbe(t *testing.T) {
 	t.Parallel()
 	s, _ := startTLSProxyClock(t)
 	tcpProbe(t, s.p.TLSAddr())
-	eventually(t, 5*time.Second, "the probe's handshake to end", func() bool {
+	eventually(t, time.Minute, "the probe's handshake to end", func() bool {
 		s.p.tls.mu.Lock()
 		defer s.p.tls.mu.Unlock()
 		return len(s.p.tls.sources) == 0
@@ -127,7 +127,7 @@ func TestTLSPoolBesideProbes(t *testing.T) {
 		}
 	}()
 	defer func() { close(stop); <-done }()
-	eventually(t, 5*time.Second, "a first probe", func() bool { return probes.Load() > 0 })
+	eventually(t, time.Minute, "a first probe", func() bool { return probes.Load() > 0 })
 	for round := 0; round < 3; round++ {
 		checkPool(t, s, fmt.Sprintf("round %d, probes every 200 ms", round))
 	}
@@ -145,7 +145,7 @@ func TestTLSPoolBesideSilentConnections(t *testing.T) {
 	s, clock := startTLSProxyClock(t)
 	f := s.p.tls
 	dialMany(t, s.p.TLSAddr(), 40)
-	eventually(t, 5*time.Second, "the silent connections to hold the source's handshakes and wait", func() bool {
+	eventually(t, time.Minute, "the silent connections to hold the source's handshakes and wait", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.sources["127.0.0.1"] == tlsMaxHandshakesPerSource && f.nParked == 40-tlsMaxHandshakesPerSource
@@ -175,7 +175,7 @@ func TestTLSPoolBesideSilentConnections(t *testing.T) {
 	// The sweep that runs a nanosecond before the silent handshakes have
 	// been silent for tlsSilentGrace ends none of them.
 	clock.Advance(tlsSilentGrace - 1)
-	eventually(t, 5*time.Second, "the sweep to run", func() bool {
+	eventually(t, time.Minute, "the sweep to run", func() bool {
 		return slices.Contains(clock.Armed(), tlsSilentGrace-1+tlsParkSweep)
 	})
 	if k := f.evicted.Load(); k != 0 {

@@ -34,7 +34,7 @@ func TestTLSHandshakeTimeout(t *testing.T) {
 	}
 	clock.Advance(1)
 	waitClosed(t, c, 5*time.Second)
-	eventually(t, 5*time.Second, "the handshake to end", func() bool { return handshakesInProgress(s.p.Server) == 0 })
+	eventually(t, time.Minute, "the handshake to end", func() bool { return handshakesInProgress(s.p.Server) == 0 })
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if o := f.outcomes["127.0.0.1"]; o != nil && o.failed != 0 {
@@ -54,7 +54,7 @@ func TestTLSParkPatience(t *testing.T) {
 	s, clock := startTLSProxyClock(t)
 	f := s.p.tls
 	conns := dialMany(t, s.p.TLSAddr(), tlsMaxHandshakesPerSource+waiting)
-	eventually(t, 5*time.Second, "the silent connections to hold the source's handshakes and wait", func() bool {
+	eventually(t, time.Minute, "the silent connections to hold the source's handshakes and wait", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.sources["127.0.0.1"] == tlsMaxHandshakesPerSource && f.nParked == waiting
@@ -78,7 +78,7 @@ func TestTLSParkPatience(t *testing.T) {
 		t.Fatalf("found %d of the %d parked connections", len(waiters), waiting)
 	}
 	clock.Advance(tlsParkPatience - 1)
-	eventually(t, 5*time.Second, "the sweep to run", func() bool {
+	eventually(t, time.Minute, "the sweep to run", func() bool {
 		return slices.Contains(clock.Armed(), tlsParkPatience-1+tlsParkSweep) || parked() == 0
 	})
 	if n := parked(); n != waiting {

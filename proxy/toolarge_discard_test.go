@@ -33,7 +33,7 @@ func TestRule4RefusedWriteNotAdmittedStaysInStep(t *testing.T) {
 	p := startProxyTo(t, testmc.Start(t, smallItems...), testConfig{clock: clock, loops: 1,
 		throttle: "capacity = \"unlimited\"\nburst_ms = 0\nmax_hold = \"50ms\"",
 		tail:     "[[bucket]]\nname = \"default\"\nhard_limit = 10\n"})
-	eventually(t, 5*time.Second, "memcached's item size known", func() bool { return p.pool.ItemSizeMax() == 1024 })
+	eventually(t, time.Minute, "memcached's item size known", func() bool { return p.pool.ItemSizeMax() == 1024 })
 	nb := dial(t, p.Addr)
 	hello(t, nb, mc.FeatureNonBlockingThrottlingMode)
 	before := bytesRead(t, p.MC.Addr)

@@ -31,7 +31,7 @@ func TestTooLargeEjectedServersLimitCapsNoKey(t *testing.T) {
 	small.Stop()
 	// Ejected as the loops see it (the prober publishes an ejection at the
 	// end of its round): a small set of the key is stored again.
-	eventually(t, 5*time.Second, "the 1 KiB server's keys on the other", func() bool {
+	eventually(t, time.Minute, "the 1 KiB server's keys on the other", func() bool {
 		return textDo(t, via, "set "+key+" 0 0 3\r\nold\r\nmn\r\n", "MN\r\n") == "STORED\r\nMN\r\n"
 	})
 	got := textDo(t, via, set, "END\r\n")
@@ -80,7 +80,7 @@ func startMixedItems(t *testing.T, upstreamExtra string) (p *testProxy, small, b
 	t.Helper()
 	small, big = testmc.Start(t, smallItems...), testmc.Start(t)
 	p = startProxyOver(t, upstreamExtra, small, big)
-	eventually(t, 5*time.Second, "the small server's item size known", func() bool { return p.pool.ItemSizeMax() == 1024 })
+	eventually(t, time.Minute, "the small server's item size known", func() bool { return p.pool.ItemSizeMax() == 1024 })
 	return p, small, big
 }
 

@@ -32,7 +32,7 @@ func startSmallItems(t *testing.T) (*testProxy, *testmc.Server) {
 	t.Helper()
 	direct := testmc.Start(t, smallItems...)
 	p := startProxyTo(t, testmc.Start(t, smallItems...), testConfig{throttle: `capacity = "unlimited"`})
-	eventually(t, 5*time.Second, "memcached's item size known", func() bool { return p.pool.ItemSizeMax() == 1024 })
+	eventually(t, time.Minute, "memcached's item size known", func() bool { return p.pool.ItemSizeMax() == 1024 })
 	return p, direct
 }
 
@@ -172,7 +172,7 @@ func TestTooLargeMetaSetBilledOneUnit(t *testing.T) {
 	clock := throttle.NewFakeClock(time.Hour)
 	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`,
 		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 500\n"}, clock)
-	eventually(t, 5*time.Second, "memcached's item size known", func() bool { return p.pool.ItemSizeMax() == 1<<20 })
+	eventually(t, time.Minute, "memcached's item size known", func() bool { return p.pool.ItemSizeMax() == 1<<20 })
 	ft := &fakeTime{t: t, p: p, clock: clock}
 	const size = 5 << 20
 	const rate, burst = 500 * 4096, 500 * 4096 / 10 // bytes a second, bytes of a burst
@@ -253,7 +253,7 @@ func TestTooLargeOverTLS(t *testing.T) {
 	tc := testConfig{throttle: `capacity = "unlimited"`, tail: "[[bucket]]\nname = \"default\"\nhard_limit = 500\n" +
 		fmt.Sprintf("\n[tls]\nlisten = %q\ncert_file = %q\nkey_file = %q\n", testmc.FreeAddr(t), s.certFile, s.keyFile)}
 	s.p = startProxyTo(t, testmc.Start(t, smallItems...), tc)
-	eventually(t, 5*time.Second, "memcached's item size known", func() bool { return s.p.pool.ItemSizeMax() == 1024 })
+	eventually(t, time.Minute, "memcached's item size known", func() bool { return s.p.pool.ItemSizeMax() == 1024 })
 	c, err := s.dialTLS(t, nil)
 	if err != nil {
 		t.Fatal(err)

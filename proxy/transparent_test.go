@@ -160,8 +160,8 @@ func TestInvalidFrames(t *testing.T) {
 			if r.Status() != mc.StatusEinval || r.Opaque != 77 || len(r.Value) == 0 {
 				t.Fatalf("got status %s opaque %d reason %q, want Einval with a reason", r.Status(), r.Opaque, r.Value)
 			}
-			if _, err := c.Read(); err == nil {
-				t.Fatal("connection still open after an invalid frame")
+			if err := closedWithin(c.Conn(), clientPatience); err != nil {
+				t.Fatalf("after an invalid frame: %v", err)
 			}
 		})
 	}
@@ -236,7 +236,7 @@ func TestMaxFrameBytes(t *testing.T) {
 	if r, err := c.Do(frameOf(limit + 1)); err != nil || r.Status() != mc.StatusEinval {
 		t.Fatalf("frame one byte over: %v %+v, want Einval", err, r)
 	}
-	if _, err := c.Read(); err == nil {
-		t.Fatal("connection still open after an oversized frame")
+	if err := closedWithin(c.Conn(), clientPatience); err != nil {
+		t.Fatalf("after an oversized frame: %v", err)
 	}
 }

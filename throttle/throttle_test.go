@@ -750,19 +750,26 @@ func TestCapacityChangeThroughUnlimitedForgivesDebt(t *testing.T) {
 // Stats.Held ("commands held at least once", kvthrottle_throttled_total)
 // does not count a command that takes a place behind a waiter and is
 // admitted by the same Admit, the gauges having room for both.
+//
+// The commands are of 1 unit, so that the room for the place ahead is one
+// unit (the bucket's average command): 50 ms at 1000 units/s leave room
+// for both.
 func TestHeldCountsOnlyHeldCommands(t *testing.T) {
 	e, clk := newEngine(t, 1000, 100*time.Millisecond)
 	b := addBucket(t, e, "a", 0, Unlimited)
-	wantAdmit(t, b, Blocking, 110, FreePool) // use up the burst: held for 10 ms
 	var first Waiter
-	if d, _ := b.Admit(&first, Blocking); d != Held {
-		t.Fatal("first not held")
+	for i := 0; ; i++ { // use up the burst, 1 unit at a time, until first is held
+		if d, _ := run(b, &first, Blocking, 1); d == Held {
+			break
+		}
+		if i > 1000 {
+			t.Fatal("never held")
+		}
 	}
-	clk.Advance(50 * time.Millisecond) // room for ~40 commands; first has not re-tried yet
+	clk.Advance(50 * time.Millisecond) // room for about 50 commands; first has not re-tried yet
 	var newcomer Waiter
-	d, _ := b.Admit(&newcomer, Blocking)
-	if d == Held {
-		t.Skip("newcomer held")
+	if d, wait := b.Admit(&newcomer, Blocking); d == Held {
+		t.Fatalf("newcomer held for %v behind one 1-unit place with 50 units of room", wait)
 	}
 	if s := b.Stats(); s.Held != 1 {
 		t.Fatalf("newcomer admitted at once, yet Held = %d (want 1: only the first was held)", s.Held)

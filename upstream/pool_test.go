@@ -241,12 +241,15 @@ func TestPoolProberLifecycle(t *testing.T) {
 func TestPoolProbesEjectsAndReadmits(t *testing.T) {
 	ma, mb := testmc.Start(t), testmc.Start(t)
 	p := newTestPool(t, PoolConfig{Servers: []string{ma.Addr, mb.Addr}, EjectAfter: 2, EjectRetry: 300 * time.Millisecond},
-		PoolOptions{Timeout: 500 * time.Millisecond, ProbeInterval: 20 * time.Millisecond})
+		PoolOptions{Timeout: 10 * time.Second, ProbeInterval: 20 * time.Millisecond})
+	// Timeout is a liveness bound: a probe of the live server must not time
+	// out on a loaded machine (the state checks below read it at once); a
+	// stopped server refuses at once.
 	if p.AnyUp() || p.Version() != nil {
 		t.Fatal("up before any probe")
 	}
 	p.Start()
-	eventually(t, 5*time.Second, "both servers up", func() bool {
+	eventually(t, time.Minute, "both servers up", func() bool {
 		return stateOf(p, ma.Addr).Up && stateOf(p, mb.Addr).Up
 	})
 	if !p.AnyUp() {
@@ -288,7 +291,7 @@ func TestPoolProbesEjectsAndReadmits(t *testing.T) {
 		}
 		return true
 	}
-	eventually(t, 3*time.Second, "the dead server ejected", func() bool { return stateOf(p, mb.Addr).Ejected && allOn(onB, connA) })
+	eventually(t, time.Minute, "the dead server ejected", func() bool { return stateOf(p, mb.Addr).Ejected && allOn(onB, connA) })
 	if st := stateOf(p, mb.Addr); st.Up || !p.AnyUp() || !stateOf(p, ma.Addr).Up || stateOf(p, ma.Addr).Ejected {
 		t.Fatalf("one server dead: its state %+v, the other's %+v, AnyUp %v", st, stateOf(p, ma.Addr), p.AnyUp())
 	}
@@ -299,7 +302,7 @@ func TestPoolProbesEjectsAndReadmits(t *testing.T) {
 	}
 
 	mb.Restart(t)
-	eventually(t, 5*time.Second, "the server readmitted", func() bool {
+	eventually(t, time.Minute, "the server readmitted", func() bool {
 		st := stateOf(p, mb.Addr)
 		return st.Up && !st.Ejected && allOn(onB, connB)
 	})
@@ -311,7 +314,7 @@ func TestPoolProbesEjectsAndReadmits(t *testing.T) {
 
 	ma.Stop()
 	mb.Stop()
-	eventually(t, 3*time.Second, "both servers down", func() bool { return !p.AnyUp() })
+	eventually(t, time.Minute, "both servers down", func() bool { return !p.AnyUp() })
 	if v := p.Version(); v != nil {
 		t.Fatalf("Version %q with no server answering, want nil", v)
 	}
@@ -343,7 +346,7 @@ func TestPoolUpdateKeepsHealthOfKeptServers(t *testing.T) {
 	p := newTestPool(t, PoolConfig{Servers: []string{m.Addr}, EjectAfter: 2, EjectRetry: time.Second},
 		PoolOptions{Timeout: 500 * time.Millisecond, ProbeInterval: time.Hour})
 	p.Start()
-	eventually(t, 5*time.Second, "the server up", func() bool { return p.AnyUp() && p.Version() != nil })
+	eventually(t, time.Minute, "the server up", func() bool { return p.AnyUp() && p.Version() != nil })
 	// The new prober's first probe runs at once: memcached is frozen so
 	// that it cannot answer it before the check.
 	thaw := m.Freeze(t)

@@ -141,7 +141,7 @@ type settingsServer struct {
 // is counted.
 func (fs *settingsServer) settle(t *testing.T, conns int32) {
 	t.Helper()
-	eventually(t, 5*time.Second, "the probes' connections read", func() bool { return fs.served.Load() >= conns })
+	eventually(t, time.Minute, "the probes' connections read", func() bool { return fs.served.Load() >= conns })
 }
 
 func startSettingsServer(t *testing.T, reply func(ask int32) int64) *settingsServer {
@@ -278,7 +278,7 @@ func TestPoolAsksSettingsAgainAfterOneLostAnswer(t *testing.T) {
 	p := newTestPool(t, PoolConfig{Servers: []string{fs.addr}},
 		PoolOptions{Timeout: 100 * time.Millisecond, ProbeInterval: 5 * time.Millisecond})
 	p.Start()
-	eventually(t, 5*time.Second, "the first ask", func() bool { return stats.Load() >= 1 })
+	eventually(t, time.Minute, "the first ask", func() bool { return stats.Load() >= 1 })
 	deadline := time.Now().Add(10 * time.Second)
 	for p.ItemSizeMax() != 1024 {
 		if time.Now().After(deadline) {

@@ -94,7 +94,7 @@ func TestDialerTLSBridges(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a bridge whose loop side closed did not end")
 	}
-	eventually(t, 5*time.Second, "the ended bridge to be forgotten", func() bool { return d.openBridges() == 1 })
+	eventually(t, time.Minute, "the ended bridge to be forgotten", func() bool { return d.openBridges() == 1 })
 
 	d.close()
 	select {
@@ -155,7 +155,7 @@ func TestPoolTLSProbesAndSetTLSConfig(t *testing.T) {
 	}
 	p := newTestPool(t, PoolConfig{Servers: []string{m.TLSAddr}}, PoolOptions{TLS: conf, ProbeInterval: 20 * time.Millisecond})
 	p.Start()
-	eventually(t, 5*time.Second, "the TLS probe to find the server up", func() bool { return stateOf(p, m.TLSAddr).Up })
+	eventually(t, time.Minute, "the TLS probe to find the server up", func() bool { return stateOf(p, m.TLSAddr).Up })
 	if v := string(p.Version()); !strings.HasPrefix(v, "1.") {
 		t.Fatalf("VERSION over TLS: %q", v)
 	}

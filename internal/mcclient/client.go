@@ -32,7 +32,7 @@ const DefaultTimeout = 30 * time.Second
 
 // Dial connects to addr.
 func Dial(addr string) (*Client, error) {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := net.DialTimeout("tcp", addr, time.Minute) // liveness: a full accept queue drops SYNs
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}

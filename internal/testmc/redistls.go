@@ -54,7 +54,7 @@ func StartRedisTLS(t testing.TB, o RedisTLSOptions) *Redis {
 		"--tls-ca-cert-file", clientCAFile, "--tls-auth-clients", auth}
 	t.Cleanup(r.Stop)
 	r.start(t)
-	if err := WaitListening(r.TLSAddr, 5*time.Second); err != nil {
+	if err := WaitListening(r.TLSAddr, time.Minute); err != nil { // liveness
 		t.Fatalf("redis-server's TLS port %s: %v (output: %s)", r.TLSAddr, err, r.Output())
 	}
 	return r

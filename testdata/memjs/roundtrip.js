@@ -5,7 +5,7 @@
 'use strict';
 const memjs = require('memjs');
 const [addr, user, password, key, value] = process.argv.slice(2);
-const client = memjs.Client.create(addr, { username: user, password: password, retries: 0, timeout: 5 });
+const client = memjs.Client.create(addr, { username: user, password: password, retries: 0, timeout: 30 });
 function done(out, code) {
   console.log(JSON.stringify(out));
   client.close();
