@@ -138,7 +138,7 @@ func clientCert(t *testing.T, ca *testcerts.CA, dir, cn string) (certFile, keyFi
 // only loopback sources for proxy.plain_auth, so 127.0.0.2 is a remote
 // client there (though ctl itself sees a loopback peer).
 func from(o Options, ip string) Options {
-	o.dialer = &net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	o.dialer = &net.Dialer{Timeout: time.Minute, LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
 	return o
 }
 

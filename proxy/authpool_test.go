@@ -98,7 +98,7 @@ func TestAuthPoolColdBinary(t *testing.T) {
 	conns := make([]*mcclient.Client, poolSize)
 	for i := range conns {
 		conns[i] = dial(t, p.Addr)
-		conns[i].Timeout = 20 * time.Second
+		conns[i].Timeout = clientPatience
 	}
 	auth := mcclient.Request{Opcode: mc.OpSASLAuth, Key: []byte("PLAIN"), Value: []byte("\x00" + poolUser + "\x00" + poolPass)}
 	for _, c := range conns { // all sent before any answer is read
@@ -148,7 +148,7 @@ func TestAuthPoolColdText(t *testing.T) {
 	conns := make([]textConn, poolSize)
 	cred := poolUser + " " + poolPass
 	for i := range conns {
-		c, err := net.DialTimeout("tcp", p.Addr, 5*time.Second)
+		c, err := net.DialTimeout("tcp", p.Addr, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -316,7 +316,7 @@ func TestAuthRestartStorm(t *testing.T) {
 	p := startProxy(t, testConfig{proxy: `plain_auth = "anywhere"`, tail: poolTail(t)})
 	var conns []*mcclient.Client
 	for h := range hosts {
-		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+h))}}
+		d := net.Dialer{Timeout: time.Minute, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+h))}}
 		for range per {
 			nc, err := d.Dial("tcp", p.Addr)
 			if err != nil {
@@ -324,7 +324,7 @@ func TestAuthRestartStorm(t *testing.T) {
 			}
 			t.Cleanup(func() { nc.Close() })
 			c := mcclient.New(nc)
-			c.Timeout = 20 * time.Second
+			c.Timeout = clientPatience
 			conns = append(conns, c)
 		}
 	}

@@ -360,7 +360,7 @@ func TestFleetMetricsReloadAndFlush(t *testing.T) {
 	f.redis.Freeze(t)
 	a := login(t, f.insts[1].Addr, "admin")
 	defer a.Close()
-	a.Timeout = 10 * time.Second
+	a.Timeout = time.Minute // liveness: the store call gives up after half a period
 	r := adminDo(t, a, mc.OpSetBucketThrottleProperties, "b", `{"reserved": 0, "hard_limit": 50}`)
 	if r.Header.Status() != mc.StatusEtmpfail || !strings.Contains(string(r.Value), "fleet store") {
 		t.Errorf("admin change with the store stopped: %v %q, want Etmpfail naming the fleet store", r.Header.Status(), r.Value)

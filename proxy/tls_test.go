@@ -471,7 +471,7 @@ func tlsTunnel(t *testing.T, addr string, conf *tls.Config) (string, *atomic.Int
 			go func() {
 				defer wg.Done()
 				defer plain.Close()
-				d := &net.Dialer{Timeout: 5 * time.Second}
+				d := &net.Dialer{Timeout: time.Minute}
 				sec, err := tls.DialWithDialer(d, "tcp", addr, conf)
 				if err != nil {
 					t.Errorf("tunnel: %v", err)
@@ -545,7 +545,7 @@ func TestTLSRequestWithHandshake(t *testing.T) {
 			cert = s.clientCert(t, "alice")
 		}
 		for _, ver := range []uint16{tls.VersionTLS13} {
-			raw, err := net.DialTimeout("tcp", s.p.TLSAddr(), 5*time.Second)
+			raw, err := net.DialTimeout("tcp", s.p.TLSAddr(), time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -583,7 +583,7 @@ func TestTLSBadRecord(t *testing.T) {
 	s := startTLSProxy(t, false, "")
 	good := s.client(t, nil)
 	for _, ver := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
-		raw, err := net.DialTimeout("tcp", s.p.TLSAddr(), 5*time.Second)
+		raw, err := net.DialTimeout("tcp", s.p.TLSAddr(), time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -146,7 +146,7 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 		allCAs.AddCert(ca.Cert)
 	}
 	dialWith := func(roots *x509.CertPool) (*tls.Conn, error) {
-		d := &net.Dialer{Timeout: 5 * time.Second}
+		d := &net.Dialer{Timeout: time.Minute}
 		return tls.DialWithDialer(d, "tcp", s.p.TLSAddr(), &tls.Config{RootCAs: roots, ServerName: "localhost"})
 	}
 	served := func(c *tls.Conn) string { return c.ConnectionState().PeerCertificates[0].SerialNumber.String() }
@@ -209,7 +209,7 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 					return err
 				}
 				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				_ = c.SetDeadline(time.Now().Add(clientPatience))
 				r, err := mcclient.New(c).Do(mcclient.Request{Opcode: mc.OpVersion})
 				if err != nil {
 					return err
@@ -248,7 +248,7 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 	}
 	progress := func(before []int64, n int64, what string) {
 		t.Helper()
-		eventually(t, 10*time.Second, what, func() bool {
+		eventually(t, time.Minute, what, func() bool { // liveness
 			checkErrs()
 			for i, b := range before[:len(before)-1] {
 				if workers[i].done.Load() < b+n {

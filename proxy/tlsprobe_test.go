@@ -22,7 +22,7 @@ import (
 // tcpProbe connects to addr and closes at once, sending nothing.
 func tcpProbe(t testing.TB, addr string) {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := net.DialTimeout("tcp", addr, time.Minute)
 	if err != nil {
 		t.Error(err)
 		return

@@ -48,7 +48,7 @@ func TestAuthMatchesMemcached(t *testing.T) {
 	for _, tc := range authCases {
 		t.Run(tc.name, func(t *testing.T) {
 			want, closes := modelAuth(t, []byte(tc.in))
-			conn, err := net.DialTimeout("tcp", srv.Addr, 3*time.Second)
+			conn, err := net.DialTimeout("tcp", srv.Addr, time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,7 +119,7 @@ func TestAuthOneByOneMatchesMemcached(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := testmc.Start(t, "-Y", authFile)
-	conn, err := net.DialTimeout("tcp", srv.Addr, 3*time.Second)
+	conn, err := net.DialTimeout("tcp", srv.Addr, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -184,7 +184,7 @@ func TestErrorsMatchMemcached(t *testing.T) {
 // reports whether memcached closed the connection.
 func exchange(t *testing.T, addr, in string, n int, toClose bool) ([]byte, bool) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	conn, err := net.DialTimeout("tcp", addr, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func modelSuccess(t *testing.T, c *Command, out []byte) []byte {
 // comes out byte for byte as memcached sent it.
 func TestRepliesMatchMemcached(t *testing.T) {
 	srv := testmc.Start(t)
-	conn, err := net.DialTimeout("tcp", srv.Addr, 3*time.Second)
+	conn, err := net.DialTimeout("tcp", srv.Addr, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
