@@ -92,15 +92,15 @@ type wakeEntry struct {
 	at    time.Duration
 	place uint64
 	s     *session
-	seq   uint64
-	owe   bool // a re-try of the payment of the session's surprises (surprise.go), not of a held command
+	seq   uint64 // the session's holdSeq, or its oweSeq for a payment's re-try
+	owe   bool   // a re-try of the payment of the session's surprises (surprise.go), not of a held command
 }
 
 // live reports whether the entry still stands for a held session, or for
 // a session whose surprises wait to be paid.
 func (e *wakeEntry) live() bool {
 	if e.owe {
-		return e.s.owing > 0 && !e.s.closed
+		return e.s.owing > 0 && e.s.oweSeq == e.seq && !e.s.closed
 	}
 	return e.s.isHeld() && e.s.holdSeq == e.seq && !e.s.closed
 }

@@ -87,6 +87,7 @@ type session struct {
 	// of what they cost beyond their bill, and the place of that payment
 	owing     int
 	oweWaiter throttle.Waiter
+	oweSeq    uint64        // identifies the current payment re-try in lp.holds
 	heldAt    time.Duration // engine time the current command was first held
 	holdSeq   uint64        // identifies the current entry in lp.holds
 	// appended: what the current command, an APPEND or PREPEND, reserved

@@ -80,7 +80,8 @@ func (s *session) payFor(sl *slot) bool {
 	if g.Domain == throttle.Held {
 		if wait != throttle.InfDuration {
 			now := s.lp.srv.throttle.Now()
-			heapPush(s.lp, wakeEntry{at: now + wait, s: s, owe: true})
+			s.oweSeq++ // the re-try this one asks for stands; earlier ones are void
+			heapPush(s.lp, wakeEntry{at: now + wait, s: s, seq: s.oweSeq, owe: true})
 		}
 		return false
 	}

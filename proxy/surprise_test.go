@@ -412,3 +412,47 @@ func noisyAndCalm(t *testing.T, th, noisyLines, calmLines string) (p *testProxy,
 			fmt.Sprintf("[[listener]]\nlisten = %q\nbucket = \"calm\"\n", calmAddr)}, clk)
 	return p, clk, calmAddr
 }
+
+// A surprise's payment that the bucket cannot admit yet is re-tried at the
+// time the engine computes (one wake entry) and at each refund (rule 5).
+// Each failed re-try pushes a wake entry for the same session; only the
+// latest stands (session.oweSeq). Before, none was dropped while the
+// session owed: a pool neighbour's 50 refunded reads left 51 entries for
+// one payment, each re-trying it when due.
+func TestRule3OwedPaymentKeepsOneWakeEntry(t *testing.T) {
+	t.Parallel()
+	p, clk, calmAddr := noisyAndCalm(t, "capacity = 1000\nburst_ms = 100", "hard_limit = 100\n", "")
+	direct := dial(t, p.MC.Addr)
+	setValue(t, direct, "noisy:big", 100_000) // around the proxy: 25 units
+	clk.Advance(time.Second)
+	x := rawDial(t, p.Addr)
+	waitOpen(t, p, x)
+	var bc byteCounter
+	go bc.run(x)
+	if _, err := x.Write([]byte("mg big v\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the surprise waits to be paid", func() bool { return owingSlots(t, p) == 1 })
+	calm := dial(t, calmAddr)
+	setValue(t, calm, "s", 10)
+	p.Engine().Bucket("calm").ReadCost().Surprise(32, 0) // calm's reads billed 32, each gives 31 back to the pool
+	for i := 0; i < 50; i++ {
+		if r, err := calm.Get([]byte("s")); err != nil || r.Status() != mc.StatusSuccess {
+			t.Fatalf("calm get %d: %v %v", i, r, err)
+		}
+	}
+	if owingSlots(t, p) != 1 {
+		t.Fatal("the payment went with the clock standing still")
+	}
+	n := 0
+	onLoop(t, p, func(lp *loop) {
+		for _, e := range lp.holds {
+			if e.owe && e.live() {
+				n++
+			}
+		}
+	})
+	if n != 1 {
+		t.Fatalf("one payment waiting: %d live wake entries re-try it", n)
+	}
+}
