@@ -13,8 +13,9 @@ import (
 // other read is billed the bucket's ceiling.
 //
 // The table is open-addressed with linear probing, one atomic word per
-// slot: 36 bits of the key's hash (never zero), the units (20 bits,
-// saturating) and the class index (8 bits). Readers take no lock; entries
+// slot: 36 bits of the key's hash (its top bit always set, so never zero:
+// 35 bits of it), the units (20 bits, saturating: a saturated field means
+// the class bounds the value) and the class index (8 bits). Readers take no lock; entries
 // are listed and their classes raised only under ReadCost.raiseMu (a
 // listing, a reset), their units grown by compare-and-swap by any writer,
 // and are never removed but by a reset, so a probe ends at the first empty
@@ -109,17 +110,19 @@ func (lk *largeKeys) list(key []byte, idx uint64, units int64) bool {
 	return false
 }
 
-// grow raises the units recorded for key, if listed, to next(units) (at
-// least the units it had) and reports the new units and whether key is
-// listed. Any writer may call it: the units grow by compare-and-swap.
-func (lk *largeKeys) grow(key []byte, next func(units int64) int64) (int64, bool) {
+// grow raises the units recorded for key, if listed, to next(units, idx)
+// (at least the units it had) and reports the new units and whether key
+// is listed. idx is key's class index; units is lkUnitsMax when the field
+// is saturated (the class then bounds the value, not the units). Any
+// writer may call it: the units grow by compare-and-swap.
+func (lk *largeKeys) grow(key []byte, next func(units int64, idx uint64) int64) (int64, bool) {
 	s := lk.find(key)
 	if s == nil {
 		return 0, false
 	}
 	for {
 		w := s.Load()
-		u := max(next(lkUnits(w)), lkUnits(w))
+		u := max(next(lkUnits(w), lkClass(w)), lkUnits(w))
 		if u == lkUnits(w) || s.CompareAndSwap(w, lkWord(w&lkTagMask, lkClass(w), u)) {
 			return u, true
 		}

@@ -260,6 +260,32 @@ func TestAppendAfterRestoreOrSurpriseStartsFromTheCeiling(t *testing.T) {
 	appendBilled(t, rc, []byte("around"), 20_000, 150_000)
 }
 
+// A listed key's units are kept in 20 bits, saturating: with a small
+// read_unit_size (1 byte is accepted) a value above 1,048,575 units does
+// not fit, and its class bounds it instead. A key of 2,000,000 bytes of
+// 1-byte units appended 1,000,000 holds 3,000,000: before, the APPEND
+// started from the saturated field and the key was billed 2,097,152.
+func TestAppendToListedKeyBeyondTheUnitsField(t *testing.T) {
+	const item = 4 << 20 // memcached -I 4m
+	e, err := New(Config{Capacity: Unlimited, Burst: 100 * ms, MaxReadUnits: item + 250, ReadUnitSize: 1, Clock: NewFakeClock(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.AddBucket("a", 0, Unlimited)
+	rc := b.ReadCost()
+	rc.Reset(1)
+	k := []byte("k")
+	if !rc.RaiseKey(k, 2_000_000) {
+		t.Fatal("the listing waited with no read in flight")
+	}
+	if !rc.RaiseKey(k, rc.Append(k, 1_000_000, item)) {
+		t.Fatal("the APPEND waited with no read in flight")
+	}
+	if need, got := rc.valueUnits(3_000_000), rc.KeyBound(k); got < need {
+		t.Fatalf("k holds 3,000,000 bytes (%d units of 1 byte); a read of it is billed %d", need, got)
+	}
+}
+
 // Appends to one key from many writers at once each add their bytes: the
 // last to reserve returns the value all of them can leave (on two loops,
 // two APPENDs that both started from the same size left the value above

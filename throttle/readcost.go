@@ -146,7 +146,10 @@ func (rc *ReadCost) Append(key []byte, v, limit int64) int64 {
 	}
 	if key != nil && rc.large.n.Load() > 0 {
 		var n int64
-		if _, ok := rc.large.grow(key, func(units int64) int64 {
+		if _, ok := rc.large.grow(key, func(units int64, idx uint64) int64 {
+			if units == lkUnitsMax { // saturated: the class bounds the value
+				units = rc.classes[idx]
+			}
 			n = grown(max(units*rc.unit-keyRoom, rc.bytes.Load()))
 			return rc.valueUnits(n)
 		}); ok {
@@ -191,7 +194,7 @@ func (rc *ReadCost) RaiseKey(key []byte, v int64) bool {
 			return rc.raiseTo(key, need, v)
 		}
 		if above {
-			rc.large.grow(key, func(int64) int64 { return units })
+			rc.large.grow(key, func(int64, uint64) int64 { return units })
 		} else {
 			atomicMax(&rc.bytes, v)
 		}
