@@ -67,7 +67,7 @@ UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCro
 NORACE_PKGS := ./bucketcfg ./cmd/kvthrottle ./fleet ./internal/textdiff ./throttle
 # Of those packages, the tests that skip or shorten under -race: the pass
 # without it runs these alone (the others ran in full under -race).
-NORACE_TESTS := ^(TestLoadValidFixture|TestMemcachedAgainstItself|TestHashPassword|TestHashPasswordAndVersion|TestFair.*|TestSim.*|TestLeaseAccuracy|TestFIFOSimulated|TestHardLimitMixedSizes|TestBlockingReachesHardLimitWithMixedSizes|TestShareWeight|TestFIFOConcurrentForgivenessForgivesOne)$$
+NORACE_TESTS := ^(TestLoadValidFixture|TestMemcachedAgainstItself|TestHashPassword|TestHashPasswordAndVersion|TestFair.*|TestSim.*|TestLeaseAccuracy|TestFIFOSimulated|TestHardLimitMixedSizes|TestBlockingReachesHardLimitWithMixedSizes|TestShareWeight|TestFIFOConcurrentForgivenessForgivesOne|TestResetDuringAppendLeavesNoStraySlot)$$
 # The proxy tests that skip or shorten under -race and are not in
 # UPSTREAM_TLS_TESTS: test-norace-proxy runs them in full.
 PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples|Newcomer)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent)|TestLargeReadsDoNotHoldTheReservedNeighbour|TestPipelinedSmallGetsReachTheHardLimit|TestAdmitDisplacesOldestSingleLogin|TestAuthFloodSparesKnownUsersAndTenants)$$

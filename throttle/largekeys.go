@@ -57,24 +57,24 @@ func lkWord(tag, idx uint64, units int64) uint64 {
 	return tag | uint64(min(units, lkUnitsMax))<<lkClassBits | idx
 }
 
-// find returns key's slot, or nil when key is not listed.
-func (lk *largeKeys) find(key []byte) *atomic.Uint64 {
+// find returns key's slot and tag; the slot is nil when key is not listed.
+func (lk *largeKeys) find(key []byte) (*atomic.Uint64, uint64) {
 	tag, at := lkTag(key)
 	for i := 0; i < largeKeySlots; i++ {
 		s := &lk.slots[(at+i)&(largeKeySlots-1)]
 		switch w := s.Load(); {
 		case w == 0:
-			return nil
+			return nil, tag
 		case w&lkTagMask == tag:
-			return s
+			return s, tag
 		}
 	}
-	return nil
+	return nil, tag
 }
 
 // class returns the class index listed for key, and whether it is listed.
 func (lk *largeKeys) class(key []byte) (uint64, bool) {
-	if s := lk.find(key); s != nil {
+	if s, _ := lk.find(key); s != nil {
 		return lkClass(s.Load()), true
 	}
 	return 0, false
@@ -114,14 +114,19 @@ func (lk *largeKeys) list(key []byte, idx uint64, units int64) bool {
 // (at least the units it had) and reports the new units and whether key
 // is listed. idx is key's class index; units is lkUnitsMax when the field
 // is saturated (the class then bounds the value, not the units). Any
-// writer may call it: the units grow by compare-and-swap.
+// writer may call it: the units grow by compare-and-swap. A reset that
+// empties the slot meanwhile (and a listing that fills it again, with
+// another key) ends it: key is not listed then.
 func (lk *largeKeys) grow(key []byte, next func(units int64, idx uint64) int64) (int64, bool) {
-	s := lk.find(key)
+	s, tag := lk.find(key)
 	if s == nil {
 		return 0, false
 	}
 	for {
 		w := s.Load()
+		if w&lkTagMask != tag {
+			return 0, false
+		}
 		u := max(next(lkUnits(w), lkClass(w)), lkUnits(w))
 		if u == lkUnits(w) || s.CompareAndSwap(w, lkWord(w&lkTagMask, lkClass(w), u)) {
 			return u, true
