@@ -121,22 +121,30 @@ func (b *Bucket) Refuse(w *Waiter) {
 // Owe records units a command of the bucket cost beyond its bill that it
 // can no longer pay before its answer is delivered (its connection closed
 // while the excess waited to be paid): the bucket's debt, added to the
-// bill of its next admitted command, so that it is paid through admission
-// (held while the bucket's limits, or the free pool, have no room), never
-// charged at once to a gauge others share. It takes no lock.
+// bills of its next admitted commands, at most one largest read
+// (Config.MaxReadUnits) on each, so that it is paid through admission
+// (held while the bucket's limits, or the free pool, have no room) and a
+// gauge others share takes no more of it at once than of one large read.
+// It takes no lock.
 func (b *Bucket) Owe(units int64) {
 	if units > 0 {
 		b.debt.Add(units)
 	}
 }
 
-// takeDebt returns the bucket's debt and clears it (one atomic load when
-// there is none).
+// takeDebt takes the next part of the bucket's debt, at most one largest
+// read (one atomic load when there is none).
 func (b *Bucket) takeDebt() int64 {
-	if b.debt.Load() == 0 {
-		return 0
+	for {
+		d := b.debt.Load()
+		if d == 0 {
+			return 0
+		}
+		part := min(d, b.e.maxRead)
+		if b.debt.CompareAndSwap(d, d-part) {
+			return part
+		}
 	}
-	return b.debt.Swap(0)
 }
 
 // ReadCost returns the bucket's ceiling: what its reads are billed.

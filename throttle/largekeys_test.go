@@ -200,6 +200,47 @@ func TestDebtBilledWithNextCommand(t *testing.T) {
 	}
 }
 
+// A bucket's debt is paid in parts of at most one largest read (M units),
+// one with each of its next commands: a gauge others share (here the free
+// pool, 1,000 units/s, burst 100 ms) takes no more of it at once than of
+// one large read. Ten closed surprises of 244 units (2,440) charged with
+// one command held a pool neighbour's 1-unit command for 2.34 s.
+func TestDebtPaidInPartsOfOneLargestRead(t *testing.T) {
+	for _, mode := range []Mode{Blocking, Unthrottled} {
+		t.Run(fmt.Sprint("mode=", mode), func(t *testing.T) {
+			e, clk := newCostEngine(t, 1000)
+			noisy, _ := e.AddBucket("noisy", 0, Unlimited)
+			calm, _ := e.AddBucket("calm", 0, Unlimited)
+			clk.Advance(time.Second)
+			noisy.Owe(2440)
+			var w Waiter
+			g, _ := noisy.AdmitCost(&w, mode, Cost{Known: 1})
+			if g.Domain == Held || g.Paid() != 1+testM {
+				t.Fatalf("noisy's next command: domain %v, paid %d; want admitted, 1 + one largest read (%d)", g.Domain, g.Paid(), 1+testM)
+			}
+			noisy.Settle(g, 1)
+			// The pool is 1 + M ms ahead: a bill waits until it is no more
+			// than the burst ahead (the free pool admits any bill then).
+			want := time.Duration(1+testM)*ms - 100*ms
+			if gc, wait := calm.AdmitCost(nil, NonBlocking, Cost{Known: 1}); gc.Domain != Held || wait != want {
+				t.Fatalf("a pool neighbour's 1-unit command: domain %v, wait %v; want held for %v", gc.Domain, wait, want)
+			}
+			for paid := int64(testM); paid < 2440; paid += testM {
+				clk.Advance(time.Second)
+				g, _ := noisy.AdmitCost(&w, mode, Cost{Known: 1})
+				if want := 1 + min(testM, 2440-paid); g.Domain == Held || g.Paid() != want {
+					t.Fatalf("after %d of the debt paid: domain %v, paid %d; want %d", paid, g.Domain, g.Paid(), want)
+				}
+				noisy.Settle(g, 1)
+			}
+			clk.Advance(time.Second)
+			if g, _ := noisy.AdmitCost(&w, mode, Cost{Known: 1}); g.Paid() != 1 {
+				t.Fatalf("the debt paid: next bill %d, want 1", g.Paid())
+			}
+		})
+	}
+}
+
 // appendBilled appends v bytes to key (RaiseKey, which must let it go)
 // and fails when a read of key is then billed less than a value of
 // stored bytes reads back as.
