@@ -196,16 +196,18 @@ type floodProc struct {
 
 func startFloodProc(t testing.TB, addr string, n int, user, password string) *floodProc {
 	t.Helper()
-	// Where latencies are judged, the attackers run at the lowest CPU
-	// priority: on a small test machine they share the proxy's cores, and
-	// what is judged is what the flood costs the proxy, not what
-	// generating it costs. (An attacker elsewhere costs this machine
-	// nothing but the proxy's work.) Under the race detector nothing is
-	// timed, and a niced, instrumented flood beside the other race passes
-	// would hardly run at all.
+	// In the benchmark the attackers run at the lowest CPU priority: on a
+	// small machine they share the proxy's cores, and what is measured is
+	// what the flood costs the proxy, not what generating it costs. (An
+	// attacker elsewhere costs this machine nothing but the proxy's work.)
+	// The test runs them at normal priority: beside make test's other
+	// passes a niced flood hardly runs at all, and the test judges the
+	// latencies only at ten times their targets.
 	args := []string{os.Args[0], "-test.run=^TestAuthFloodHelper$", "-test.count=1"}
-	if nice, err := exec.LookPath("nice"); err == nil && !testmc.RaceEnabled {
-		args = append([]string{nice, "-n", "19"}, args...)
+	if _, bench := t.(*testing.B); bench {
+		if nice, err := exec.LookPath("nice"); err == nil {
+			args = append([]string{nice, "-n", "19"}, args...)
+		}
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = append(os.Environ(), fmt.Sprintf("KVTHROTTLE_FLOOD=%s,%d,%s,%s", addr, n, user, password))
@@ -372,7 +374,7 @@ func authFlood(t testing.TB) authFloodResult {
 	// One guess is refused by bcrypt; the others wait their turns, one per
 	// penalty (a user's guesses at an address are bounded by the
 	// connections that wait for them, not refused for a full queue).
-	eventually(t, 30*time.Second, "the flood to be refused and to wait", func() bool {
+	eventually(t, time.Minute, "the flood to be refused and to wait", func() bool {
 		n, _ := queuedChecks(p, authPair("127.0.0.1", "bob"))
 		return f.stats().authErrors >= 1 && n >= attackers/2
 	})
@@ -401,7 +403,7 @@ func authFlood(t testing.TB) authFloodResult {
 		// Resumed: 50 guesses sent, or half the attackers' guesses queued
 		// already (they wait for their answers, which come one per
 		// penalty: on a loaded machine, too slowly for 50 new ones).
-		eventually(t, 30*time.Second, "the flood to resume", func() bool {
+		eventually(t, time.Minute, "the flood to resume", func() bool {
 			n, _ := queuedChecks(p, authPair("127.0.0.1", "bob"))
 			return f.stats().sent > before+50 || n >= attackers/2
 		})
