@@ -9,7 +9,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # after the first run), so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run fleet test test-passes test-race test-proxy-bins test-proxy-race-bin test-proxy-norace-bin test-kvthrottle-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-norace-proxy test-upstream-tls deps vet bench fuzz clean
+.PHONY: all build run fleet test test-passes test-race test-proxy-bins test-proxy-race-bin test-proxy-norace-bin test-kvthrottle-bin test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-serial3 test-race-proxy-parallel test-race-packages test-fleet-failover test-norace test-norace-proxy test-upstream-tls test-docs deps vet bench fuzz clean
 
 all: build
 
@@ -39,9 +39,11 @@ fleet: build
 ## mostly waits on sockets and timers, so its parts overlap well on two
 ## cores):
 ##   vet: gofmt, go vet and staticcheck;
-##   test-race: every test with -race (the proxy's serial tests in two
-##     processes, its parallel ones in a third, the other packages in a
-##     fourth);
+##   test-race: every test with -race (the proxy's serial tests in three
+##     processes, its parallel ones in a fourth, the other packages in a
+##     fifth) but the documentation's checks;
+##   test-docs: the documentation's checks (internal/docscheck), without
+##     -race;
 ##   test-norace: the tests of NORACE_PKGS that skip or shorten under
 ##     -race (NORACE_TESTS), again without it, in full;
 ##   test-norace-proxy: without -race, the proxy's fair-sharing and fleet
@@ -50,8 +52,9 @@ fleet: build
 ##   test-upstream-tls: with TLS between the proxy and memcached
 ##     (memcached -Z) and without -race, the proxy tests whose traffic TLS
 ##     changes: the upstream wire (framing across records, partial reads,
-##     reconnects, pipelines, large values, real clients), not the
-##     throttle's arithmetic;
+##     reconnects, failures, pipelines, large values, one real client's
+##     quiet batches), not the client's protocol nor the throttle's
+##     arithmetic;
 ##   test-fleet-failover: the fleet tests against real Redis Cluster and
 ##     Sentinel processes (the instances on fake clocks).
 ## Then, alone and without the race detector (it distorts latencies), the
@@ -59,8 +62,8 @@ fleet: build
 ## TESTJSON=DIR: each pass writes `go test -json` to DIR/PASS.json instead
 ## of its usual output, and its wall, user and system seconds to
 ## DIR/PASS.time (scripts/flake.sh, scripts/testtimes.sh).
-FLEET_FAILOVER_TESTS := ^TestFleet(ClusterFailover|SentinelFailover|ClusterDown|SlotMigration|ClusterDemotedPrimary|DemotedPrimary)$$
-UPSTREAM_TLS_TESTS := ^(TestMemcapable|TestGetKQBatch|TestConcurrentClientsNoCrossTalk|TestDisconnectInFlight|TestInvalidFrames|TestQuietAndLocalOrdering|TestFlexibleFramingRequest|TestMaxFrameBytes|TestMemcaslapTextThroughProxy|TestMemccpMemccatText|TestTextTranslationMatchesMemcached|TestTextDifferential|TestMeta.*|TestNamespacedKeyTooLongSwallowsData|TestPipelinedModel.*|TestChaos.*|TestUpstreamKilledUnderLoad|TestTwoServersEjection|TestReloadUnderLoad|TestTimedOutCommandMayHaveRun|TestAbandonedReadsStop|TestClosedClientCostsNeighboursNothing|TestNonReaderDoesNotStallNeighbours|TestLargeReaderNotStarvedBySmallReaders|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestHardLimitHoldsRealClock|TestUnitsCountedWhenAnswered|TestPipelinedSetThenStat|TestLibmemcachedSASLClients|TestMemjsSASLClient|TestGomemcacheSuite|TestPymemcacheThroughProxy|TestBucketsDoNotQueueBehindEachOther|TestIdleBucketConnectionsClose|TestCrossProto.*|TestTextUpstreamFailureFraming)$$
+FLEET_FAILOVER_TESTS := ^TestFleet(ClusterFailover|SentinelFailover|ClusterDown|SlotMigration|ClusterDemotedPrimary)$$
+UPSTREAM_TLS_TESTS := ^(TestConcurrentClientsNoCrossTalk|TestPipelinedModel.*|TestAbandonedReadsStop|TestTwoServersEjection|TestChaos.*|TestTextUpstreamFailureFraming|TestReloadUnderLoad|TestDisconnectInFlight|TestTimedOutCommandMayHaveRun|TestUpstreamKilledUnderLoad|TestGetKQBatch|TestQuietAndLocalOrdering|TestPipelinedReadsNotCapped|TestPipelinedLargeGetsHoldTheHardLimit|TestLibmemcachedSASLClients)$$
 # The packages with tests that skip or shorten under -race
 # (testmc.SkipUnderRace, testmc.UnderRace: simulations on one goroutine at a
 # time, bcrypt at its real cost); internal/docscheck checks the list.
@@ -70,7 +73,7 @@ NORACE_PKGS := ./bucketcfg ./cmd/kvthrottle ./fleet ./internal/textdiff ./thrott
 NORACE_TESTS := ^(TestLoadValidFixture|TestMemcachedAgainstItself|TestHashPassword|TestHashPasswordAndVersion|TestFair.*|TestSim.*|TestLeaseAccuracy|TestFIFOSimulated|TestHardLimitMixedSizes|TestBlockingReachesHardLimitWithMixedSizes|TestShareWeight|TestFIFOConcurrentForgivenessForgivesOne|TestResetDuringAppendLeavesNoStraySlot)$$
 # The proxy tests that skip or shorten under -race and are not in
 # UPSTREAM_TLS_TESTS: test-norace-proxy runs them in full.
-PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples|Newcomer)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent)|TestLargeReadsDoNotHoldTheReservedNeighbour|TestPipelinedSmallGetsReachTheHardLimit|TestAdmitDisplacesOldestSingleLogin|TestAuthFloodSparesKnownUsersAndTenants)$$
+PROXY_NORACE_TESTS := ^(TestFair(FreePool|SeedExamples|Newcomer)|TestFleet(HardLimitFollowsTheLoad|CapacityAndReservation|StoreLoss|FairPool|LoadThatMoves|LoadShapes|FastMovesWithinTenPercent)|TestLargeReadsDoNotHoldTheReservedNeighbour|TestPipelinedSmallGetsReachTheHardLimit|TestAdmitDisplacesOldestSingleLogin|TestAuthFloodSparesKnownUsersAndTenants|TestMemcaslapTextThroughProxy|TestTextDifferential)$$
 # TESTBUILD: the build flags of make test's compiles. -trimpath keeps the
 # clone's directory out of the build cache's keys, so a fresh clone (CI's
 # every run) reuses what an earlier clone on the machine compiled of the
@@ -83,16 +86,18 @@ TESTBUILD := -trimpath
 timed = $(if $(TESTJSON),$(if $(wildcard /usr/bin/time),/usr/bin/time -f '%e %U %S' -o $(abspath $(TESTJSON))/$(1).time))
 # gotest NAME,ARGS: go test ARGS, or with TESTJSON its -json to $(TESTJSON)/NAME.json.
 gotest = $(if $(TESTJSON),mkdir -p $(TESTJSON) && )$(call timed,$(1)) $(GO) test $(2)$(if $(TESTJSON), -json > $(TESTJSON)/$(1).json)
-# The proxy's race pass runs in three processes at once, from one test
+# The proxy's race pass runs in four processes at once, from one test
 # binary (PROXY_RACE_BIN): the tests that call t.Parallel() first thing
 # (PROXY_PARALLEL), and the others, which Go runs one at a time, split by
-# name in two halves (PROXY_SERIAL_A: names from A to O). The serial ones
-# run one at a time within their process, so a test hook (a package
-# variable) they set reaches no other test; in one process they were the
-# longest pass (300 s, much of it waiting on sockets, children and
-# memcached, not on the CPU).
+# name in three (PROXY_SERIAL_A: names from A to F, PROXY_SERIAL_B: G to
+# R, the rest). The serial ones run one at a time within their process, so
+# a test hook (a package variable) they set reaches no other test; in one
+# process they were the longest pass (300 s, much of it waiting on
+# sockets, children, memcached and penalties, not on the CPU), in two the
+# longest still (each about 270 s of their tests' time in make test).
 PROXY_PARALLEL := $(shell scripts/paralleltests.sh proxy)
-PROXY_SERIAL_A := ^(Test|Fuzz|Example)[A-O]
+PROXY_SERIAL_A := ^(Test|Fuzz|Example)[A-F]
+PROXY_SERIAL_B := ^(Test|Fuzz|Example)[G-R]
 PROXY_RACE_BIN := $(CURDIR)/bin/test/proxy.race.test
 # The proxy's test binary without -race: the upstream-TLS pass, the full
 # rate tests and the TLS handshake flood run it (one build, not three).
@@ -111,15 +116,16 @@ test:
 
 ## test-passes: make test without installing anything or vet (what
 ## scripts/flake.sh runs). Every pass starts at once: -j12 is more than
-## their ten jobs (a pass left waiting for a slot ends last).
+## their eleven jobs (a pass left waiting for a slot ends last).
 test-passes:
 	@$(MAKE) --no-print-directory test-proxy-bins
-	@$(MAKE) --no-print-directory -j12 PROXY_BINS_BUILT=1 $(WITH_VET) test-race test-norace test-norace-proxy test-upstream-tls test-fleet-failover
+	@$(MAKE) --no-print-directory -j12 PROXY_BINS_BUILT=1 $(WITH_VET) test-race test-norace test-norace-proxy test-upstream-tls test-fleet-failover test-docs
 	$(call runbin,tls-flood,$(PROXY_BIN),-test.run '^TestTLSHandshakeFlood$$')
 
-## test-race: every test with -race but the failovers: the proxy's in three
-## processes (see PROXY_PARALLEL), every other package's in a fourth.
-test-race: test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-parallel test-race-packages
+## test-race: every test with -race but the failovers and the
+## documentation's checks: the proxy's in four processes (see
+## PROXY_PARALLEL), every other package's in a fifth.
+test-race: test-race-proxy-serial test-race-proxy-serial2 test-race-proxy-serial3 test-race-proxy-parallel test-race-packages
 
 # test-passes builds the proxy's two test binaries and KVTHROTTLE_TEST_BIN
 # before anything else, at once: the passes that run the proxy's are the
@@ -143,7 +149,10 @@ test-race-proxy-serial: test-proxy-bins
 	$(call runbin,race-proxy-serial,$(PROXY_RACE_BIN),-test.run '$(PROXY_SERIAL_A)' -test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
 
 test-race-proxy-serial2: test-proxy-bins
-	$(call runbin,race-proxy-serial2,$(PROXY_RACE_BIN),-test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)|$(PROXY_SERIAL_A)')
+	$(call runbin,race-proxy-serial2,$(PROXY_RACE_BIN),-test.run '$(PROXY_SERIAL_B)' -test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)')
+
+test-race-proxy-serial3: test-proxy-bins
+	$(call runbin,race-proxy-serial3,$(PROXY_RACE_BIN),-test.skip '$(FLEET_FAILOVER_TESTS)|$(PROXY_PARALLEL)|$(PROXY_SERIAL_A)|$(PROXY_SERIAL_B)')
 
 test-race-proxy-parallel: test-proxy-bins
 	$(call runbin,race-proxy-parallel,$(PROXY_RACE_BIN),-test.run '$(PROXY_PARALLEL)' -test.skip '$(FLEET_FAILOVER_TESTS)')
@@ -154,12 +163,22 @@ test-race-proxy-parallel: test-proxy-bins
 # starts Redis processes of its own, on ports claimed across the suite; one
 # after another they were the longest pass, 303 s); the instances run on
 # fake clocks and the figures are asserted exactly (the real-clock ones
-# are BenchmarkFleetFailover's).
+# are BenchmarkFleetFailover's). Without -race: under it they cost half
+# as much CPU again (ClusterDown alone: 12.4 s against 8.2). The store's
+# failures reach the instances under -race in the race pass:
+# TestFleetDemotedPrimary (a primary demoted under them, READONLY, a new
+# connection), TestFleetStartWhileStoreDown, TestFleetFlushes and
+# TestFleetMetricsReloadAndFlush (a store stopped).
 test-fleet-failover: test-proxy-bins
-	$(call runbin,fleet-failover,$(PROXY_RACE_BIN),-test.run '$(FLEET_FAILOVER_TESTS)')
+	$(call runbin,fleet-failover,$(PROXY_BIN),-test.run '$(FLEET_FAILOVER_TESTS)')
 
 test-race-packages: test-proxy-bins
-	$(call gotest,race,$(TESTBUILD) -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/proxy$$'))
+	$(call gotest,race,$(TESTBUILD) -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/proxy$$\|/internal/docscheck$$'))
+
+# The documentation's checks (internal/docscheck) run without -race: they
+# read files and run commands, none of the product's concurrency.
+test-docs:
+	$(call gotest,docs,$(TESTBUILD) -count=1 -timeout 10m ./internal/docscheck)
 
 test-norace: test-proxy-bins
 	$(call gotest,norace,$(TESTBUILD) -count=1 -timeout 10m -run '$(NORACE_TESTS)' $(NORACE_PKGS))

@@ -97,8 +97,10 @@ func TestFleetHardLimitFollowsTheLoad(t *testing.T) {
 // (TestFleetHardLimitFollowsTheLoad, TestFleetCapacityAndReservation,
 // TestFleetStoreLoss) run without -race only, in full: the race detector
 // would find in them nothing that TestFleetFairPool,
-// TestFleetAdminChangeReachesEveryInstance and the failover tests do not
-// already run under it (the same instances, stores and grant paths), and
+// TestFleetAdminChangeReachesEveryInstance, TestFleetDemotedPrimary and
+// the tests that stop the store (TestFleetStartWhileStoreDown,
+// TestFleetFlushes, TestFleetMetricsReloadAndFlush) do not already run
+// under it (the same instances, stores and grant paths), and
 // it made each of their fake seconds about three times slower.
 const raceWindow = 4
 
