@@ -1,8 +1,8 @@
 package proxy
 
 // Test clients of the proxy: binary (dial, login, pipelineGets), text
-// (dialText, textDo, metaExchange) and raw (rawDial, dialFrom a chosen
-// source address, dialDeadline, dialMany); the independent clients the
+// (dialText, textDo, metaExchange) and raw (rawDial, countBytes, dialFrom
+// a chosen source address, dialDeadline, dialMany); the independent clients the
 // tests drive (runClient, runMemccapable, pymemcachePython); reading the
 // proxy's stats (statValue, statusFn, bucketUnits); and the latency
 // quantiles the tests report.
@@ -270,6 +270,34 @@ func p99(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)*99/100]
+}
+
+// byteCounter reads a connection until it closes and counts the bytes
+// (n), so that the proxy is never held up by a client that does not read;
+// received is for the fake-clock tests' own accounting of what reached
+// the client by a reading of the clock (settledOwing).
+type byteCounter struct {
+	c        net.Conn
+	n        atomic.Int64
+	received int64 // bytes c's TCP had received at the last settledOwing
+}
+
+// countBytes starts a byteCounter reading c.
+func countBytes(c net.Conn) *byteCounter {
+	bc := &byteCounter{c: c}
+	go bc.run()
+	return bc
+}
+
+func (bc *byteCounter) run() {
+	buf := make([]byte, 256<<10)
+	for {
+		n, err := bc.c.Read(buf)
+		bc.n.Add(int64(n))
+		if err != nil {
+			return
+		}
+	}
 }
 
 func rawDial(t *testing.T, addr string) net.Conn {

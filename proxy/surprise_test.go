@@ -1,3 +1,5 @@
+//go:build linux
+
 package proxy
 
 // Surprises (values written around the proxy, read above their bill: rule
@@ -20,38 +22,28 @@ import (
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
-// byteCounter reads a connection until it closes and counts the bytes.
-type byteCounter struct{ n atomic.Int64 }
-
-func (bc *byteCounter) run(c net.Conn) {
-	buf := make([]byte, 256<<10)
-	for {
-		n, err := c.Read(buf)
-		bc.n.Add(int64(n))
-		if err != nil {
-			return
-		}
-	}
-}
-
-// quietFor reports whether the count did not move for d (real time): the
-// client has read what the proxy wrote (a liveness aid; an early answer
-// only makes an upper bound looser, never fails it).
-func (bc *byteCounter) quietFor(d time.Duration) bool {
-	n := bc.n.Load()
-	time.Sleep(d)
-	return bc.n.Load() == n
-}
-
 // settledOwing waits until every loop of p has done what the fake clock's
 // reading allows, counting a session whose surprise waits to be paid
 // (session.owing) as waiting for the clock, as a held one is: no wake-up
-// due, nothing queued, nothing unsent but what waits for a payment.
-func settledOwing(t *testing.T, p *testProxy, bc *byteCounter) {
+// due, nothing queued, no save of the ceilings running (real time: its
+// end wakes the writes that wait for it), no read in flight for a closed
+// session, and every session held, owing, idle, or waiting for a raise of
+// its ceiling whose old reads have not all settled (once they have, a wake
+// is on its way: ReadCost.Pending false), with nothing in flight but what
+// owes and nothing unsent, in the proxy's buffers or its socket's (the
+// kernel's send queue: every byte written is in the client's socket).
+// Then it sets each counter's received to the bytes its client's TCP has
+// received: exactly what the proxy sent that client by this reading,
+// whether or not the client's reader has read it yet. It checks that
+// count is exact: the reader comes to read exactly that many bytes, and
+// no more arrive.
+func settledOwing(t *testing.T, p *testProxy, clients ...*byteCounter) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute) // liveness only
+	var poll backoff
 	for {
 		ok := true
+		var ioctlErr error
 		onLoop(t, p, func(lp *loop) {
 			now := lp.srv.throttle.Now()
 			for _, e := range lp.holds {
@@ -62,25 +54,58 @@ func settledOwing(t *testing.T, p *testProxy, bc *byteCounter) {
 			if len(lp.retry) > 0 || len(lp.dirty) > 0 || lp.leaseDue != 0 && lp.leaseDue <= now {
 				ok = false
 			}
+			if lp.srv.ceilSaving.Load() {
+				ok = false // a save of the ceilings, off the loop
+			}
+			for _, w := range lp.ceilWait {
+				if w.s.pause == waitingCeiling && !w.b.tb.ReadCost().Pending() {
+					ok = false // its raise's old reads settled: wakeCeiling is on its way
+				}
+			}
+			for _, l := range lp.lanes {
+				if l.orphansOut > 0 {
+					ok = false // reads of closed sessions in flight upstream
+				}
+			}
 			for s := range lp.sessions {
+				unacked, err := unackedBytes(s.c.Fd())
+				if err != nil {
+					ioctlErr = err
+				}
 				switch {
-				case len(s.out)+s.c.OutboundBuffered() > 0:
+				case len(s.out)+s.c.OutboundBuffered() > 0 || unacked != 0:
 					ok = false
 				case s.owing > 0: // its answers wait for the clock
 				case s.pending() > 0 || s.unsent() > 0:
 					ok = false // in flight or unsent, as unsettled says
 				case s.isHeld():
-				case s.pause == waitingCeiling: // ended by a settle or a save, which the loop runs
+				case s.pause == waitingCeiling: // for reads that wait for the clock (above)
 				case s.pause != running || !s.drained():
 					ok = false
 				}
 			}
 		})
-		if ok && bc.quietFor(20*time.Millisecond) {
-			return
+		if ioctlErr != nil {
+			t.Fatalf("SIOCOUTQ of a session's socket: %v", ioctlErr)
+		}
+		if ok {
+			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the proxy did not settle")
+			t.Fatalf("the proxy did not settle at %v", p.Engine().Now())
+		}
+		poll.wait()
+	}
+	for _, bc := range clients {
+		bc.received = tcpReceived(t, bc.c)
+		eventually(t, time.Minute, "the client read what its TCP received", func() bool {
+			if n := bc.n.Load(); n > bc.received {
+				t.Fatalf("settled at %v with %d bytes received by %v, its reader read %d: bytes were still on their way to it", p.Engine().Now(), bc.received, bc.c.LocalAddr(), n)
+			}
+			return bc.n.Load() == bc.received
+		})
+		if r := tcpReceived(t, bc.c); r != bc.received {
+			t.Fatalf("settled at %v with %d bytes received by %v, then %d: bytes were still on their way to it", p.Engine().Now(), bc.received, bc.c.LocalAddr(), r)
 		}
 	}
 }
@@ -132,16 +157,16 @@ func TestRule3SurpriseMultiReadHeldToHardLimit(t *testing.T) {
 				t.Fatalf("ceiling %d before the reads, want 1 (values written around the proxy)", c)
 			}
 			c := rawDial(t, p.Addr)
-			var bc byteCounter
-			go bc.run(c)
+			waitOpen(t, p, c)
+			bc := countBytes(c)
 			if _, err := c.Write([]byte(sh.in)); err != nil {
 				t.Fatal(err)
 			}
 			const perValue = 245 // ceil((key + 1,000,000) / 4096)
 			var elapsed time.Duration
 			for {
-				settledOwing(t, p, &bc)
-				got := int(bc.n.Load() / size) // values delivered (their framing is far below a value)
+				settledOwing(t, p, bc)
+				got := int(bc.received / size) // values delivered (their framing is far below a value)
 				bound := int(500*elapsed/time.Second) + 257 + n
 				if got*perValue > bound {
 					t.Fatalf("after %v of engine time %d values delivered (%d units), over the hard limit's bound %d", elapsed, got, got*perValue, bound)
@@ -200,12 +225,11 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 	go countHits(calm, &calmHits)
 	noisy := rawDial(t, p.Addr)
 	waitOpen(t, p, noisy)
-	var bc byteCounter
-	go bc.run(noisy)
+	bc := countBytes(noisy)
 	if _, err := io.WriteString(noisy, "get "+strings.Join(keys, " ")+"\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	settledOwing(t, p, &bc)
+	settledOwing(t, p, bc)
 	if _, err := io.WriteString(calm, strings.Repeat("mg s v\r\n", 1500)); err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +237,7 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 	var elapsed time.Duration
 	var burst int64 // what calm had at once: its burst
 	for elapsed < time.Second {
-		settledOwing(t, p, &bc)
+		settledOwing(t, p, bc)
 		eventually(t, time.Minute, "calm read every answer", answeredAll(t, p, "calm", &calmHits))
 		if elapsed == 0 {
 			burst = calmHits.Load()
@@ -222,13 +246,14 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 		if got < want*98/100 {
 			t.Fatalf("after %v of engine time calm had %d reads of 1 unit beyond its burst of %d, under 98%% of its reservation's %d", elapsed, got, burst, want)
 		}
-		if n := bc.n.Load() / 1_000_000; int(n)*245 > int(100*elapsed/time.Second)+257+10 {
+		if n := bc.received / 1_000_000; int(n)*245 > int(100*elapsed/time.Second)+257+10 {
 			t.Fatalf("after %v of engine time noisy had %d values (%d units) at a hard limit of 100/s", elapsed, n, n*245)
 		}
 		clk.Advance(step)
 		elapsed += step
 	}
-	if bc.n.Load() >= 10*1_000_000 {
+	settledOwing(t, p, bc)
+	if bc.received >= 10*1_000_000 {
 		t.Fatal("noisy had every value within a second at 100 units/s")
 	}
 }
@@ -258,9 +283,7 @@ func debtPaidWithASurprise(t *testing.T, closeA bool) {
 	a, b := rawDial(t, p.Addr), rawDial(t, p.Addr)
 	waitOpen(t, p, a)
 	waitOpen(t, p, b)
-	var ac, bc byteCounter
-	go ac.run(a)
-	go bc.run(b)
+	ac, bc := countBytes(a), countBytes(b)
 	thaw := p.MC.Freeze(t)
 	for _, c := range []struct {
 		conn net.Conn
@@ -277,14 +300,17 @@ func debtPaidWithASurprise(t *testing.T, closeA bool) {
 		a.Close() // its excess, 244 units, becomes the bucket's debt
 		eventually(t, time.Minute, "a's session gone", func() bool { return owingSlots(t, p) == 1 })
 	}
-	for step := 0; bc.n.Load() < 1_000_000 || !closeA && ac.n.Load() < 1_000_000; step++ {
+	clients := []*byteCounter{bc, ac}
+	if closeA {
+		clients = clients[:1]
+	}
+	for step := 0; bc.received < 1_000_000 || !closeA && ac.received < 1_000_000; step++ {
 		if step == 100 {
-			t.Fatalf("b has %d bytes of its answer after 10 s of engine time", bc.n.Load())
+			t.Fatalf("b has %d bytes of its answer after 10 s of engine time", bc.received)
 		}
 		clk.Advance(100 * time.Millisecond)
-		settledOwing(t, p, &bc)
+		settledOwing(t, p, clients...)
 	}
-	settledOwing(t, p, &bc)
 	if u := bucketUnits(t, p, "default"); u.engine != u.read+u.write {
 		t.Fatalf("the proxy counted %d units read and %d written, the throttle charged %d", u.read, u.write, u.engine)
 	}
@@ -317,8 +343,7 @@ func closedSurpriseBecomesDebt(t *testing.T, inFlight bool) {
 	clk.Advance(time.Second) // the pool's burst banked
 	x := rawDial(t, p.Addr)
 	waitOpen(t, p, x)
-	var bc byteCounter
-	go bc.run(x)
+	countBytes(x)
 	thaw := p.MC.Freeze(t)
 	if _, err := x.Write(mg.Bytes()); err != nil {
 		t.Fatal(err)
@@ -374,8 +399,7 @@ func TestRule3OwedPaymentRetriedAfterLimitChange(t *testing.T) {
 	clk.Advance(time.Second)
 	x := rawDial(t, p.Addr)
 	waitOpen(t, p, x)
-	var bc byteCounter
-	go bc.run(x)
+	bc := countBytes(x)
 	thaw := p.MC.Freeze(t)
 	if _, err := x.Write([]byte("mg big v\r\n")); err != nil {
 		t.Fatal(err)
@@ -387,17 +411,16 @@ func TestRule3OwedPaymentRetriedAfterLimitChange(t *testing.T) {
 	reload(500) // the free pool is back
 	y := rawDial(t, p.Addr)
 	waitOpen(t, p, y)
-	var yc byteCounter
-	go yc.run(y)
+	yc := countBytes(y)
 	if _, err := fmt.Fprintf(y, "ms k2 200000\r\n%s\r\n", bytes.Repeat([]byte("v"), 200_000)); err != nil { // class 64: a listing
 		t.Fatal(err)
 	}
-	for step := 0; bc.n.Load() < 100_000 || yc.n.Load() == 0; step++ {
+	for step := 0; bc.received < 100_000 || yc.received == 0; step++ {
 		if step == 100 {
-			t.Fatalf("after 10 s of engine time with the free pool back: %d bytes of the read's answer (owing %d), %d of the listing write's", bc.n.Load(), owingSlots(t, p), yc.n.Load())
+			t.Fatalf("after 10 s of engine time with the free pool back: %d bytes of the read's answer (owing %d), %d of the listing write's", bc.received, owingSlots(t, p), yc.received)
 		}
 		clk.Advance(100 * time.Millisecond)
-		settledOwing(t, p, &bc)
+		settledOwing(t, p, bc, yc)
 	}
 }
 
@@ -427,8 +450,7 @@ func TestRule3OwedPaymentKeepsOneWakeEntry(t *testing.T) {
 	clk.Advance(time.Second)
 	x := rawDial(t, p.Addr)
 	waitOpen(t, p, x)
-	var bc byteCounter
-	go bc.run(x)
+	countBytes(x)
 	if _, err := x.Write([]byte("mg big v\r\n")); err != nil {
 		t.Fatal(err)
 	}
