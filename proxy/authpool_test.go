@@ -161,7 +161,7 @@ func TestAuthPoolColdText(t *testing.T) {
 		}
 	}
 	line := func(tc textConn) string {
-		_ = tc.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_ = tc.c.SetReadDeadline(time.Now().Add(clientPatience))
 		l, err := tc.r.ReadString('\n')
 		if err != nil {
 			return err.Error()
@@ -222,7 +222,7 @@ func TestAuthPoolTLS64(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			tc := tls.Client(c, &tls.Config{RootCAs: s.ca.Pool(), ServerName: "localhost"})
-			_ = tc.SetDeadline(time.Now().Add(20 * time.Second))
+			_ = tc.SetDeadline(time.Now().Add(clientPatience))
 			if err := tc.Handshake(); err != nil {
 				handshakeFailures.Add(1)
 				errs[i] = fmt.Errorf("handshake: %w", err)

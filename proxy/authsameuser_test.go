@@ -56,7 +56,7 @@ func sendPool(t *testing.T, addr string, n int) []*rawConn {
 	conns := make([]*rawConn, n)
 	for i := range conns {
 		conns[i] = dialFrom(t, addr, "127.0.0.1")
-		_ = conns[i].c.SetDeadline(time.Now().Add(20 * time.Second))
+		_ = conns[i].c.SetDeadline(time.Now().Add(clientPatience))
 		plainAuth(conns[i], poolUser, poolPass)
 	}
 	return conns
@@ -173,9 +173,9 @@ func TestWrongPasswordRotationSparesSameUserPool(t *testing.T) {
 	// replaced, twice over.
 	const repeats = 2 * maxAuthFailures * flooders
 	refusedBefore := flood.refused.Load()
-	for deadline := time.Now().Add(30 * time.Second); flood.refused.Load() < refusedBefore+repeats; {
+	for deadline := time.Now().Add(clientPatience); flood.refused.Load() < refusedBefore+repeats; {
 		if time.Now().After(deadline) {
-			t.Fatalf("the old password was refused %d times in 30 s, want %d", flood.refused.Load()-refusedBefore, repeats)
+			t.Fatalf("the old password was refused %d times in %v, want %d", flood.refused.Load()-refusedBefore, clientPatience, repeats)
 		}
 		clock.Advance(10 * time.Millisecond)
 		time.Sleep(200 * time.Microsecond)

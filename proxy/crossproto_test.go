@@ -160,7 +160,7 @@ func spendText(t *testing.T, p *testProxy, tc *textConn, bucket, key string, n i
 	t.Helper()
 	tb := p.Engine().Bucket(bucket)
 	before := tb.Stats()
-	_ = tc.c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = tc.c.SetDeadline(time.Now().Add(clientPatience))
 	if _, err := io.WriteString(tc.c, strings.Repeat("set "+key+" 0 0 1\r\nv\r\n", n)); err != nil {
 		t.Fatal(err)
 	}

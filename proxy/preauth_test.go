@@ -47,7 +47,7 @@ func TestPreAuthLargeFrameRefused(t *testing.T) {
 				return
 			}
 			defer conn.Close()
-			_ = conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			_ = conn.SetWriteDeadline(time.Now().Add(clientPatience))
 			if _, err := conn.Write(append(bigSetHeader(body), chunk...)); err != nil {
 				errs <- err
 				return
@@ -58,7 +58,7 @@ func TestPreAuthLargeFrameRefused(t *testing.T) {
 				return
 			}
 			// The proxy no longer reads: writing the rest of the body fails.
-			_ = conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			_ = conn.SetWriteDeadline(time.Now().Add(clientPatience))
 			for sent := len(chunk); sent < body; sent += len(chunk) {
 				if _, err := conn.Write(chunk); err != nil {
 					return

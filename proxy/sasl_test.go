@@ -55,7 +55,7 @@ func TestSASLFailurePacing(t *testing.T) {
 		armedAt(t, clock) // answered: nothing left to wait for
 	}
 	// The fifth refusal closed the connection.
-	_ = c.Conn().SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.Conn().SetReadDeadline(time.Now().Add(clientPatience))
 	if _, err := c.Conn().Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !isReset(err) {
 		t.Fatalf("connection still open after 5 refusals: %v", err)
 	}

@@ -209,7 +209,7 @@ func TestSCRAMFailurePacing(t *testing.T) {
 		}
 		armedAt(t, clock)
 	}
-	_ = c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.c.SetReadDeadline(time.Now().Add(clientPatience))
 	if _, err := c.c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !isReset(err) {
 		t.Fatalf("connection still open after 5 refusals: %v", err)
 	}
@@ -308,7 +308,7 @@ func TestPlainAuthPolicy(t *testing.T) {
 			if _, err := c.c.Write([]byte("set auth 0 0 14\r\nalice alice-pw\r\n")); err != nil {
 				t.Fatal(err)
 			}
-			_ = c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_ = c.c.SetReadDeadline(time.Now().Add(clientPatience))
 			line, err := c.r.ReadString('\n')
 			if err != nil {
 				t.Fatalf("text auth from %s: %v", from, err)

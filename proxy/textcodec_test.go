@@ -141,7 +141,7 @@ func TestTextRefusalsBoundedBeforeAuth(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+		_ = c.SetWriteDeadline(time.Now().Add(clientPatience))
 		for i := 0; i < 256; i++ { // 16 MiB of refused lines
 			if _, err := c.Write(line); err != nil {
 				return // closed by the proxy
@@ -149,7 +149,7 @@ func TestTextRefusalsBoundedBeforeAuth(t *testing.T) {
 		}
 	}()
 	<-done
-	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(clientPatience))
 	n, err := io.Copy(io.Discard, c)
 	if err != nil {
 		t.Fatalf("the connection was not closed (read %d bytes of answers): %v", n, err)

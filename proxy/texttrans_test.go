@@ -146,7 +146,7 @@ func trunc(s string) string {
 // (for noreply commands: none; a "mn" fence tells).
 func textReply(t *testing.T, c net.Conn, r *bufio.Reader, line string, cmd *textCommand) string {
 	t.Helper()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(clientPatience))
 	if _, err := io.WriteString(c, line+"mn\r\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func textReply(t *testing.T, c net.Conn, r *bufio.Reader, line string, cmd *text
 // and returns the answers before the fence's.
 func binaryRoundTrip(t *testing.T, c net.Conn, frame []byte) []binary.Frame {
 	t.Helper()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(clientPatience))
 	req := append(append([]byte(nil), frame...), binary.AppendFrame(nil, binary.Header{Magic: binary.MagicRequest, Opcode: binary.OpNoop, Opaque: 0xfe11ce}, nil, nil, nil, nil)...)
 	if _, err := c.Write(req); err != nil {
 		t.Fatal(err)

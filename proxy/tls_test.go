@@ -119,7 +119,7 @@ func TestTLSText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(clientPatience))
 	br := bufio.NewReader(c)
 	for _, x := range []struct{ send, want string }{
 		{"set tk 5 0 5\r\nhello\r\n", "STORED\r\n"},
@@ -318,7 +318,7 @@ func TestTLSHandshakeSourceLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer extra.Close()
-	_ = extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = extra.SetReadDeadline(time.Now().Add(clientPatience))
 	if _, err := extra.Read(make([]byte, 1)); err != io.EOF {
 		t.Fatalf("connection beyond the source's handshakes: read %v, want EOF", err)
 	}
@@ -567,7 +567,7 @@ func TestTLSRequestWithHandshake(t *testing.T) {
 			if err := h.release(); err != nil {
 				t.Fatal(err)
 			}
-			_ = raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_ = raw.SetReadDeadline(time.Now().Add(clientPatience))
 			r, err := c.Read()
 			if err != nil || r.Opcode != mc.OpVersion || r.Status() != mc.StatusSuccess {
 				t.Fatalf("mutual %v, version %x: request sent with the handshake's end: %v %+v", mutual, ver, err, r)
@@ -597,7 +597,7 @@ func TestTLSBadRecord(t *testing.T) {
 		if _, err := raw.Write(rec); err != nil {
 			t.Fatal(err)
 		}
-		_ = raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_ = raw.SetReadDeadline(time.Now().Add(clientPatience))
 		got, err := io.ReadAll(raw) // an alert record, then the close
 		if err != nil {
 			t.Fatalf("version %x: after a bad record: %v (want the connection closed)", ver, err)
@@ -616,7 +616,7 @@ func TestTLSBadRecord(t *testing.T) {
 	if err := c.CloseWrite(); err != nil {
 		t.Fatal(err)
 	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(clientPatience))
 	if _, err := io.ReadAll(c); err != nil {
 		t.Fatalf("after close_notify: %v (want EOF)", err)
 	}

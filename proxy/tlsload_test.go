@@ -46,7 +46,7 @@ func (w *loadWorker) run(stop <-chan struct{}, wg *sync.WaitGroup) {
 			return
 		default:
 		}
-		_ = w.conn.SetDeadline(time.Now().Add(10 * time.Second))
+		_ = w.conn.SetDeadline(time.Now().Add(clientPatience))
 		if err := w.step(n); err != nil {
 			err = fmt.Errorf("%s, round trip %d: %w", w.name, n, err)
 			w.err.Store(&err)

@@ -49,7 +49,7 @@ func TestRule4RefusedWriteNotAdmittedStaysInStep(t *testing.T) {
 	check := func(what string, c net.Conn, in []byte, want func(out []byte) string) {
 		t.Helper()
 		spendBinary(t, nb, "spent") // the next command waits 100 ms, past max_hold
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_ = c.SetDeadline(time.Now().Add(clientPatience))
 		if _, err := c.Write(in); err != nil {
 			t.Fatal(err)
 		}

@@ -96,7 +96,7 @@ func binExchange(t *testing.T, addr string, in []byte) []byte {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(clientPatience))
 	if _, err := c.Write(in); err != nil {
 		t.Fatal(err)
 	}
