@@ -21,6 +21,7 @@ type fakeNeighbour struct {
 	clock    *throttle.FakeClock
 	sentAt   atomic.Int64 // the reading the outstanding GET was sent at
 	out      atomic.Bool  // a GET is outstanding
+	sent     atomic.Int64 // GETs sent
 	received atomic.Int64
 	mu       sync.Mutex
 	waits    []time.Duration
@@ -33,6 +34,7 @@ func (n *fakeNeighbour) send(t testing.TB, key string) {
 	}
 	n.sentAt.Store(int64(n.clock.Now()))
 	n.out.Store(true)
+	n.sent.Add(1)
 	n.c.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte(key)})
 	if err := n.c.Flush(); err != nil {
 		t.Errorf("neighbour's GET: %v", err)
@@ -67,6 +69,16 @@ func (n *fakeNeighbour) read(t testing.TB, stop <-chan struct{}) {
 // with the clock standing still, and their waits are counted on it. The
 // node's rate and the free pool's (the big bucket's and spare's) are the
 // engine's units over largeReadsWindow after 500 ms of warm-up.
+//
+// The clock first moves once the big bucket's eight sessions are open and
+// held, and a reading settles only once the proxy has read the GETs the
+// neighbours sent at it (taken: admitted, or held in the bucket's line).
+// Before, the first settle (any number held) passed before those
+// sessions had opened, and a settle before the loop had read a
+// neighbour's GET, which then went at a later reading: with the GETs
+// written 3 ms late (and the big bucket's pipelines 50 ms) the reserved
+// neighbour waited up to 206 ms and the free pool ran at 3,685 to 3,930
+// units/s.
 func largeReadsFake(t testing.TB) largeReadsResult {
 	const (
 		step   = 2 * time.Millisecond
@@ -114,8 +126,14 @@ func largeReadsFake(t testing.TB) largeReadsResult {
 		}()
 	}
 	answered := func(b string) int64 { return int64(node.Bucket(b).Stats().Commands - bases[b]) }
+	// taken: the proxy has read n's outstanding GET (admitted, or held
+	// in its bucket's line, n's session being the bucket's only one).
+	taken := func(n *fakeNeighbour, b string) bool {
+		return !n.out.Load() || answered(b) == n.sent.Load() || node.Bucket(b).Stats().Waiting > 0
+	}
 	ready := func() bool {
-		return big.Load() == answered("default") && calm.received.Load() == answered("calm") && spare.received.Load() == answered("spare")
+		return big.Load() == answered("default") && calm.received.Load() == answered("calm") && spare.received.Load() == answered("spare") &&
+			taken(calm, "calm") && taken(spare, "spare")
 	}
 	units := func(buckets ...string) (u uint64) {
 		for _, b := range buckets {
@@ -125,7 +143,7 @@ func largeReadsFake(t testing.TB) largeReadsResult {
 	}
 	all := []string{"default", "calm", "spare"}
 	ft := &fakeTime{t: t, p: p, clock: clock}
-	ft.settle(anyHeld, ready)
+	ft.settle(8, ready) // the big bucket's eight sessions opened, and held for its first burst
 	var u0, pool0 uint64
 	for i := range warm + window {
 		if i == warm {
