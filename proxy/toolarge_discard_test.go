@@ -4,9 +4,8 @@ package proxy
 // admit now (EWouldThrottle, max_hold).
 
 import (
-	"bufio"
+	"bytes"
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"testing"
@@ -27,6 +26,11 @@ import (
 // is the next answer, and nothing else comes. With burst_ms = 0 the drop
 // never began before the review's fix (throttle.Bucket.Discard found no
 // room, ever: TestDiscardWithoutBurst) and the connection stalled.
+//
+// The clock moves only once the refusal is read (before, once nothing had
+// come for 300 ms of real time: a loop that read the write later read it
+// after the clock's move, admitted its unit and answered "too large",
+// SET/3, instead of the refusal).
 func TestRule4RefusedWriteNotAdmittedStaysInStep(t *testing.T) {
 	t.Parallel()
 	clock := throttle.NewFakeClock(time.Hour)
@@ -46,19 +50,35 @@ func TestRule4RefusedWriteNotAdmittedStaysInStep(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	check := func(what string, c net.Conn, in []byte, want func(out []byte) string) {
+	// check writes in on c and reads its first answer with the clock
+	// standing still (the refusal comes at once: a read of it that waited
+	// for the clock would never end), then moves the clock a second and
+	// reads up to the answer of the NOOP or mn after the value: want gets
+	// every byte read.
+	check := func(what string, c net.Conn, in []byte, answers func(out []byte) int, want func(out []byte) string) {
 		t.Helper()
 		spendBinary(t, nb, "spent") // the next command waits 100 ms, past max_hold
 		_ = c.SetDeadline(time.Now().Add(clientPatience))
 		if _, err := c.Write(in); err != nil {
 			t.Fatal(err)
 		}
-		out := readUntilQuiet(c)   // the answer, at once
-		clock.Advance(time.Second) // the value's drop paced at the bucket's 10 write units a second
-		out = append(out, readUntilQuiet(c)...)
+		out := readAnswers(t, c, nil, answers, 1) // the refusal, at once
+		clock.Advance(time.Second)                // the value's drop paced at the bucket's 10 write units a second
+		out = readAnswers(t, c, out, answers, 2)
 		if msg := want(out); msg != "" {
 			t.Errorf("%s: %s", what, msg)
 		}
+	}
+	binAnswers := func(out []byte) (n int) {
+		for len(out) >= mc.HeaderLen {
+			h, _ := mc.ParseHeader(out)
+			if len(out) < mc.HeaderLen+int(h.BodyLen) {
+				break
+			}
+			out = out[mc.HeaderLen+int(h.BodyLen):]
+			n++
+		}
+		return n
 	}
 	binWant := func(status mc.Status) func([]byte) string {
 		return func(out []byte) string {
@@ -76,10 +96,11 @@ func TestRule4RefusedWriteNotAdmittedStaysInStep(t *testing.T) {
 		}
 	}
 	in := append(binFrame(mc.OpSet, "big", tooLargeValue, make([]byte, 8), 0, 1), binFrame(mc.OpNoop, "", "", nil, 0, 0x99)...)
-	check("non-blocking binary", nb.Conn(), in, binWant(mc.StatusEWouldThrottle))
-	check("blocking binary, max_hold", fresh(), in, binWant(mc.StatusEtmpfail))
+	check("non-blocking binary", nb.Conn(), in, binAnswers, binWant(mc.StatusEWouldThrottle))
+	check("blocking binary, max_hold", fresh(), in, binAnswers, binWant(mc.StatusEtmpfail))
 	text := fmt.Sprintf("set big 0 0 %d\r\n%s\r\nmn\r\n", len(tooLargeValue), tooLargeValue)
-	check("text, max_hold", fresh(), []byte(text), func(out []byte) string {
+	textAnswers := func(out []byte) int { return bytes.Count(out, []byte("\r\n")) }
+	check("text, max_hold", fresh(), []byte(text), textAnswers, func(out []byte) string {
 		lines := strings.SplitAfter(string(out), "\r\n")
 		if len(lines) != 3 || !strings.HasPrefix(lines[0], "SERVER_ERROR") || lines[1] != "MN\r\n" {
 			return fmt.Sprintf("answered %q, want one SERVER_ERROR line and MN", out)
@@ -91,21 +112,18 @@ func TestRule4RefusedWriteNotAdmittedStaysInStep(t *testing.T) {
 	}
 }
 
-// readUntilQuiet reads c until nothing comes for 300 ms of real time (the
-// answers the test waits for come with the fake clock standing still).
-func readUntilQuiet(c net.Conn) []byte {
-	var out []byte
-	r := bufio.NewReader(c)
+// readAnswers reads c until answers counts at least n answers in out and
+// what it read after it (no spell of quiet: the caller's deadline on c is
+// a liveness bound only), and returns them.
+func readAnswers(t *testing.T, c net.Conn, out []byte, answers func([]byte) int, n int) []byte {
+	t.Helper()
 	buf := make([]byte, 64<<10)
-	for {
-		_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-		n, err := r.Read(buf)
-		out = append(out, buf[:n]...)
+	for answers(out) < n {
+		k, err := c.Read(buf)
+		out = append(out, buf[:k]...)
 		if err != nil {
-			if err != io.EOF {
-				_ = c.SetReadDeadline(time.Time{})
-			}
-			return out
+			t.Fatalf("after %d answers (%q): %v", answers(out), out, err)
 		}
 	}
+	return out
 }
