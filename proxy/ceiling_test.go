@@ -149,10 +149,13 @@ func TestRefundWakesHeldSessions(t *testing.T) {
 	clk.Advance(time.Second)
 	thaw := p.MC.Freeze(t)
 	defer thaw()
+	n0, held0 := tb.Stats().Commands, tb.Stats().Held
 	a.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("small")})
 	_ = a.Flush()
 	gotA := readAsync(a)
-	held0 := tb.Stats().Held
+	// a's GET admitted (in flight, memcached frozen) before b's is sent:
+	// the other way round, b's bill goes first and a waits for the clock.
+	eventually(t, time.Minute, "a's GET admitted", func() bool { return tb.Stats().Commands == n0+1 })
 	b.Send(mcclient.Request{Opcode: mc.OpGet, Key: []byte("small")})
 	_ = b.Flush()
 	gotB := readAsync(b)
