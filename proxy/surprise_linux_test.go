@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"fmt"
 	"net"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,4 +35,32 @@ func tcpReceived(t testing.TB, c net.Conn) int64 {
 		t.Fatalf("TCP_INFO of %v: %v", c.LocalAddr(), err)
 	}
 	return int64(info.Bytes_received)
+}
+
+// inputRead waits until the loop serving client c has read every one of
+// the n bytes c has written to it in all (TCP_INFO tcpi_bytes_received of
+// the proxy's end of the connection, and nothing left unread in its
+// socket: SIOCINQ): what they ask is then admitted, held or waiting at the
+// clock's reading. A settle (settledOwing, dispatched) alone is met by a
+// session that has not read its input yet: the clock then moves first.
+func inputRead(t *testing.T, p *testProxy, c net.Conn, n int) {
+	t.Helper()
+	var infoErr error
+	eventually(t, time.Minute, fmt.Sprintf("the proxy to read the %d bytes %v wrote", n, c.LocalAddr()), func() bool {
+		read := false
+		onLoop(t, p, func(lp *loop) {
+			if s := sessionOf(lp, c.LocalAddr()); s != nil {
+				info, err := unix.GetsockoptTCPInfo(s.c.Fd(), unix.IPPROTO_TCP, unix.TCP_INFO)
+				if err != nil {
+					infoErr = err
+					return
+				}
+				read = info.Bytes_received == uint64(n) && unreadBytes(s.c.Fd()) == 0
+			}
+		})
+		return read || infoErr != nil
+	})
+	if infoErr != nil {
+		t.Fatalf("TCP_INFO of the proxy's end of %v: %v", c.LocalAddr(), infoErr)
+	}
 }
