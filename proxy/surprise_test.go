@@ -205,6 +205,13 @@ func TestRule3SurpriseMultiReadHeldToHardLimit(t *testing.T) {
 // At every 20 ms of the fake clock calm has had its reservation beyond
 // the burst it had at once (98% of 1,000 units/s), whatever noisy waits for, and noisy no
 // more than its hard limit's bound.
+//
+// Each client's write is read by the proxy (inputRead) before the clock
+// moves or a reading settles. Before, calm's burst was 99 or 100 from run
+// to run (its first set's unit spent before or after the clock's first
+// move), and with the writes 20 ms late the first reading counted a burst
+// of 0 and failed at 20 ms; now a burst of 100 and 1,100 reads by 1 s on
+// every run (logged).
 func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 	t.Parallel()
 	p, clk, calmAddr := noisyAndCalm(t, "capacity = 1100", "hard_limit = 100\n", "reserved = 1000\nhard_limit = 1000\n")
@@ -223,22 +230,28 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 	}
 	t.Cleanup(func() { calm.Close() })
 	waitOpen(t, p, calm)
-	if _, err := io.WriteString(calm, "set s 0 0 1 noreply\r\nx\r\n"); err != nil {
+	set := "set s 0 0 1 noreply\r\nx\r\n"
+	if _, err := io.WriteString(calm, set); err != nil {
 		t.Fatal(err)
 	}
+	inputRead(t, p, calm, len(set)) // its unit spent before the clock moves, not out of the burst banked
 	clk.Advance(time.Second)
 	var calmHits atomic.Int64
 	go countHits(calm, &calmHits)
 	noisy := rawDial(t, p.Addr)
 	waitOpen(t, p, noisy)
 	bc := countBytes(noisy)
-	if _, err := io.WriteString(noisy, "get "+strings.Join(keys, " ")+"\r\n"); err != nil {
+	get := "get " + strings.Join(keys, " ") + "\r\n"
+	if _, err := io.WriteString(noisy, get); err != nil {
 		t.Fatal(err)
 	}
+	inputRead(t, p, noisy, len(get))
 	settledOwing(t, p, bc)
-	if _, err := io.WriteString(calm, strings.Repeat("mg s v\r\n", 1500)); err != nil {
+	pipeline := strings.Repeat("mg s v\r\n", 1500)
+	if _, err := io.WriteString(calm, pipeline); err != nil {
 		t.Fatal(err)
 	}
+	inputRead(t, p, calm, len(set)+len(pipeline)) // its burst answered at the first reading
 	const step = 20 * time.Millisecond
 	var elapsed time.Duration
 	var burst int64 // what calm had at once: its burst
@@ -259,6 +272,8 @@ func TestRule3ReservedNeighbourBesideSurpriseStorm(t *testing.T) {
 		elapsed += step
 	}
 	settledOwing(t, p, bc)
+	eventually(t, time.Minute, "calm read every answer", answeredAll(t, p, "calm", &calmHits))
+	t.Logf("calm: a burst of %d, %d reads by %v; noisy: %d values", burst, calmHits.Load(), elapsed, bc.received/1_000_000)
 	if bc.received >= 10*1_000_000 {
 		t.Fatal("noisy had every value within a second at 100 units/s")
 	}
