@@ -395,7 +395,10 @@ func closedSurpriseBecomesDebt(t *testing.T, inFlight bool) {
 // bucket's reservation: no wake-up time) is paid once a reload gives the
 // rate back (wakeAll re-tries the payments), and a write of the bucket
 // whose listing waits for that read's settle goes too. Before the fix
-// neither came, however long the clock ran.
+// neither came, however long the clock ran. The read is admitted before
+// the reload (inputRead: dispatched alone is met before the loop has read
+// it; read after the reload, it was held, never a surprise, and the test
+// waited out its minute).
 func TestRule3OwedPaymentRetriedAfterLimitChange(t *testing.T) {
 	t.Parallel()
 	clk := throttle.NewFakeClock(time.Hour)
@@ -422,9 +425,11 @@ func TestRule3OwedPaymentRetriedAfterLimitChange(t *testing.T) {
 	waitOpen(t, p, x)
 	bc := countBytes(x)
 	thaw := p.MC.Freeze(t)
-	if _, err := x.Write([]byte("mg big v\r\n")); err != nil {
+	mg := "mg big v\r\n"
+	if _, err := x.Write([]byte(mg)); err != nil {
 		t.Fatal(err)
 	}
+	inputRead(t, p, x, len(mg)) // admitted before the reload takes the free pool away
 	dispatched(t, p)
 	reload(1000) // the free pool is 0
 	thaw()
