@@ -30,8 +30,7 @@ func TestLibmemcachedSASLClients(t *testing.T) {
 	servers := "--servers=" + p.Addr
 	run := func(tool, user, pw string, args ...string) (string, error) {
 		all := append([]string{servers, "--binary", "--username=" + user, "--password=" + pw}, args...)
-		out, err := exec.Command(tool, all...).CombinedOutput()
-		return string(out), err
+		return runLibmemcached(t, tool, all...)
 	}
 	if out, err := run("memccp", "alice", "alice-pw", file); err != nil {
 		t.Fatalf("memccp as alice: %v\n%s", err, out)

@@ -180,10 +180,10 @@ func TestMemccpMemccatText(t *testing.T) {
 	}
 	roundTrip := func(addr string) string {
 		t.Helper()
-		if out, err := runClient(t, cp, "--servers="+addr, file); err != nil {
+		if out, err := runLibmemcached(t, cp, "--servers="+addr, file); err != nil {
 			t.Fatalf("memccp to %s: %v\n%s", addr, err, out)
 		}
-		out, err := runClient(t, cat, "--servers="+addr, "text-greeting.txt")
+		out, err := runLibmemcached(t, cat, "--servers="+addr, "text-greeting.txt")
 		if err != nil {
 			t.Fatalf("memccat from %s: %v\n%s", addr, err, out)
 		}
