@@ -25,16 +25,24 @@ func tcpReceived(t testing.TB, c net.Conn) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var info *unix.TCPInfo
-	if cerr := raw.Control(func(fd uintptr) {
-		info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-	}); cerr != nil {
+	var n int64
+	if cerr := raw.Control(func(fd uintptr) { n, err = bytesReceived(int(fd)) }); cerr != nil {
 		t.Fatal(cerr)
 	}
 	if err != nil {
 		t.Fatalf("TCP_INFO of %v: %v", c.LocalAddr(), err)
 	}
-	return int64(info.Bytes_received)
+	return n
+}
+
+// bytesReceived returns the bytes the TCP socket fd has received from its
+// peer (TCP_INFO tcpi_bytes_received), read from the socket or not.
+func bytesReceived(fd int) (int64, error) {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return 0, err
+	}
+	return int64(info.Bytes_received), nil
 }
 
 // inputRead waits until the loop serving client c has read every one of
@@ -50,12 +58,12 @@ func inputRead(t *testing.T, p *testProxy, c net.Conn, n int) {
 		read := false
 		onLoop(t, p, func(lp *loop) {
 			if s := sessionOf(lp, c.LocalAddr()); s != nil {
-				info, err := unix.GetsockoptTCPInfo(s.c.Fd(), unix.IPPROTO_TCP, unix.TCP_INFO)
+				got, err := bytesReceived(s.c.Fd())
 				if err != nil {
 					infoErr = err
 					return
 				}
-				read = info.Bytes_received == uint64(n) && unreadBytes(s.c.Fd()) == 0
+				read = got == int64(n) && unreadBytes(s.c.Fd()) == 0
 			}
 		})
 		return read || infoErr != nil
