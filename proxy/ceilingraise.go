@@ -11,8 +11,10 @@ import (
 // among the bucket's large keys, or the ceiling raised), before r is
 // forwarded (docs/throttling.md, "The ceiling"): so no read billed under
 // the old class can find it. APPEND and PREPEND (ms modes A and P) write
-// the size their bytes can bring the key to (ReadCost.Append, reserved
-// once per command, at most the item size of its server). It reports
+// the size their key can reach: its base and every APPEND's bytes in flight
+// (ReadCost.ReserveAppend: its bytes reserved once per command, at most the
+// item size of its server; its slot completes the reservation when
+// memcached answers: finishAppend). It reports
 // whether r may go now; otherwise the session waits (pause state
 // waitingCeiling) until the reads admitted under the old class have
 // settled (at most one round trip; once per class the ceiling or a listed
@@ -27,14 +29,13 @@ func (s *session) raiseCeiling(b *bucket, r *request) bool {
 	srv := s.lp.srv
 	rc := b.tb.ReadCost()
 	size := int64(len(r.value))
+	raise := rc.RaiseKey
 	if s.appends(r) {
-		if s.appended == 0 {
-			s.appended = max(rc.Append(r.key, size, s.lp.pool.ItemSizeMaxFor(r.key)), 1)
-		}
-		size = s.appended
+		size = max(rc.ReserveAppend(&s.app, r.key, size, s.lp.pool.ItemSizeMaxFor(r.key)), 1)
+		raise = rc.RaiseAppend
 	}
 	pending, gen := rc.Pending(), rc.Generation()
-	if rc.RaiseKey(r.key, size) {
+	if raise(r.key, size) {
 		if pending || rc.Generation() != gen {
 			// the raise others waited for is through, or this write
 			// listed its key (others waited while it did)
@@ -49,6 +50,17 @@ func (s *session) raiseCeiling(b *bucket, r *request) bool {
 	s.setPause(waitingCeiling)
 	s.lp.ceilWait = append(s.lp.ceilWait, ceilWaiter{s: s, b: b})
 	return false
+}
+
+// finishAppend completes the reservation of sl's APPEND or PREPEND, when
+// memcached has answered it or its upstream failed: its bytes fold onto
+// its key's size unless memcached answered that it stored nothing (any
+// status but success: NOT_STORED when the key was missing, as in the
+// "append, else add" idiom of lists; EEXISTS; ...). On the loop.
+func (sl *slot) finishAppend() {
+	if sl.app.Held() {
+		sl.app.Complete(sl.appKey, !sl.answered || sl.hit)
+	}
 }
 
 // ceilWaiter is a session waiting for a raise of bucket b's ceiling.

@@ -298,7 +298,7 @@ func (lp *loop) putSlot(sl *slot) {
 	if cap(resp) > maxPooledSlotBuf {
 		resp = nil
 	}
-	*sl = slot{resp: resp}
+	*sl = slot{resp: resp, appKey: sl.appKey[:0]}
 	if len(lp.slots) < 4096 {
 		lp.slots = append(lp.slots, sl)
 	}

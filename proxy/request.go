@@ -181,6 +181,10 @@ func (s *session) forward(r *request, b *bucket) bool {
 		}
 	}
 	sl := s.lp.getSlot()
+	if s.app.Held() { // an APPEND: its slot completes the reservation
+		sl.app, s.app = s.app, throttle.AppendRes{}
+		sl.appKey = append(sl.appKey[:0], r.key...)
+	}
 	sl.s = s
 	sl.req = r.head()
 	sl.strip = len(prefix)

@@ -28,6 +28,14 @@ type slot struct {
 	owe   int64          // a read's units beyond its bill, not yet paid: its answer waits (surprise.go)
 	extra throttle.Grant // the admission that paid what it cost beyond its bill
 
+	// app, appKey: an APPEND or PREPEND's reservation of its bytes and
+	// its key (the buffer kept with the pooled slot), completed when it
+	// finishes (finishAppend); answered: memcached answered it (hit: with
+	// success)
+	app      throttle.AppendRes
+	appKey   []byte
+	answered bool
+
 	reserved bool  // counted in session.readsOut until finished
 	lane     *lane // the lane its expected response is counted in (lane.go); nil: none
 	flight   int   // its expected response bytes counted in lane.bytes
@@ -158,6 +166,7 @@ func (s *session) finish(sl *slot) {
 	if sl.orphan {
 		orphanDone(sl)
 	}
+	sl.finishAppend()
 	s.unreserve(sl)
 	s.leavePath(sl)
 	if sl.grant.Domain != throttle.Held {
@@ -243,6 +252,7 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 		sl.gotKV += k
 	}
 	sl.gotKV += len(f.Value())
+	sl.answered = true
 	if f.Status() == binary.StatusSuccess {
 		sl.hit = true
 	}
@@ -272,6 +282,7 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 func (sl *slot) DeliverMeta(mr *text.MetaResponse) {
 	s := sl.s
 	sl.gotKV += sl.sentKV + len(mr.Value)
+	sl.answered = true
 	if code := string(mr.Code); code == text.MetaVA || code == text.MetaHD {
 		sl.hit = true
 	}

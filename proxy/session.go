@@ -90,11 +90,12 @@ type session struct {
 	oweSeq    uint64        // identifies the current payment re-try in lp.holds
 	heldAt    time.Duration // engine time the current command was first held
 	holdSeq   uint64        // identifies the current entry in lp.holds
-	// appended: what the current command, an APPEND or PREPEND, reserved
-	// of its key's size (throttle.ReadCost.Append), kept while it waits
-	// (ceilingraise.go); 0: nothing yet
-	appended int64
-	remote   string
+	// app: the current command's reservation of its bytes, an APPEND or
+	// PREPEND's (throttle.ReadCost.ReserveAppend), kept while it waits
+	// (ceilingraise.go); its slot takes it when it goes, and it is
+	// released when it is answered locally or its client leaves
+	app    throttle.AppendRes
+	remote string
 
 	// Connection limits (connlimits.go, unsent.go).
 	needAuth   bool          // must authenticate and has not yet: pre-authentication bounds apply
@@ -259,7 +260,7 @@ func (s *session) onTraffic() gnet.Action {
 		if !s.dispatch(r) {
 			break
 		}
-		s.appended = 0 // (the command went, or was answered)
+		s.app.Release() // (answered locally: a command that went gave it to its slot)
 		if r.more || r.last {
 			s.codec.partDone(r.last)
 		}
@@ -406,6 +407,7 @@ func (s *session) close() {
 	s.closed = true
 	delete(s.lp.sessions, s)
 	s.unhold()
+	s.app.Release()
 	s.oweWaiter.Cancel()
 	s.setBucket(nil)
 	for i := s.qh; i < len(s.q); i++ {

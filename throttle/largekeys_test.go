@@ -64,7 +64,7 @@ func TestLargeKeyListed(t *testing.T) {
 	}
 	// APPEND to a listed key adds to its largest value, at most the
 	// server's item size (1 MiB).
-	if !rc.RaiseKey([]byte("big"), rc.Append([]byte("big"), 4096, 1<<20)) {
+	if !appendWent(rc, []byte("big"), 4096, 1<<20) {
 		t.Fatal("an append waited with no read in flight")
 	}
 	if g := read("big"); g.Paid() != testM { // (capped at the largest item)
@@ -82,10 +82,7 @@ func TestLargeKeyListed(t *testing.T) {
 // large keys is full: k0 ... k63, 100,000 bytes each (class 32).
 func fullList(t *testing.T) (*ReadCost, *Bucket) {
 	t.Helper()
-	e, _ := newCostEngine(t, Unlimited)
-	b, _ := e.AddBucket("a", 0, Unlimited)
-	rc := b.ReadCost()
-	rc.Reset(1)
+	rc, b := newCostBucket(t)
 	for i := 0; i < maxLargeKeys; i++ {
 		if !rc.RaiseKey(fmt.Appendf(nil, "k%d", i), 100_000) {
 			t.Fatalf("listing %d waited with no read in flight", i)
@@ -241,12 +238,12 @@ func TestDebtPaidInPartsOfOneLargestRead(t *testing.T) {
 	}
 }
 
-// appendBilled appends v bytes to key (RaiseKey, which must let it go)
+// appendBilled appends v bytes to key (as the proxy does; it must go)
 // and fails when a read of key is then billed less than a value of
 // stored bytes reads back as.
 func appendBilled(t *testing.T, rc *ReadCost, key []byte, v, stored int64) {
 	t.Helper()
-	if !rc.RaiseKey(key, rc.Append(key, v, 0)) {
+	if !appendWent(rc, key, v, 0) {
 		t.Fatalf("the APPEND to %q waited with no read in flight", key)
 	}
 	if need, got := rc.valueUnits(stored), rc.KeyBound(key); got < need {
@@ -321,7 +318,7 @@ func TestAppendToListedKeyBeyondTheUnitsField(t *testing.T) {
 	if !rc.RaiseKey(k, 2_000_000) {
 		t.Fatal("the listing waited with no read in flight")
 	}
-	if !rc.RaiseKey(k, rc.Append(k, 1_000_000, item)) {
+	if !appendWent(rc, k, 1_000_000, item) {
 		t.Fatal("the APPEND waited with no read in flight")
 	}
 	if need, got := rc.valueUnits(3_000_000), rc.KeyBound(k); got < need {
@@ -355,7 +352,7 @@ func TestConcurrentAppendsEachCount(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for range each {
-						atomicMax(&most, rc.Append(key, 10, 0))
+						atomicMax(&most, appendBound(rc, key, 10, 0))
 					}
 				}()
 			}
@@ -385,7 +382,7 @@ func TestResetDuringAppendLeavesNoStraySlot(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for !stop.Load() {
-				rc.Append(k, 1, 0)
+				appendBound(rc, k, 1, 0)
 			}
 		}()
 	}

@@ -27,6 +27,9 @@ import (
 //     (RaiseKey reports false until then; [ReadCost.TryDrain] ends the
 //     wait), so a read never finds a value written through the proxy
 //     above its bill;
+//   - [ReadCost.RaiseAppend]: the same for an APPEND or PREPEND, whose
+//     value's size is its key's base plus the bytes of every APPEND in
+//     flight ([ReadCost.ReserveAppend], readcost_append.go);
 //   - [ReadCost.Surprise]: a read that brought more than its bill (a value
 //     written around the proxy) raises it at once;
 //   - [ReadCost.Reset]: a FLUSH (a new epoch, every value gone) resets it
@@ -58,6 +61,13 @@ type ReadCost struct {
 	// resets; reads and the writes that raise nothing take no lock.
 	raiseMu sync.Mutex
 	large   largeKeys
+
+	// appMu guards the bytes of the APPENDs and PREPENDs in flight
+	// (pend) of epoch appEpoch, and orders their folds
+	// (readcost_append.go). Never held while taking raiseMu.
+	appMu    sync.Mutex
+	appEpoch uint64
+	pend     int64
 }
 
 const (
@@ -107,8 +117,9 @@ func (rc *ReadCost) KeyBound(key []byte) int64 {
 func (rc *ReadCost) Listed() int { return int(rc.large.n.Load()) }
 
 // LargestValue returns a bound, in bytes, of every value of the current
-// epoch but those of keys listed above the ceiling: the largest written
-// or read, or what the ceiling holds when restored.
+// epoch but those of keys listed above the ceiling and the bytes of the
+// APPENDs in flight: the largest written or read, or what the ceiling
+// holds when restored, grown by what APPENDs to keys not listed stored.
 func (rc *ReadCost) LargestValue() int64 { return rc.bytes.Load() }
 
 // classFor returns the index of the least class of at least units.
@@ -129,44 +140,8 @@ func (rc *ReadCost) valueUnits(v int64) int64 { return ReadUnits(keyRoom+v, rc.u
 // ceiling itself.
 func (rc *ReadCost) Raise(v int64) bool { return rc.RaiseKey(nil, v) }
 
-// Append reserves v more bytes on what key (nil: not known) can hold, for
-// an APPEND or PREPEND about to be forwarded, and returns the most key
-// holds after it, in bytes: v added to the larger of LargestValue and, when
-// key is listed, its largest value, at most limit (the item size of key's
-// server; 0: not known). Concurrent appends each add their own bytes. The
-// caller passes the result to RaiseKey, and keeps it while the write waits
-// (a second Append would count its bytes twice).
-func (rc *ReadCost) Append(key []byte, v, limit int64) int64 {
-	v = max(v, 0)
-	grown := func(old int64) int64 {
-		if limit > 0 {
-			return min(old+v, max(limit, old))
-		}
-		return old + v
-	}
-	if key != nil && rc.large.n.Load() > 0 {
-		var n int64
-		if _, ok := rc.large.grow(key, func(units int64, idx uint64) int64 {
-			if units == lkUnitsMax { // saturated: the class bounds the value
-				units = rc.classes[idx]
-			}
-			n = grown(max(units*rc.unit-keyRoom, rc.bytes.Load()))
-			return rc.valueUnits(n)
-		}); ok {
-			return n
-		}
-	}
-	for {
-		old := rc.bytes.Load()
-		n := grown(old)
-		if n == old || rc.bytes.CompareAndSwap(old, n) {
-			return n
-		}
-	}
-}
-
-// RaiseKey is called before a write of key with a value of v bytes (for
-// an APPEND, what Append returned) is forwarded. When what a read of key
+// RaiseKey is called before a write of key with a value of v bytes is
+// forwarded (an APPEND or PREPEND calls RaiseAppend). When what a read of key
 // is billed does not cover the value, it lists key at the value's class
 // (or raises its class), or raises the ceiling when the list is full or
 // key is nil. It reports whether the write may go now: false while a raise
@@ -175,7 +150,11 @@ func (rc *ReadCost) Append(key []byte, v, limit int64) int64 {
 // calls RaiseKey again (after reads of the bucket settle, or TryDrain
 // reports true). A write that raises nothing takes no lock and does not
 // allocate.
-func (rc *ReadCost) RaiseKey(key []byte, v int64) bool {
+func (rc *ReadCost) RaiseKey(key []byte, v int64) bool { return rc.raiseKey(key, v, false) }
+
+// raiseKey is RaiseKey, and RaiseAppend when app is set: then v is the
+// bound ReserveAppend gave, and nothing is recorded of it.
+func (rc *ReadCost) raiseKey(key []byte, v int64, app bool) bool {
 	units := rc.valueUnits(v)
 	need := rc.classFor(units)
 	for {
@@ -191,11 +170,13 @@ func (rc *ReadCost) RaiseKey(key []byte, v int64) bool {
 		}
 		cur, above := rc.classOf(key, st)
 		if need > cur {
-			return rc.raiseTo(key, need, v)
+			return rc.raiseTo(key, need, v, app)
 		}
-		if above {
+		switch {
+		case app: // its bytes are in flight until it completes
+		case above:
 			rc.large.grow(key, func(int64, uint64) int64 { return units })
-		} else {
+		default:
 			atomicMax(&rc.bytes, v)
 		}
 		if rc.state.Load() == st {
@@ -220,8 +201,19 @@ func (rc *ReadCost) classOf(key []byte, st uint64) (uint64, bool) {
 // raiseTo makes a read of key billed at least class need (listing key, or
 // raising the ceiling and recording the value of v bytes as the largest),
 // and starts the wait for the reads admitted before to settle. It reports
-// what RaiseKey does.
-func (rc *ReadCost) raiseTo(key []byte, need uint64, v int64) bool {
+// what RaiseKey does. For an APPEND (app) it records no size: a key it
+// lists has units 0 (LargestValue bounds it until the APPEND's bytes fold
+// onto its entry: AppendRes.Complete).
+func (rc *ReadCost) raiseTo(key []byte, need uint64, v int64, app bool) bool {
+	record := func() {
+		if !app {
+			atomicMax(&rc.bytes, v)
+		}
+	}
+	units := rc.valueUnits(v)
+	if app {
+		units = 0
+	}
 	rc.raiseMu.Lock()
 	defer rc.raiseMu.Unlock()
 	st := rc.state.Load()
@@ -229,13 +221,13 @@ func (rc *ReadCost) raiseTo(key []byte, need uint64, v int64) bool {
 	case st&(rcPending|rcListing) != 0:
 		return false
 	case need <= st&rcIdxMask:
-		atomicMax(&rc.bytes, v)
+		record()
 		return true // a surprise raised the ceiling meanwhile
 	}
 	if key != nil && rc.state.CompareAndSwap(st, st|rcListing) {
 		// The entry is written before the generation moves on: a read
 		// of the new generation finds it, one of the old is waited for.
-		listed := rc.large.list(key, need, rc.valueUnits(v))
+		listed := rc.large.list(key, need, units)
 		for {
 			st = rc.state.Load()
 			n := st &^ rcListing
@@ -253,7 +245,7 @@ func (rc *ReadCost) raiseTo(key []byte, need uint64, v int64) bool {
 	// The list is full, or key unknown: the ceiling covers the value, and
 	// the value is recorded before the write can go, so that a later
 	// APPEND to key starts from it.
-	atomicMax(&rc.bytes, v)
+	record()
 	for {
 		st = rc.state.Load()
 		if need <= st&rcIdxMask {

@@ -20,6 +20,17 @@ func newCostEngine(t *testing.T, capacity Limit) (*Engine, *FakeClock) {
 	return e, clk
 }
 
+// newCostBucket returns the read cost of a new unlimited bucket "a" of an
+// unlimited engine (newCostEngine), in epoch 1, and the bucket.
+func newCostBucket(t *testing.T) (*ReadCost, *Bucket) {
+	t.Helper()
+	e, _ := newCostEngine(t, Unlimited)
+	b, _ := e.AddBucket("a", 0, Unlimited)
+	rc := b.ReadCost()
+	rc.Reset(1)
+	return rc, b
+}
+
 // The ceiling's classes, its raise before a write (waiting for the reads
 // admitted under the old class), a surprise, APPEND's sum and a FLUSH's
 // reset.
@@ -84,7 +95,7 @@ func TestReadCostClasses(t *testing.T) {
 	if !rc.Raise(3000) || rc.Ceiling() != 1 {
 		t.Fatalf("a 3000-byte value: ceiling %d, want 1", rc.Ceiling())
 	}
-	if !rc.Raise(rc.Append(nil, 3000, 0)) || rc.Ceiling() != 2 { // no read in flight: no wait
+	if !appendWent(rc, nil, 3000, 0) || rc.Ceiling() != 2 { // no read in flight: no wait
 		t.Fatalf("after an append of 3000 to 3000 bytes the ceiling is %d, want 2", rc.Ceiling())
 	}
 	// From class 1 to M at most 9 raises.
