@@ -46,16 +46,7 @@ func TestAppendListingItsKeyLeavesOtherKeysSmall(t *testing.T) {
 // finds a value above its bill"). bob: hard limit 100/s (burst 10 units).
 func TestHeldAppendAfterASetOfItsKeyIsBilledBoth(t *testing.T) {
 	t.Parallel()
-	clk := throttle.NewFakeClock(time.Hour)
-	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`, tail: tenantTail(t) + "\n"}, clk)
-	admin := login(t, p.Addr, "admin")
-	if r := adminDo(t, admin, mc.OpSetBucketThrottleProperties, "bob", `{"reserved":0,"hard_limit":100}`); r.Status() != mc.StatusSuccess {
-		t.Fatal(r.Status())
-	}
-	if r, err := admin.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte("bob")}); err != nil || r.Status() != mc.StatusSuccess {
-		t.Fatal(err, r)
-	}
-	tb := p.Engine().Bucket("bob")
+	clk, p, admin, tb := limitedTenant(t, "bob")
 	rc := tb.ReadCost()
 	setValue(t, admin, "k", 1000) // 1 unit on bob's hard limit
 	bob := login(t, p.Addr, "bob")
@@ -150,40 +141,6 @@ func TestNonBlockingAppendRefusedCountsItsBytesOnce(t *testing.T) {
 	}
 }
 
-// An APPEND held by its bucket's hard limit whose client leaves releases
-// its bytes in flight: 20 clients each hold an APPEND of 20,000 bytes and
-// close; nothing stays in flight, and a 10-byte APPEND afterwards leaves
-// k billed the class the first held APPEND raised it to (21,000 bytes:
-// class 8, which stays), not 401,010 bytes' (class 128).
-func TestHeldAppendOfAClientThatLeftLeavesNothingInFlight(t *testing.T) {
-	t.Parallel()
-	clk := throttle.NewFakeClock(time.Hour)
-	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`, loops: 1,
-		tail: "[[bucket]]\nname = \"default\"\nhard_limit = 100\n"}, clk)
-	tb := p.Engine().Bucket("default")
-	rc := tb.ReadCost()
-	c := dial(t, p.Addr)
-	setValue(t, c, "k", 1000)   // 1 unit of the 10-unit burst
-	setValue(t, c, "x", 36_000) // 9 more: the burst spent (x listed, class 16)
-	v := bytes.Repeat([]byte("a"), 20_000)
-	for i := 0; i < 20; i++ {
-		held := tb.Stats().Held
-		h := dial(t, p.Addr)
-		h.Send(mcclient.Request{Opcode: mc.OpAppend, Key: []byte("k"), Value: v})
-		if err := h.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		eventually(t, time.Minute, "the APPEND held", func() bool { return tb.Stats().Held > held })
-		h.Close()
-	}
-	eventually(t, time.Minute, "the held APPENDs' bytes released", func() bool { return rc.InFlight() == 0 })
-	clk.Advance(time.Second)
-	appendThroughProxy(t, c, "k", []byte("0123456789"))
-	if b := rc.KeyBound([]byte("k")); b != 8 {
-		t.Fatalf("k billed %d per read, want 8 (the class its first held APPEND raised it to)", b)
-	}
-}
-
 // An APPEND that memcached answers NOT_STORED (its key is missing: the
 // "append, else add" idiom of lists) leaves nothing of its bytes
 // (finishAppend), by every protocol's spelling of it: 300 binary APPENDs,
@@ -221,4 +178,22 @@ func TestAppendNotStoredGivesBackItsBytes(t *testing.T) {
 	if c := rc.Ceiling(); c != 2 {
 		t.Fatalf("ceiling %d, want 2: the class the APPENDs' bound needed stays (docs/throttling.md)", c)
 	}
+}
+
+// limitedTenant starts a proxy on a fake clock with the tenants of
+// tenantTail, sets tenant's bucket to hard limit 100 units/s (a burst of 10
+// units), and returns the clock, the proxy, an admin connection that
+// selected the bucket (not throttled), and the bucket.
+func limitedTenant(t *testing.T, tenant string) (*throttle.FakeClock, *testProxy, *mcclient.Client, *throttle.Bucket) {
+	t.Helper()
+	clk := throttle.NewFakeClock(time.Hour)
+	p := startProxyClock(t, testConfig{throttle: `capacity = "unlimited"`, tail: tenantTail(t) + "\n"}, clk)
+	admin := login(t, p.Addr, "admin")
+	if r := adminDo(t, admin, mc.OpSetBucketThrottleProperties, tenant, `{"reserved":0,"hard_limit":100}`); r.Status() != mc.StatusSuccess {
+		t.Fatal(r.Status())
+	}
+	if r, err := admin.Do(mcclient.Request{Opcode: mc.OpSelectBucket, Key: []byte(tenant)}); err != nil || r.Status() != mc.StatusSuccess {
+		t.Fatal(err, r)
+	}
+	return clk, p, admin, p.Engine().Bucket(tenant)
 }

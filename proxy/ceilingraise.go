@@ -54,12 +54,13 @@ func (s *session) raiseCeiling(b *bucket, r *request) bool {
 
 // finishAppend completes the reservation of sl's APPEND or PREPEND, when
 // memcached has answered it or its upstream failed: its bytes fold onto
-// its key's size unless memcached answered that it stored nothing (any
-// status but success: NOT_STORED when the key was missing, as in the
-// "append, else add" idiom of lists; EEXISTS; ...). On the loop.
+// its key's size unless it stored nothing (memcached answered any status
+// but success: NOT_STORED when the key was missing, as in the "append,
+// else add" idiom of lists; EEXISTS; ... Or it was never written
+// upstream: upstream.MayHaveRun). On the loop.
 func (sl *slot) finishAppend() {
 	if sl.app.Held() {
-		sl.app.Complete(sl.appKey, !sl.answered || sl.hit)
+		sl.app.Complete(sl.appKey, !sl.noStore)
 	}
 }
 

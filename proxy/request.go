@@ -149,6 +149,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 		return false
 	}
 	if b != nil && r.op.Class() == binary.ClassWrite && len(r.value) > 0 && !s.raiseCeiling(b, r) {
+		s.app.Release() // (an APPEND's bytes count in flight only while it goes)
 		return false
 	}
 	var grant throttle.Grant
@@ -165,6 +166,7 @@ func (s *session) forward(r *request, b *bucket) bool {
 		}
 		g, wait, l := s.admit(b, cost)
 		if g.Domain == throttle.Held {
+			s.app.Release() // its next attempt reserves again
 			return s.throttled(r, b, wait)
 		}
 		if s.heldAt != 0 {

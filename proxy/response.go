@@ -4,6 +4,7 @@ import (
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 	"github.com/kvthrottle/kvthrottle/proto/text"
 	"github.com/kvthrottle/kvthrottle/throttle"
+	"github.com/kvthrottle/kvthrottle/upstream"
 )
 
 // slot is one command in a session's response queue. It is the
@@ -30,11 +31,11 @@ type slot struct {
 
 	// app, appKey: an APPEND or PREPEND's reservation of its bytes and
 	// its key (the buffer kept with the pooled slot), completed when it
-	// finishes (finishAppend); answered: memcached answered it (hit: with
-	// success)
-	app      throttle.AppendRes
-	appKey   []byte
-	answered bool
+	// finishes (finishAppend); noStore: it stored nothing (memcached
+	// answered anything but success, or it was never written upstream)
+	app     throttle.AppendRes
+	appKey  []byte
+	noStore bool
 
 	reserved bool  // counted in session.readsOut until finished
 	lane     *lane // the lane its expected response is counted in (lane.go); nil: none
@@ -252,9 +253,10 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 		sl.gotKV += k
 	}
 	sl.gotKV += len(f.Value())
-	sl.answered = true
 	if f.Status() == binary.StatusSuccess {
 		sl.hit = true
+	} else {
+		sl.noStore = true
 	}
 	if s.closed {
 		if sl.orphan {
@@ -282,9 +284,10 @@ func (sl *slot) Deliver(f *binary.Frame, done bool) {
 func (sl *slot) DeliverMeta(mr *text.MetaResponse) {
 	s := sl.s
 	sl.gotKV += sl.sentKV + len(mr.Value)
-	sl.answered = true
 	if code := string(mr.Code); code == text.MetaVA || code == text.MetaHD {
 		sl.hit = true
+	} else {
+		sl.noStore = true
 	}
 	if s.closed {
 		if sl.orphan {
@@ -346,6 +349,9 @@ func (sl *slot) Silent() {
 
 // Fail implements upstream.Waiter.
 func (sl *slot) Fail(st binary.Status, reason string) {
+	if !upstream.MayHaveRun(reason) {
+		sl.noStore = true
+	}
 	s := sl.s
 	if s.closed {
 		s.finish(sl)

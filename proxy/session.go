@@ -91,9 +91,10 @@ type session struct {
 	heldAt    time.Duration // engine time the current command was first held
 	holdSeq   uint64        // identifies the current entry in lp.holds
 	// app: the current command's reservation of its bytes, an APPEND or
-	// PREPEND's (throttle.ReadCost.ReserveAppend), kept while it waits
-	// (ceilingraise.go); its slot takes it when it goes, and it is
-	// released when it is answered locally or its client leaves
+	// PREPEND's (throttle.ReadCost.ReserveAppend, ceilingraise.go), held
+	// from its raise until its slot takes it as it goes; an attempt that
+	// does not go (a raise's wait, a hold, a local answer, the client
+	// gone) releases it, and the next reserves again
 	app    throttle.AppendRes
 	remote string
 

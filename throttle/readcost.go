@@ -64,7 +64,8 @@ type ReadCost struct {
 
 	// appMu guards the bytes of the APPENDs and PREPENDs in flight
 	// (pend) of epoch appEpoch, and orders their folds
-	// (readcost_append.go). Never held while taking raiseMu.
+	// (readcost_append.go) and the resets. Taken after raiseMu (restore),
+	// never before it.
 	appMu    sync.Mutex
 	appEpoch uint64
 	pend     int64
@@ -321,6 +322,12 @@ func (rc *ReadCost) Restore(epoch uint64, units int64) {
 func (rc *ReadCost) restore(epoch uint64, idx uint64, largest int64) {
 	rc.raiseMu.Lock()
 	defer rc.raiseMu.Unlock()
+	// The APPENDs in flight of the old epoch end here: a completion that
+	// read the old epoch folds before the records are reset, one after
+	// finds the new epoch and does nothing.
+	rc.appMu.Lock()
+	defer rc.appMu.Unlock()
+	rc.appEpoch, rc.pend = epoch, 0
 	rc.epoch.Store(epoch)
 	rc.bytes.Store(largest)
 	// The ceiling moves first, marked as a listing: until the list is

@@ -5,7 +5,7 @@ package throttle
 // three steps:
 //
 //   - [ReadCost.ReserveAppend] at each attempt of the write: its bytes
-//     join the bucket's bytes in flight (pend) once, and it returns the
+//     join the bucket's bytes in flight (pend), and it returns the
 //     most its key can hold when it runs: the key's base (LargestValue, or
 //     its entry in the list of large keys when that is larger) plus every
 //     APPEND's bytes in flight, its own among them. The caller passes that
@@ -15,8 +15,9 @@ package throttle
 //     pend onto the key's base (its entry, else LargestValue); when
 //     memcached stored nothing (NOT_STORED: the key was missing) they
 //     leave pend, and nothing else changes.
-//   - [AppendRes.Release] when it never went (refused by the throttle,
-//     answered locally, its client gone while it waited).
+//   - [AppendRes.Release] when an attempt does not go (it waits for a
+//     raise, is held or refused by the throttle, is answered locally, its
+//     client leaves): only what may run counts in flight.
 //
 // So every value written through the proxy is at most its key's base plus
 // the bytes in flight, and each reservation raised its key's bill to that
@@ -27,9 +28,9 @@ package throttle
 // does nothing.
 
 // AppendRes is one APPEND or PREPEND's reservation of its bytes on its
-// bucket's bytes in flight, held from its first attempt until memcached
-// has answered it (Complete) or it is dropped (Release). The zero value
-// holds nothing. It is owned by one goroutine (the session's loop), and
+// bucket's bytes in flight, held from the attempt that goes until
+// memcached has answered it (Complete); an attempt that does not go
+// releases it (Release). The zero value holds nothing. It is owned by one goroutine (the session's loop), and
 // its methods are safe beside any other use of the ReadCost.
 type AppendRes struct {
 	rc    *ReadCost // nil: holds nothing

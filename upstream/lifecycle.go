@@ -140,6 +140,12 @@ const (
 	reasonLost     = "upstream connection lost; the command may have run"
 )
 
+// MayHaveRun reports whether a Waiter's Fail with reason came after its
+// request had been written to the server (it timed out, or the connection
+// was lost): memcached may have run it. Any other Fail's request never
+// reached memcached.
+func MayHaveRun(reason string) bool { return reason == reasonTimedOut || reason == reasonLost }
+
 // errTimedOut is wrapped by the error CheckTimeout brings the connection
 // down with.
 var errTimedOut = errors.New("timed out")
