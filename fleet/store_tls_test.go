@@ -105,7 +105,7 @@ func TestStoreTLSParams(t *testing.T) {
 		"redis://127.0.0.1:6379/0?tls_ca_file=/etc/ca.pem":                     "need rediss://",
 		"rediss://127.0.0.1:6379/0?tls_ca_file=ca.pem":                         `tls_ca_file "ca.pem" is not an absolute path`,
 		"rediss://127.0.0.1:6379/0?tls_cert_file=/etc/c.pem":                   "tls_cert_file and tls_key_file go together",
-		"rediss://127.0.0.1:6379/0?tls_ca_file=" + notPEM:                      "tls_ca_file " + notPEM + ": no PEM certificate in it",
+		"rediss://127.0.0.1:6379/0?tls_ca_file=" + notPEM:                      "tls_ca_file: " + notPEM + ": no PEM certificate in it",
 		"rediss://127.0.0.1:6379/0?tls_ca_file=" + dir + "/missing.pem":        "tls_ca_file: open " + dir + "/missing.pem",
 		"rediss://127.0.0.1:6379?addr=127.0.0.1:6380&tls_ca_file=" + notPEM:    "no PEM certificate in it",
 		"rediss://127.0.0.1:6379?master_name=m&tls_key_file=/k&tls_cert_file=": "tls_cert_file and tls_key_file go together",

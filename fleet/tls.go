@@ -6,9 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/kvthrottle/kvthrottle/internal/certpool"
 )
 
 // The redis_url parameters of a TLS store (rediss://), taken out of the URL
@@ -61,13 +62,9 @@ func (st storeTLS) apply(cfg *tls.Config) error {
 		return nil
 	}
 	if st.caFile != "" {
-		pem, err := os.ReadFile(st.caFile)
+		pool, err := certpool.Load(st.caFile)
 		if err != nil {
 			return fmt.Errorf("fleet: redis_url %s: %w", paramCAFile, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("fleet: redis_url %s %s: no PEM certificate in it", paramCAFile, st.caFile)
 		}
 		cfg.RootCAs = pool
 	}

@@ -3,12 +3,10 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -19,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvthrottle/kvthrottle/bucketcfg"
+	"github.com/kvthrottle/kvthrottle/internal/certpool"
 	"github.com/kvthrottle/kvthrottle/throttle"
 )
 
@@ -241,13 +240,9 @@ func loadTLSState(t *bucketcfg.TLSConfig) (*tlsState, error) {
 	}
 	st := &tlsState{conf: conf, field: t.ClientCertUser}
 	if t.ClientCAFile != "" {
-		pem, err := os.ReadFile(t.ClientCAFile)
+		pool, err := certpool.Load(t.ClientCAFile)
 		if err != nil {
 			return nil, fmt.Errorf("tls.client_ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls.client_ca_file %s: no PEM certificate in it", t.ClientCAFile)
 		}
 		conf.ClientCAs = pool
 		conf.ClientAuth = tls.RequireAndVerifyClientCert

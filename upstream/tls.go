@@ -3,16 +3,15 @@ package upstream
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvthrottle/kvthrottle/internal/certpool"
 	"github.com/kvthrottle/kvthrottle/internal/connbridge"
 	"github.com/kvthrottle/kvthrottle/proto/binary"
 )
@@ -57,13 +56,9 @@ func LoadTLSConfig(f TLSFiles) (*tls.Config, error) {
 	// client certificates (ssl_verify_mode 2).
 	conf := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.ServerName}
 	if f.CAFile != "" {
-		pem, err := os.ReadFile(f.CAFile)
+		pool, err := certpool.Load(f.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("upstream.tls.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("upstream.tls.ca_file %s: no PEM certificate in it", f.CAFile)
 		}
 		conf.RootCAs = pool
 	}

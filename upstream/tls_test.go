@@ -29,7 +29,7 @@ func TestLoadTLSConfigErrors(t *testing.T) {
 		want string
 	}{
 		{"missing CA", TLSFiles{CAFile: filepath.Join(dir, "nope.pem")}, "upstream.tls.ca_file: open "},
-		{"CA not PEM", TLSFiles{CAFile: junk}, "upstream.tls.ca_file " + junk + ": no PEM certificate"},
+		{"CA not PEM", TLSFiles{CAFile: junk}, "upstream.tls.ca_file: " + junk + ": no PEM certificate"},
 		{"bad key", TLSFiles{CertFile: certFile, KeyFile: junk}, "upstream.tls.cert_file " + certFile + " / upstream.tls.key_file " + junk},
 	} {
 		t.Run(c.name, func(t *testing.T) {
