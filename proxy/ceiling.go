@@ -3,7 +3,7 @@ package proxy
 import "time"
 
 // ceilingProbeTimeout bounds how long the start waits for the servers'
-// item counts.
+// item counts, unless Options.StartProbeTimeout says otherwise.
 const ceilingProbeTimeout = 2 * time.Second
 
 // startCeilings sets the ceilings (throttle.ReadCost) of the buckets
@@ -13,7 +13,7 @@ const ceilingProbeTimeout = 2 * time.Second
 // at the largest item (M), as the engine starts them. Buckets created
 // later start the same way (startClass).
 func (srv *Server) startCeilings() {
-	n, err := srv.pool.CurrItems(ceilingProbeTimeout)
+	n, err := srv.pool.CurrItems(srv.opts.startProbe)
 	if err != nil || n != 0 {
 		ev := srv.log.Info()
 		if err != nil {

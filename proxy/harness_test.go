@@ -146,7 +146,10 @@ func startProxyTo(t testing.TB, m *testmc.Server, tc testConfig) *testProxy {
 	if tc.log != nil {
 		log = zerolog.New(tc.log)
 	}
-	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", Clock: tc.clock, FleetClock: tc.fleetClock, WallClock: tc.wall, HealthInterval: tc.health})
+	// StartProbeTimeout: a liveness bound (a probe the loaded machine
+	// answers after 2 s left every ceiling at the largest item: rule 3).
+	srv, err := New(Options{Config: cfg, State: st, EventLoops: tc.loops, Logger: log, Version: "test", Clock: tc.clock, FleetClock: tc.fleetClock, WallClock: tc.wall,
+		HealthInterval: tc.health, StartProbeTimeout: clientPatience})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +255,7 @@ func startProxyOver(t testing.TB, upstreamExtra string, a, b *testmc.Server) *te
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(Options{Config: cfg, Logger: testLogger(t), HealthInterval: 100 * time.Millisecond})
+	srv, err := New(Options{Config: cfg, Logger: testLogger(t), HealthInterval: 100 * time.Millisecond, StartProbeTimeout: clientPatience})
 	if err != nil {
 		t.Fatal(err)
 	}

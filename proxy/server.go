@@ -12,6 +12,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -65,6 +66,11 @@ type Options struct {
 	// HealthInterval is the time between health probes of each upstream
 	// server (default 1 s).
 	HealthInterval time.Duration
+	// StartProbeTimeout bounds how long the start waits for each upstream
+	// server's item count (default 2 s): when one does not answer in time,
+	// every bucket's ceiling stays at the largest item until a FLUSH
+	// (startCeilings).
+	StartProbeTimeout time.Duration
 }
 
 // settings are the values the hot path reads, fixed at start.
@@ -87,6 +93,7 @@ type settings struct {
 	maxUnsent       int64         // proxy.max_unsent_bytes
 	maxReadResp     int           // the largest response a read can bring (throttle.max_item_bytes with key and framing)
 	connsPerBucket  bool          // upstream.conns_per_bucket: each lane its own upstream connections
+	startProbe      time.Duration // Options.StartProbeTimeout (default ceilingProbeTimeout)
 }
 
 // Server is a running proxy. Create it with New, run it with Serve, stop it
@@ -232,6 +239,7 @@ func New(opts Options) (*Server, error) {
 			maxUnsent:       cfg.Proxy.MaxUnsentBytes,
 			maxReadResp:     maxReadResponse(cfg.Throttle.MaxItemBytes),
 			connsPerBucket:  cfg.Upstream.ConnsPerBucket,
+			startProbe:      cmp.Or(opts.StartProbeTimeout, ceilingProbeTimeout),
 		},
 		log:      opts.Logger,
 		loops:    make(map[gnet.EventLoop]*loop),
