@@ -207,6 +207,32 @@ func TestAlternatingShapeAt500(t *testing.T) {
 	}
 }
 
+// The alternating shape at a hard limit of 3,000 (docs/throttling.md,
+// "Against the contract": +10% in any second iff C_b <= 0.1 r, +-2% over
+// 10 s iff C_b <= 0.2 r): a 1 MiB value (257 units, the class 257) is
+// 8.6% of a second's limit, so every second holds at most 3,300 units and
+// the 10 s between 29,400 and 30,600.
+func TestAlternatingShapeAt3000(t *testing.T) {
+	e, clk := newCostEngine(t, Unlimited)
+	b, _ := e.AddBucket("alt", 0, 3000)
+	r := newReader(b, 1, 200*time.Microsecond, func(n int) int64 {
+		if n%64 == 63 {
+			return testM // 1 MiB and its key
+		}
+		return 1
+	})
+	r.logging = true
+	runReaders(clk, 14*time.Second, 100*time.Microsecond, r)
+	got := sum(r.perSec[2:12])
+	t.Logf("%d units in 10 s (%.2f%% of 30,000); the most in any second %d", got, float64(got)/300, mostInWindow(r.log, time.Second))
+	if got < 29_400 || got > 30_600 {
+		t.Errorf("%d units in 10 s, want 30,000 +-2%%", got)
+	}
+	if most := mostInWindow(r.log, time.Second); most > 3300 {
+		t.Errorf("a second holds %d units, want at most 3,300 (+10%%)", most)
+	}
+}
+
 // The shape of BenchmarkReservationBesideReadFlood on the engine, with a
 // long round trip (a loaded machine): a bucket reserving 4000 of 5000
 // units/s, reading 100-byte values at its reservation from 16 connections
