@@ -28,12 +28,8 @@
 //     reservation.
 //   - Shares. The limit is divided by weighted max-min (water-filling): a
 //     demand below the common level gets what it asks for, the rest is split
-//     by weight. An instance that is not saturated gets at most what it
-//     asks for and a tenth of an even split of the limit: the rest of what
-//     nobody asks for stays free, for the first saturated instance that
-//     calls (one whose load grows is held, and calls at its next tick:
-//     below, "Load that moves"). An idle instance holds little of what a
-//     busy one could use until its next period.
+//     by weight, and what nobody asks for is split by weight among all, so
+//     an instance whose load grows has room at once.
 //   - Fair sharing. An instance whose free_pool is "fair" also reports,
 //     per bucket, what it wants of the free pool and the bucket's weight.
 //     Its free pool share is then computed bucket by bucket: the fleet's
@@ -52,9 +48,8 @@
 //   - Load that moves. An instance also calls at a tick, before its period,
 //     when a bucket's load arrived (callers held, last report not
 //     saturated), left (a saturated bucket with nobody held whose usage over
-//     the last tick fell: it asks for the idle headroom at the lowest
-//     weight; a release is made only while one more early call is left in
-//     the period, for the load's return) or was cut (callers held, and the
+//     the last tick fell: it asks for the idle headroom at the lowest weight
+//     and gets none of the surplus) or was cut (callers held, and the
 //     others' holdings cut its hard share by more than a fifth: the reply
 //     says so). A failed call is made again at the next tick for two
 //     periods after the last good call. At most five such calls per period

@@ -10,10 +10,6 @@ package fleet
 //   - left: a bucket whose last report asked for all it can get has nobody
 //     held and used less than nine tenths of what it used the tick before
 //     (or nothing): it reports only the idle headroom, releasing its share;
-//     only while the period has one early call more left, kept for the
-//     load's return (a load that comes and goes faster than the budget
-//     lasts keeps its share, rather than be left released until the next
-//     periodic call);
 //   - cut: callers are held in a bucket whose hard share the store cut to
 //     by more than a fifth of what it computed for it, because other live
 //     instances still held the rest: it asks again, to take what they
@@ -45,9 +41,8 @@ package fleet
 // tick and, cut, again at the next) instead of one or two periods.
 
 // minWeight is the weight a bucket whose load left reports: the store's
-// lowest. It asks for the idle headroom and, not saturated, gets at most
-// that and a tenth of an even split (sync.lua's grant), so the instance
-// the load moved to finds the rest free.
+// lowest. What nobody asks for is split by weight, so this instance keeps
+// next to none of it, and the instance the load moved to finds it free.
 const minWeight = 0.001
 
 // earlyPerPeriod bounds the early calls between two periodic ones.
@@ -125,13 +120,7 @@ func (f *Fleet) earlyDue() bool {
 		if t == nil {
 			continue
 		}
-		if t.arrived() || (t.saturated && t.cut && (t.waiting > 0 || t.refused)) {
-			return true
-		}
-		// A release keeps one early call for the load's return: a load
-		// that comes and goes faster than the budget lasts would
-		// otherwise be left released for the rest of the period.
-		if t.left() && f.early+1 < earlyPerPeriod {
+		if t.arrived() || t.left() || (t.saturated && t.cut && (t.waiting > 0 || t.refused)) {
 			return true
 		}
 	}

@@ -213,12 +213,7 @@ end
 --
 -- The limit is the lowest any live instance has: instances whose
 -- configurations disagree (a file changed on one, a change on its way)
--- never add up to more than the lowest. A caller that is not saturated
--- (cap >= 0) gets at most its cap and a tenth of an even split (a load
--- that starts there is served at once, up to that): the rest of what nobody
--- asks for stays free for a saturated caller (the water-fill's split of it
--- among all would let an idle instance hold, until its next period, what a
--- busy one could use: a busy instance's early call finds it free). A saturated caller whose new share
+-- never add up to more than the lowest. A saturated caller whose new share
 -- would be lower than its share so far by at most a tenth keeps it: demand
 -- measured from waiting callers is noisy, and every share that moves is
 -- unused for up to a period (the instance giving it up lowers at once, the
@@ -237,10 +232,10 @@ local function grant(limit, cap, weight, theirs, grantAt, limitAt, cur)
     if e[grantAt] > 0 then held = held + e[grantAt] end
   end
   local g = math.floor(share(limit, caps, ws))
-  if cap >= 0 then
-    -- Not saturated: what it asks, and a tenth of an even split.
-    g = math.min(g, cap + math.floor(limit / (10 * (#others + 1))))
-  end
+  -- A caller at the lowest weight reports that its load left (it releases
+  -- its share: fleet/move.go): it takes what it asks, none of the surplus,
+  -- so that the instance the load moved to finds it free.
+  if cap >= 0 and weight <= 0.001 and g > cap then g = cap end
   if cap < 0 and g < cur and g >= cur - cur / 10 then g = cur end
   local room = limit - held
   -- Cut: the other live instances hold more than a fifth of what the

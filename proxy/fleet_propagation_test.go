@@ -17,23 +17,17 @@ import (
 // namespaces are fleet-wide), two of them from two instances in one
 // period both taking effect.
 
-// withinPeriod steps f's clocks until reached holds, checked every poll
-// of the fleet's clock, and fails the test if that takes more than a grant
-// period (period); it returns how long it took. A check that reads through
-// an instance is a load on its share: polled every 5 ms, 200 GETs/s of an
-// instance the store sees idle pass its share (what it asked for and a
-// tenth of an even split) and the GET is held until the instance's next
-// tick, which never comes while the test waits for the GET.
-func withinPeriod(t *testing.T, f *fleetTest, period, poll time.Duration, what string, reached func() bool) time.Duration {
+// withinPeriod steps f's clocks until reached holds, and fails the test
+// if that takes more than a grant period (period) of the fleet's clock; it
+// returns how long it took.
+func withinPeriod(t *testing.T, f *fleetTest, period time.Duration, what string, reached func() bool) time.Duration {
 	t.Helper()
 	at := f.fake.clock.Now()
 	for !reached() {
 		if d := f.fake.clock.Now() - at; d > period {
 			t.Fatalf("%v after it was made, %s has not happened: more than a grant period (%v) on", d, what, period)
 		}
-		for range poll / fleetStep {
-			f.step(fleetStep)
-		}
+		f.step(fleetStep)
 	}
 	return f.fake.clock.Now() - at
 }
@@ -60,7 +54,7 @@ func TestFleetReloadAndFlushReachEveryInstance(t *testing.T) {
 	if err := a.Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
-	d := withinPeriod(t, f, period, fleetStep, "the reloaded hard limit on instance 1", func() bool {
+	d := withinPeriod(t, f, period, "the reloaded hard limit on instance 1", func() bool {
 		_, h := b.Engine().Bucket("b").Limits()
 		eff, _ := b.EffectiveConfig()
 		return h <= 1200 && eff.Bucket("b").Throttle.HardLimit == 1200
@@ -72,7 +66,7 @@ func TestFleetReloadAndFlushReachEveryInstance(t *testing.T) {
 	defer cb.Close()
 	clientSet(t, cb, "k1")
 	clientFlush(t, ca)
-	d = withinPeriod(t, f, period, getPoll, "instance 0's FLUSH through instance 1", func() bool { return clientGone(t, cb, "k1") })
+	d = withinPeriod(t, f, period, "instance 0's FLUSH through instance 1", func() bool { return clientGone(t, cb, "k1") })
 	t.Logf("instance 0's FLUSH in force through instance 1 %v after it", d)
 
 	clientFlush(t, ca)
@@ -81,7 +75,7 @@ func TestFleetReloadAndFlushReachEveryInstance(t *testing.T) {
 	if !clientGone(t, cb, "k2") {
 		t.Errorf("k2, set after a's FLUSH, survived b's FLUSH (read through b)")
 	}
-	d = withinPeriod(t, f, period, getPoll, "instance 1's FLUSH through instance 0", func() bool { return clientGone(t, ca, "k2") })
+	d = withinPeriod(t, f, period, "instance 1's FLUSH through instance 0", func() bool { return clientGone(t, ca, "k2") })
 	t.Logf("instance 1's FLUSH, made in the period of instance 0's, in force through instance 0 %v after it", d)
 }
 
@@ -100,10 +94,6 @@ func clientSet(t *testing.T, c *mcclient.Client, k string) {
 		t.Fatalf("SET %s: %v %v", k, r, err)
 	}
 }
-
-// getPoll is how often withinPeriod reads a key through an instance: 20
-// GETs/s, within the share of an instance the store sees idle.
-const getPoll = 50 * time.Millisecond
 
 // clientGone reports whether a GET of k on c misses.
 func clientGone(t *testing.T, c *mcclient.Client, k string) bool {
