@@ -276,3 +276,35 @@ func TestAppendAcrossFlushAndSelectLeavesNothing(t *testing.T) {
 		t.Fatalf("largest values: alice %d, bob %d; want 0, 0 (nothing stored)", lv, lb)
 	}
 }
+
+// An APPEND written upstream and never answered (memcached frozen, then
+// killed: Etmpfail "... may have run") may have stored its bytes, and they
+// stay on its key's base (finishAppend with noStore false): with
+// upstream.MayHaveRun reporting false for every reason (the unsound way),
+// this fails, and every other APPEND test passes.
+func TestAppendLostUpstreamFoldsItsBytes(t *testing.T) {
+	t.Parallel()
+	p, w, rc := largeKeyProxy(t, "")
+	setValue(t, w, "k", 100)
+	thaw := p.MC.Freeze(t)
+	defer thaw()
+	w.Send(mcclient.Request{Opcode: mc.OpAppend, Key: []byte("k"), Value: bytes.Repeat([]byte("x"), 3000)})
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "the APPEND in flight", func() bool { return rc.InFlight() == 3000 })
+	p.MC.Stop()
+	r, err := w.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status() != mc.StatusEtmpfail || !bytes.Contains(r.Value, []byte("may have run")) {
+		t.Fatalf("the APPEND with memcached killed: %v %q, want Etmpfail ... may have run", r.Status(), r.Value)
+	}
+	if f := rc.InFlight(); f != 0 {
+		t.Fatalf("%d bytes in flight after the APPEND failed", f)
+	}
+	if lv := rc.LargestValue(); lv < 3100 {
+		t.Errorf("an APPEND of 3,000 bytes to k (100 bytes) may have run, yet the largest value is %d bytes: the next APPEND to k starts below what k may hold", lv)
+	}
+}

@@ -23,6 +23,11 @@ package throttle
 // the bytes in flight, and each reservation raised its key's bill to that
 // sum before its write went: a read never finds a value written through
 // one proxy above its bill, whatever order the APPENDs run or answer in.
+// One order escapes it: a SET forwarded after an APPEND of its key, on
+// another upstream connection, that memcached runs first; the SET raised
+// its key to its own value only, and the key holds both. A read of it is
+// then a surprise (rule 3), billed what it brought (docs/throttling.md,
+// "APPEND and PREPEND", worst cases).
 // A NOT_STORED lowers no record, and a FLUSH (a new epoch) ends every
 // reservation of the old one: a completion or release of an old epoch
 // does nothing.

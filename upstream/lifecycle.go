@@ -140,11 +140,17 @@ const (
 	reasonLost     = "upstream connection lost; the command may have run"
 )
 
-// MayHaveRun reports whether a Waiter's Fail with reason came after its
-// request had been written to the server (it timed out, or the connection
-// was lost): memcached may have run it. Any other Fail's request never
-// reached memcached.
-func MayHaveRun(reason string) bool { return reason == reasonTimedOut || reason == reasonLost }
+// Reasons given to requests that never reached the server.
+const (
+	reasonUnavailable = "upstream unavailable"
+	reasonMetaOnConn  = "internal error: meta command on a binary connection"
+)
+
+// MayHaveRun reports whether memcached may have run a request whose
+// Waiter's Fail gave reason: any reason but those of a request never
+// written to the server (reasonUnavailable, reasonMetaOnConn), so that a
+// reason added later counts as may have run.
+func MayHaveRun(reason string) bool { return reason != reasonUnavailable && reason != reasonMetaOnConn }
 
 // errTimedOut is wrapped by the error CheckTimeout brings the connection
 // down with.

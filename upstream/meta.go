@@ -70,7 +70,7 @@ func (c *Conn) Meta() *Conn {
 // returned. Bytes are written at the next Flush.
 func (c *Conn) ForwardMeta(line, data []byte, quiet bool, rawKeyLen int, w MetaWaiter) error {
 	if !c.isMeta {
-		w.Fail(binary.StatusEinternal, "internal error: meta command on a binary connection")
+		w.Fail(binary.StatusEinternal, reasonMetaOnConn)
 		return fmt.Errorf("upstream: ForwardMeta on the binary connection to %s", c.cfg.Addr)
 	}
 	if !c.ready(w) {

@@ -72,7 +72,7 @@ func (c *Conn) ready(w Waiter) bool {
 // tenants need not learn server addresses or socket errors (the proxy logs
 // those through OnState).
 func (c *Conn) unavailableReason() string {
-	return "upstream unavailable"
+	return reasonUnavailable
 }
 
 // Flush writes the buffered requests to the server when connected, and
