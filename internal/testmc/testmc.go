@@ -263,6 +263,10 @@ func listensOn(pid int, addr string) (bool, error) {
 	return false, nil
 }
 
+// Running reports whether s is a memcached this package started and has
+// not stopped (a Server made of an address alone is not).
+func (s *Server) Running() bool { return s.cmd != nil && s.cmd.Process != nil }
+
 // Stop kills the server and waits for it to exit. It is safe to call twice.
 func (s *Server) Stop() {
 	if s.cmd == nil || s.cmd.Process == nil {
