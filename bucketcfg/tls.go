@@ -113,7 +113,13 @@ func buildTLS(cfg *Config, raw *tomlTLS, probs *problems) {
 
 // resolvePaths makes the relative file names of t relative to dir.
 func (t *TLSConfig) resolvePaths(dir string) {
-	for _, p := range []*string{&t.CertFile, &t.KeyFile, &t.ClientCAFile} {
+	resolveUnder(dir, &t.CertFile, &t.KeyFile, &t.ClientCAFile)
+}
+
+// resolveUnder makes each of the file names that is relative (and not
+// empty) relative to dir: the configuration file's directory.
+func resolveUnder(dir string, names ...*string) {
+	for _, p := range names {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(dir, *p)
 		}

@@ -2,7 +2,6 @@ package bucketcfg
 
 import (
 	"net/netip"
-	"path/filepath"
 
 	"github.com/kvthrottle/kvthrottle/internal/echo"
 )
@@ -91,9 +90,5 @@ func buildUpstreamTLS(t *UpstreamTLSConfig, raw *tomlUpstreamTLS, probs *problem
 
 // resolvePaths makes the relative file names of t relative to dir.
 func (t *UpstreamTLSConfig) resolvePaths(dir string) {
-	for _, p := range []*string{&t.CAFile, &t.CertFile, &t.KeyFile} {
-		if *p != "" && !filepath.IsAbs(*p) {
-			*p = filepath.Join(dir, *p)
-		}
-	}
+	resolveUnder(dir, &t.CAFile, &t.CertFile, &t.KeyFile)
 }
