@@ -427,14 +427,20 @@ func (q *authQueue) start(check func(j *authJob, refused func()), drop func(*aut
 			}
 		}
 		for {
-			j, wait := q.pop(q.clock.Now())
+			now := q.clock.Now()
+			j, wait := q.pop(now)
+			if j == nil && wait > 0 && testHookAuthQueueIdle != nil {
+				testHookAuthQueueIdle(wait)
+			}
 			if j == nil {
+				// At the reading the penalty ends, not after a delay from
+				// now: a clock moved since now would wake it late.
 				switch {
 				case wait <= 0:
 				case timer == nil:
-					timer = throttle.AfterFunc(q.clock, wait, wake)
+					timer = throttle.AtFunc(q.clock, now+wait, wake)
 				default:
-					timer.Reset(wait)
+					throttle.ResetAt(q.clock, timer, now+wait)
 				}
 				select {
 				case <-quit:
@@ -552,3 +558,8 @@ func (q *authQueue) scramFailedFrom(src, addr string, now time.Duration) {
 	}
 	q.userFailed(addr, src, nb, now)
 }
+
+// testHookAuthQueueIdle, when set (by tests, before the worker starts),
+// runs on the worker when it finds nothing due and a penalty ending wait
+// after its reading, before it arms its wake-up.
+var testHookAuthQueueIdle func(wait time.Duration)

@@ -155,6 +155,36 @@ func TestAuthQueueRemembersPenalty(t *testing.T) {
 	}
 }
 
+// The worker wakes at the reading a penalty ends, also when the clock
+// reaches it after the worker read the clock and before it armed its
+// wake-up. (It armed a delay from its earlier reading, and woke a whole
+// penalty late: on a fake clock, never, and
+// TestSameUserPoolNotLockedOutByPinnedLogins waited out its read deadline
+// in a flake run.)
+func TestAuthQueueWakesAtPenaltyEnd(t *testing.T) {
+	clk := throttle.NewFakeClock(time.Minute)
+	q := newAuthQueue(clk)
+	var once sync.Once
+	testHookAuthQueueIdle = func(wait time.Duration) {
+		once.Do(func() {
+			clk.Advance(wait)
+			select { // (the pushes' wake-up, already seen)
+			case <-q.wake:
+			default:
+			}
+		})
+	}
+	t.Cleanup(func() { testHookAuthQueueIdle = nil })
+	q.push("A", jobFor("a1"), clk.Now())
+	j, _ := q.pop(clk.Now())
+	q.failed(j.src, 10*time.Millisecond, clk.Now())
+	q.push("A", jobFor("a2"), clk.Now())
+	var checked atomic.Int32
+	stop := q.start(func(*authJob, func()) { checked.Add(1) }, func(*authJob) {})
+	defer stop()
+	eventually(t, time.Minute, "a2 checked once the clock reached its penalty's end", func() bool { return checked.Load() == 1 })
+}
+
 // The worker runs one check at a time; stop waits for it, hands the
 // checks still queued to drop, and refuses later pushes.
 func TestAuthQueueWorker(t *testing.T) {
