@@ -414,7 +414,7 @@ func (s *session) refuseAuthAfter(c *offLoopCall, name string, st binary.Status,
 	// The timer only hands the answer back to the loop, within
 	// maxAuthFailDelay; once the engine has stopped, the answer is dropped
 	// with the connection.
-	c.after(d, answer)
+	c.after(srv.throttle.Now()+d, answer)
 }
 
 // authFailedReason is the reason given for wrong credentials (never

@@ -106,11 +106,13 @@ func (c *offLoopCall) run(work func() (appendResp func([]byte) []byte)) {
 	}
 }
 
-// after hands the call to a timer for d on the engine's clock, then runs
-// then on the loop as back does. On the loop.
-func (c *offLoopCall) after(d time.Duration, then func()) {
+// after hands the call to a timer that fires when the engine's clock
+// reads at, then runs then on the loop as back does. at is a reading, not
+// a delay: a clock moved between the caller's reading and the arming
+// would fire a delay late. On the loop.
+func (c *offLoopCall) after(at time.Duration, then func()) {
 	if !c.handOff(func() bool {
-		c.s.lp.srv.throttle.AfterFunc(d, func() { c.back(then) })
+		c.s.lp.srv.throttle.AtFunc(at, func() { c.back(then) })
 		return true
 	}) {
 		then() // shutting down: no delay

@@ -164,7 +164,8 @@ func (s *session) scramStep(r *request) {
 	srv := s.lp.srv
 	addr := authSource(s.remote)
 	src := authPair(addr, name)
-	wait, ok := srv.authQ.scramTurnFrom(src, addr, srv.throttle.Now())
+	now := srv.throttle.Now()
+	wait, ok := srv.authQ.scramTurnFrom(src, addr, now)
 	if !ok {
 		s.refuseAuth(c, name, binary.StatusEtmpfail, authBusyReason)
 		return
@@ -174,7 +175,7 @@ func (s *session) scramStep(r *request) {
 		s.scramFinish(c, sc, src, addr, final)
 		return
 	}
-	c.after(wait, func() { s.scramFinish(c, sc, src, addr, final) })
+	c.after(now+wait, func() { s.scramFinish(c, sc, src, addr, final) })
 }
 
 // scramFinish checks the client-final message of sc and answers c. On
