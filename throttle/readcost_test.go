@@ -178,14 +178,13 @@ func mostInWindow(log []admission, w time.Duration) int64 {
 	return most
 }
 
-// The review's alternating shape at a hard limit of 500: one connection
-// alternating 63 reads of 100 B with one of 1 MB (the tenant trying to
-// look small) gets at least 98% of its limit (it got 80.6% in a
-// stop-and-go of 5 s periods), and at most one large value beyond the
-// rate in any window.
-func TestAlternatingShapeAt500(t *testing.T) {
+// runAlternating runs one connection alternating 63 reads of 1 unit with
+// one of 1 MiB (testM units) on a bucket hard-limited to hard, for span of
+// the fake clock, and returns its logged reader.
+func runAlternating(t *testing.T, hard Limit, span time.Duration) *reader {
+	t.Helper()
 	e, clk := newCostEngine(t, Unlimited)
-	b, _ := e.AddBucket("alt", 0, 500)
+	b, _ := e.AddBucket("alt", 0, hard)
 	r := newReader(b, 1, 200*time.Microsecond, func(n int) int64 {
 		if n%64 == 63 {
 			return testM // 1 MiB and its key
@@ -193,8 +192,17 @@ func TestAlternatingShapeAt500(t *testing.T) {
 		return 1
 	})
 	r.logging = true
-	const span = 22
-	runReaders(clk, span*time.Second, 100*time.Microsecond, r)
+	runReaders(clk, span, 100*time.Microsecond, r)
+	return r
+}
+
+// The review's alternating shape at a hard limit of 500: one connection
+// alternating 63 reads of 100 B with one of 1 MB (the tenant trying to
+// look small) gets at least 98% of its limit (it got 80.6% in a
+// stop-and-go of 5 s periods), and at most one large value beyond the
+// rate in any window.
+func TestAlternatingShapeAt500(t *testing.T) {
+	r := runAlternating(t, 500, 22*time.Second)
 	got := sum(r.perSec[2:12])
 	t.Logf("%d units in 10 s (%.1f%% of 5000); per second: %v", got, float64(got)/50, r.perSec)
 	if got < 5000*98/100 {
@@ -213,16 +221,7 @@ func TestAlternatingShapeAt500(t *testing.T) {
 // 8.6% of a second's limit, so every second holds at most 3,300 units and
 // the 10 s between 29,400 and 30,600.
 func TestAlternatingShapeAt3000(t *testing.T) {
-	e, clk := newCostEngine(t, Unlimited)
-	b, _ := e.AddBucket("alt", 0, 3000)
-	r := newReader(b, 1, 200*time.Microsecond, func(n int) int64 {
-		if n%64 == 63 {
-			return testM // 1 MiB and its key
-		}
-		return 1
-	})
-	r.logging = true
-	runReaders(clk, 14*time.Second, 100*time.Microsecond, r)
+	r := runAlternating(t, 3000, 14*time.Second)
 	got := sum(r.perSec[2:12])
 	t.Logf("%d units in 10 s (%.2f%% of 30,000); the most in any second %d", got, float64(got)/300, mostInWindow(r.log, time.Second))
 	if got < 29_400 || got > 30_600 {
